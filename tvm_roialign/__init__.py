@@ -1,0 +1,51 @@
+"""tvm-roialign: RoIAlign as a first-class, fast, exactly-correct operator for Apache TVM (Relax).
+
+Importing the package registers, idempotently and above TVM's own level:
+
+* ``FInferType`` and ``FLegalize`` for ``relax.vision.roi_align``: the output keeps the data dtype,
+  and legalization picks the strategy of the current target (x86, ARM, CUDA, Metal, generic llvm),
+  returning already-scheduled TIR;
+* ``FRelaxInferLayout`` for ``relax.vision.roi_align`` (layout inference for ``ConvertLayout``);
+* the fused op ``relax.vision.multiscale_roi_align`` (FPN level chosen inside the kernel).
+
+:func:`unregister` restores stock TVM exactly; :func:`register` registers again.
+
+TVM's CPU thread pool defaults to half of the logical cores on x86 (it assumes SMT). Unless
+``TVM_NUM_THREADS`` is already set, importing the package sets it to the number of cores this process
+may run on, before TVM's pool starts.
+"""
+
+from __future__ import annotations
+
+import os
+
+if "TVM_NUM_THREADS" not in os.environ:  # must precede the first parallel launch of TVM's pool
+    os.environ["TVM_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
+
+from . import _registry, strategies, topi  # noqa: E402
+from .ops import roi_align as _roi_align_op  # noqa: E402
+from .ops.roi_align import make_roi_align as roi_align  # noqa: E402
+
+__version__ = "0.1.0"
+
+_REGISTER_HOOKS = [_roi_align_op.register]
+
+
+def register() -> None:
+    """Register every op attribute of tvm-roialign (idempotent; done on import)."""
+    for hook in _REGISTER_HOOKS:
+        hook()
+
+
+def unregister() -> None:
+    """Restore every op attribute that :func:`register` changed, leaving stock TVM exactly."""
+    _registry.restore_all()
+
+
+def is_registered() -> bool:
+    return _registry.is_set(_roi_align_op.OP_NAME, "FLegalize")
+
+
+register()
+
+__all__ = ["register", "unregister", "is_registered", "roi_align", "topi", "strategies"]

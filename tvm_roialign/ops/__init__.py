@@ -1,0 +1,1 @@
+"""Relax-level registration: struct-info inference and legalization of the RoIAlign ops."""

@@ -1,0 +1,170 @@
+"""``relax.vision.roi_align``: struct-info inference and legalization through the strategies.
+
+Stock TVM 0.27 infers float32 for float16 data and legalizes to an unscheduled TE compute with
+known faults (see the README). :func:`register` replaces both, above TVM's own level, reversibly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import relax, te
+
+from .. import _registry
+from ..strategies import select_strategy
+from ..topi import roi_align as topi_roi_align
+from ..topi.roi_align import check_roi_align_args
+
+OP_NAME = "relax.vision.roi_align"
+
+
+@dataclass(frozen=True)
+class RoiAlignAttrs:
+    """The attributes of a ``relax.vision.roi_align`` call, as plain Python values."""
+
+    pooled_size: tuple[int, int]
+    spatial_scale: float
+    sampling_ratio: int
+    aligned: bool
+    layout: str
+    mode: str
+
+    @classmethod
+    def from_call(cls, call) -> "RoiAlignAttrs":
+        a = call.attrs
+        return cls(
+            pooled_size=tuple(int(p) for p in a.pooled_size),
+            spatial_scale=float(a.spatial_scale),
+            sampling_ratio=int(a.sample_ratio),
+            aligned=bool(a.aligned),
+            layout=str(a.layout),
+            mode=str(a.mode),
+        )
+
+
+def tensor_info(expr, name: str):
+    """``(shape values or None, ndim, dtype)`` of a tensor-typed Relax expression."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType):
+        raise TypeError(f"{name} must be a tensor, got {ty}")
+    shape = None if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr) else list(
+        ty.shape.values
+    )
+    return shape, int(ty.ndim), str(ty.dtype)
+
+
+def _output_shape(data_shape, rois_shape, pooled, layout):
+    ph, pw = pooled
+    if layout == "NCHW":
+        return [rois_shape[0], data_shape[1], ph, pw]
+    return [rois_shape[0], ph, pw, data_shape[3]]
+
+
+def infer_struct_info(call, _ctx=None):
+    """Output ``[K, C, PH, PW]`` (NCHW) or ``[K, PH, PW, C]`` (NHWC) in the data dtype."""
+    attrs = RoiAlignAttrs.from_call(call)
+    data_shape, data_ndim, data_dtype = tensor_info(call.args[0], "data")
+    rois_shape, rois_ndim, rois_dtype = tensor_info(call.args[1], "rois")
+    check_shape = data_shape if data_shape is not None else [None] * max(data_ndim, 0)
+    check_rois = rois_shape if rois_shape is not None else [None] * max(rois_ndim, 0)
+    if data_ndim == -1:
+        check_shape = [None] * 4
+    if rois_ndim == -1:
+        check_rois = [None, None]
+    check_roi_align_args(
+        check_shape, data_dtype, check_rois, rois_dtype, attrs.pooled_size, attrs.layout, attrs.mode
+    )
+    if data_shape is None or rois_shape is None:
+        return relax.TensorType(ndim=4, dtype=data_dtype)
+    return relax.TensorType(
+        _output_shape(data_shape, rois_shape, attrs.pooled_size, attrs.layout), data_dtype
+    )
+
+
+def legalize(bb: relax.BlockBuilder, call):
+    """Lower a call to ``call_tir`` of a PrimFunc scheduled by the current target's strategy."""
+    attrs = RoiAlignAttrs.from_call(call)
+    data_shape, _, dtype = tensor_info(call.args[0], "data")
+    rois_shape, _, _ = tensor_info(call.args[1], "rois")
+    if data_shape is None or rois_shape is None:
+        raise ValueError("roi_align needs data and rois of known rank and shape to legalize")
+    strategy, target = select_strategy(None)
+    inputs = [te.placeholder(data_shape, dtype, "data"), te.placeholder(rois_shape, dtype, "rois")]
+
+    def compute(data, rois):
+        return topi_roi_align(
+            data,
+            rois,
+            attrs.pooled_size,
+            attrs.spatial_scale,
+            attrs.mode,
+            attrs.sampling_ratio,
+            attrs.aligned,
+            attrs.layout,
+        )
+
+    func = strategy.build(compute, inputs, target, attrs.layout)
+    gvar = bb.add_func(func, f"roi_align_{attrs.layout.lower()}")
+    return relax.call_tir(gvar, list(call.args), call.ty)
+
+
+def register() -> None:
+    """Register our FInferType and FLegalize for ``relax.vision.roi_align`` (idempotent)."""
+    _registry.set_op_attr(OP_NAME, "FInferType", infer_struct_info)
+    _registry.set_op_attr(OP_NAME, "FLegalize", legalize)
+
+
+def make_roi_align(
+    data,
+    rois,
+    output_size,
+    spatial_scale: float = 1.0,
+    sampling_ratio: int = -1,
+    aligned: bool = False,
+    layout: str = "NCHW",
+    mode: str = "avg",
+):
+    """Build a Relax RoIAlign call with torchvision's meaning of ``aligned``.
+
+    Parameters
+    ----------
+    data : relax.Expr
+        ``[N, C, H, W]`` (NCHW) or ``[N, H, W, C]`` (NHWC) feature map, float16/32/64.
+    rois : relax.Expr
+        ``[K, 5]`` rows of ``(batch_index, x1, y1, x2, y2)`` in input-image pixels, data's dtype.
+    output_size : int or (int, int)
+        ``(PH, PW)``, positive.
+    spatial_scale : float
+        Feature-map pixels per input-image pixel.
+    sampling_ratio : int
+        Samples per bin side; ``<= 0`` is adaptive.
+    aligned : bool
+        torchvision's ``aligned``: shift the scaled box by -0.5 pixel and drop the >= 1 size clamp.
+        Implemented by shifting the roi coordinates (never the batch index) by
+        ``-0.5 / spatial_scale`` and calling ``relax.vision.roi_align`` with ``aligned=True``.
+    layout, mode : str
+        ``"NCHW"``/``"NHWC"``; ``"avg"``/``"max"`` (max of interpolated samples).
+
+    Returns
+    -------
+    relax.Expr
+        ``[K, C, PH, PW]`` or ``[K, PH, PW, C]`` in data's dtype.
+    """
+    if aligned:
+        dtype = str(rois.ty.dtype) if isinstance(rois.ty, relax.TensorType) else "float32"
+        shift = 0.5 / float(spatial_scale)
+        offset = relax.const([0.0, shift, shift, shift, shift], dtype)
+        rois = relax.op.subtract(rois, offset)
+    return relax.op.vision.roi_align(
+        data,
+        rois,
+        output_size,
+        spatial_scale,
+        sampling_ratio,
+        bool(aligned),
+        layout,
+        mode,
+    )
+
+
+__all__ = ["OP_NAME", "RoiAlignAttrs", "infer_struct_info", "legalize", "register", "make_roi_align"]

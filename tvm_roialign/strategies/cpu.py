@@ -1,0 +1,81 @@
+"""CPU schedules shared by the x86 and ARM strategies, and the plain schedule for other llvm targets.
+
+Both layouts compute one bin ``(roi, ph, pw)`` at a time for all channels: the bin's accumulator is
+computed at the bin, its sampling loops are moved outside the channel loop, so that each sample's four
+positions and four weights are computed once and shared across channels (the pre-calculation of
+torchvision's CPU kernel, without its buffer). Rois x rows of bins are spread over TVM's thread pool.
+"""
+
+from __future__ import annotations
+
+from tvm.s_tir import Schedule
+
+from .base import (
+    NESTED_ACC_BLOCK,
+    find_blocks,
+    has_block,
+    largest_divisor_lanes,
+    new_schedule,
+    layout_of,
+    static_extent,
+)
+
+
+def _bin_major(sch: Schedule, layout: str):
+    """Common part: returns (fused parallel loop, out channel loop, acc channel loop, acc iy loop)."""
+    acc, out = find_blocks(sch)
+    if layout == "NHWC":
+        k, ph, pw, c = sch.get_loops(out)
+    else:
+        k, c, ph, pw = sch.get_loops(out)
+        sch.reorder(k, ph, pw, c)
+    fused = sch.fuse(k, ph)
+    sch.compute_at(acc, pw)
+    c_acc, iy, ix = sch.get_loops(acc)[-3:]
+    sch.reorder(iy, ix, c_acc)
+    return acc, fused, c, c_acc, iy
+
+
+def _schedule_nested(sch: Schedule, layout: str) -> Schedule:
+    """Adaptive grids: the sampling loops depend on the roi, so TE nests them in a block of their
+    own (``roi_align_acc_l1``) per output element; they cannot move outside the channel loop. The
+    accumulator is computed at its bin and rois x bin rows run in parallel."""
+    acc, out = find_blocks(sch)
+    outer = sch.get_sblock(NESTED_ACC_BLOCK)
+    if layout == "NHWC":
+        k, ph, pw, _ = sch.get_loops(out)
+    else:
+        k, c, ph, pw = sch.get_loops(out)
+        sch.reorder(k, ph, pw, c)
+    fused = sch.fuse(k, ph)
+    sch.compute_at(outer, pw)
+    sch.parallel(fused)
+    return sch
+
+
+def schedule_cpu(func, target, max_lanes: int) -> Schedule | None:
+    """Parallel over (roi, bin row), channels innermost and vectorized by up to ``max_lanes``."""
+    layout = layout_of(func)
+    if layout not in ("NCHW", "NHWC"):
+        return None
+    sch = new_schedule(func)
+    if find_blocks(sch) is None:
+        return None
+    if has_block(sch, NESTED_ACC_BLOCK):
+        return _schedule_nested(sch, layout)
+    acc, fused, c_out, c_acc, iy = _bin_major(sch, layout)
+    lanes = largest_divisor_lanes(static_extent(sch, c_acc), max_lanes)
+    if lanes > 1:
+        _, inner = sch.split(c_acc, [None, lanes])
+        sch.vectorize(inner)
+        if layout == "NHWC":  # NCHW output stores are strided: leave them scalar
+            _, inner = sch.split(c_out, [None, lanes])
+            sch.vectorize(inner)
+    sch.parallel(fused)
+    sch.decompose_reduction(acc, iy)
+    return sch
+
+
+def schedule_generic(func, target) -> Schedule | None:
+    """Plain, correct schedule for any llvm target: parallel over (roi, bin row), no vectors."""
+    return schedule_cpu(func, target, max_lanes=1)

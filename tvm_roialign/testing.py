@@ -1,0 +1,178 @@
+"""Test helpers: an independent float64 NumPy reference of RoIAlign, and small build/run utilities.
+
+:func:`roi_align_ref` is written from the semantics in :mod:`tvm_roialign.topi.roi_align`'s module
+docstring with plain loops, in float64; it shares no code with the TE compute.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _bilinear_terms(plane, y, x):
+    """The four weighted corner terms of sampling ``plane [H, W, C]`` at (y, x), or None (outside).
+
+    ``plane`` is float64 with channels last so that every channel is sampled at once.
+    """
+    height, width = plane.shape[0], plane.shape[1]
+    if not (y >= -1.0 and y <= height and x >= -1.0 and x <= width):  # NaN fails too
+        return None
+    y = max(y, 0.0)
+    x = max(x, 0.0)
+    y_low, x_low = int(y), int(x)
+    if y_low >= height - 1:
+        y_low = y_high = height - 1
+        y = float(y_low)
+    else:
+        y_high = y_low + 1
+    if x_low >= width - 1:
+        x_low = x_high = width - 1
+        x = float(x_low)
+    else:
+        x_high = x_low + 1
+    ly, lx = y - y_low, x - x_low
+    hy, hx = 1.0 - ly, 1.0 - lx
+    return (
+        hy * hx * plane[y_low, x_low],
+        hy * lx * plane[y_low, x_high],
+        ly * hx * plane[y_high, x_low],
+        ly * lx * plane[y_high, x_high],
+    )
+
+
+def _grid(size_over_pooled, sampling_ratio):
+    if sampling_ratio > 0:
+        return sampling_ratio
+    if not (size_over_pooled > 0 and math.isfinite(size_over_pooled)):
+        return 0
+    return int(min(math.ceil(size_over_pooled), 65536))
+
+
+def roi_align_ref(
+    data,
+    rois,
+    pooled_size,
+    spatial_scale=1.0,
+    sampling_ratio=-1,
+    aligned=False,
+    layout="NCHW",
+    mode="avg",
+    half_pixel=False,
+):
+    """Float64 RoIAlign with plain loops.
+
+    Parameters
+    ----------
+    data : ndarray
+        ``[N, C, H, W]`` (NCHW) or ``[N, H, W, C]`` (NHWC).
+    rois : ndarray
+        ``[K, 5]`` of ``(batch_index, x1, y1, x2, y2)`` in input-image pixels.
+    pooled_size : int or (int, int)
+    spatial_scale, sampling_ratio, aligned, layout, mode
+        As ``relax.vision.roi_align`` (``aligned`` only drops the >= 1 clamp; modes ``avg``,
+        ``max``, ``onnx_max``).
+    half_pixel : bool
+        Subtract 0.5 after scaling (torchvision's ``aligned=True`` and ONNX ``half_pixel``).
+
+    Returns
+    -------
+    ndarray
+        float64 ``[K, C, PH, PW]`` (NCHW) or ``[K, PH, PW, C]`` (NHWC).
+    """
+    ph_count, pw_count = (pooled_size, pooled_size) if np.isscalar(pooled_size) else pooled_size
+    data = np.asarray(data, dtype=np.float64)
+    rois = np.asarray(rois, dtype=np.float64)
+    maps = data if layout == "NHWC" else data.transpose(0, 2, 3, 1)  # [N, H, W, C]
+    num_batch, _, _, channels = maps.shape
+    out = np.zeros((rois.shape[0], ph_count, pw_count, channels))
+    offset = 0.5 if half_pixel else 0.0
+    for k, roi in enumerate(rois):
+        batch = roi[0]
+        if not (batch > -1 and batch < num_batch):
+            continue
+        plane = maps[int(batch)]
+        x1, y1, x2, y2 = (v * spatial_scale - offset for v in roi[1:])
+        roi_w, roi_h = x2 - x1, y2 - y1
+        if not aligned:
+            roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
+        bin_h, bin_w = roi_h / ph_count, roi_w / pw_count
+        grid_h = _grid(roi_h / ph_count, sampling_ratio)
+        grid_w = _grid(roi_w / pw_count, sampling_ratio)
+        for ph in range(ph_count):
+            for pw in range(pw_count):
+                values = []
+                for iy in range(grid_h):
+                    y = y1 + ph * bin_h + (iy + 0.5) * bin_h / grid_h
+                    for ix in range(grid_w):
+                        x = x1 + pw * bin_w + (ix + 0.5) * bin_w / grid_w
+                        terms = _bilinear_terms(plane, y, x)
+                        if terms is None:
+                            values.append(np.zeros(channels))
+                        elif mode == "onnx_max":
+                            values.append(np.max(terms, axis=0))
+                        else:
+                            values.append(np.sum(terms, axis=0))
+                if not values:
+                    continue
+                if mode == "avg":
+                    out[k, ph, pw] = np.sum(values, axis=0) / max(grid_h * grid_w, 1)
+                else:
+                    out[k, ph, pw] = np.max(values, axis=0)
+    return out if layout == "NHWC" else out.transpose(0, 3, 1, 2)
+
+
+def build_roi_align_module(
+    data_shape,
+    num_rois,
+    pooled_size,
+    spatial_scale=1.0,
+    sampling_ratio=-1,
+    aligned=False,
+    layout="NCHW",
+    mode="avg",
+    dtype="float32",
+    torchvision_aligned=False,
+):
+    """An IRModule ``main(data, rois)`` with one ``relax.vision.roi_align`` call.
+
+    ``torchvision_aligned`` builds it with :func:`tvm_roialign.roi_align` (torchvision's meaning of
+    ``aligned``); otherwise the plain Relax op with the op's own meaning.
+    """
+    from tvm import relax
+
+    from .ops.roi_align import make_roi_align
+
+    bb = relax.BlockBuilder()
+    data = relax.Var("data", relax.TensorType(list(data_shape), dtype))
+    rois = relax.Var("rois", relax.TensorType([num_rois, 5], dtype))
+    with bb.function("main", [data, rois]):
+        with bb.dataflow():
+            if torchvision_aligned:
+                out = make_roi_align(
+                    data, rois, pooled_size, spatial_scale, sampling_ratio, aligned, layout, mode
+                )
+            else:
+                out = relax.op.vision.roi_align(
+                    data, rois, pooled_size, spatial_scale, sampling_ratio, aligned, layout, mode
+                )
+            out = bb.emit_output(bb.emit(out))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def compile_and_run(mod, inputs, target=None, func_name="main"):
+    """Build ``mod`` with ``tvm.compile`` for ``target`` (host llvm by default) and run it on CPU."""
+    import tvm
+    from tvm import relax
+
+    target = target or tvm.target.Target({"kind": "llvm"})
+    executable = tvm.compile(mod, target=target)
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    result = vm[func_name](*[tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs])
+    if isinstance(result, (list, tuple)) or hasattr(result, "__len__") and not hasattr(
+        result, "numpy"
+    ):
+        return [r.numpy() for r in result]
+    return result.numpy()

@@ -1,0 +1,418 @@
+"""RoIAlign compute definitions (TE) for NCHW and NHWC.
+
+The contract
+------------
+Inputs
+    data : ``[N, C, H, W]`` (``layout="NCHW"``) or ``[N, H, W, C]`` (``layout="NHWC"``),
+        float16, float32 or float64.
+    rois : ``[K, 5]`` rows of ``(batch_index, x1, y1, x2, y2)`` in input-image pixels, same dtype
+        as ``data``.
+Output
+    ``[K, C, PH, PW]`` (NCHW) or ``[K, PH, PW, C]`` (NHWC), dtype of ``data``.
+
+Per roi (``spatial_scale`` maps input-image pixels to feature-map pixels):
+
+* ``roi_start = x1 * spatial_scale``, ``roi_end = x2 * spatial_scale`` (same for y). The op itself
+  applies **no** half-pixel shift: this keeps the meaning of the attribute of TVM's
+  ``relax.vision.roi_align``. ``aligned=False`` clamps the roi width and height to at least 1,
+  ``aligned=True`` does not. torchvision's ``aligned=True`` (shift by 0.5 *after* scaling) is obtained
+  by shifting the roi coordinates by ``-0.5 / spatial_scale`` before the op, which is what
+  :func:`tvm_roialign.roi_align` and the importers do.
+* The roi is cut into ``PH x PW`` bins; each bin is sampled on a regular grid of
+  ``grid_h x grid_w`` points, ``grid = sampling_ratio`` when ``sampling_ratio > 0`` and
+  ``ceil(roi_size / pooled_size)`` otherwise (adaptive; a non-finite size gives an empty grid and the
+  grid is capped at ``MAX_ADAPTIVE_GRID`` per side so that no box can make the kernel run unbounded).
+* Bilinear sampling follows torchvision's CPU kernel: a sample with ``y < -1``, ``y > H``, ``x < -1``
+  or ``x > W`` contributes 0; otherwise negative coordinates are clamped to 0 and the upper corner is
+  clamped to ``H - 1`` / ``W - 1``.
+* ``mode="avg"``: sum of the samples divided by ``max(grid_h * grid_w, 1)`` (torchvision, Caffe2).
+  ``mode="max"``: the maximum of the interpolated sample values (Caffe2 / mmcv, stock TVM's meaning).
+  ``mode="onnx_max"``: the maximum over samples of the largest of the four weighted corner terms
+  ``w_i * v_i`` (the ONNX ``RoiAlign`` specification, onnx.reference and onnxruntime).
+  An empty grid gives 0 in every mode.
+* A NaN coordinate gives 0 for the samples it touches, and a batch index outside ``[0, N)``
+  (after truncation toward zero, as torchvision's ``int`` cast) gives a row of zeros; no memory
+  outside ``data`` is ever read, because every index is clamped before it is used.
+* float16 data are accumulated in float32 (float64 for float64) and returned as float16.
+* Index arithmetic is int64 when ``data`` or the output has more than ``2**31 - 1`` elements (or a
+  symbolic dimension), int32 otherwise.
+
+The reduction block is named ``roi_align_acc`` and the block that writes the output ``roi_align``, so
+that schedules find them by name.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import tvm
+from tvm import te, tirx
+
+__all__ = [
+    "LAYOUTS",
+    "MODES",
+    "MAX_ADAPTIVE_GRID",
+    "roi_align",
+    "roi_align_nchw",
+    "roi_align_nhwc",
+    "accumulate_dtype",
+    "index_dtype_for",
+    "normalize_pooled_size",
+    "check_roi_align_args",
+]
+
+LAYOUTS = ("NCHW", "NHWC")
+MODES = ("avg", "max", "onnx_max")
+FLOAT_DTYPES = ("float16", "float32", "float64")
+INT32_MAX = 2**31 - 1
+#: Largest adaptive sampling grid per bin side; a larger (or non-finite) roi/pooled ratio is capped
+#: (finite) or gives an empty grid (non-finite), so that the kernel always terminates.
+MAX_ADAPTIVE_GRID = 65536
+
+
+def accumulate_dtype(dtype: str) -> str:
+    """Accumulation dtype for ``dtype``: float64 for float64, float32 otherwise."""
+    return "float64" if str(dtype) == "float64" else "float32"
+
+
+def _static_numel(shape) -> int | None:
+    total = 1
+    for dim in shape:
+        if not isinstance(dim, (int, tirx.IntImm)):
+            return None
+        total *= int(dim)
+    return total
+
+
+def index_dtype_for(*shapes) -> str:
+    """``"int64"`` if any shape has more than ``2**31 - 1`` elements or a symbolic dimension."""
+    for shape in shapes:
+        numel = _static_numel(shape)
+        if numel is None or numel > INT32_MAX:
+            return "int64"
+    return "int32"
+
+
+def normalize_pooled_size(pooled_size) -> tuple[int, int]:
+    """``int`` or ``(PH, PW)`` -> ``(PH, PW)``; raises ValueError unless both are positive ints."""
+    if isinstance(pooled_size, (int, tirx.IntImm)):
+        pooled = (int(pooled_size), int(pooled_size))
+    else:
+        try:
+            pooled = tuple(int(p) for p in pooled_size)
+        except TypeError as err:
+            raise ValueError(
+                f"pooled_size must be an int or a pair (PH, PW) of positive ints, got {pooled_size!r}"
+            ) from err
+    if len(pooled) != 2 or min(pooled) <= 0:
+        raise ValueError(
+            f"pooled_size must be an int or a pair (PH, PW) of positive ints, got {pooled_size!r}"
+        )
+    return pooled
+
+
+def check_roi_align_args(data_shape, data_dtype, rois_shape, rois_dtype, pooled_size, layout, mode):
+    """Validate RoIAlign arguments; raise ValueError / TypeError naming the argument.
+
+    Returns ``(PH, PW)``.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if len(data_shape) != 4:
+        form = "[N, C, H, W]" if layout == "NCHW" else "[N, H, W, C]"
+        raise ValueError(f"data must be 4-D {form} for layout {layout}, got shape {list(data_shape)}")
+    if len(rois_shape) != 2 or (
+        isinstance(rois_shape[1], (int, tirx.IntImm)) and int(rois_shape[1]) != 5
+    ):
+        raise ValueError(
+            "rois must be [K, 5] rows of (batch_index, x1, y1, x2, y2), "
+            f"got shape {list(rois_shape)}"
+        )
+    if str(data_dtype) not in FLOAT_DTYPES:
+        raise TypeError(f"data dtype must be one of {FLOAT_DTYPES}, got {data_dtype}")
+    if str(rois_dtype) != str(data_dtype):
+        raise TypeError(f"rois dtype ({rois_dtype}) must equal data dtype ({data_dtype})")
+    return normalize_pooled_size(pooled_size)
+
+
+@dataclass
+class RoiGeometry:
+    """Per-roi scalars of the sampling grid (TIR expressions in the accumulate dtype)."""
+
+    batch: tirx.PrimExpr  # safe batch index (0 when invalid)
+    batch_ok: tirx.PrimExpr  # bool
+    start_h: tirx.PrimExpr
+    start_w: tirx.PrimExpr
+    bin_h: tirx.PrimExpr
+    bin_w: tirx.PrimExpr
+    grid_h: tirx.PrimExpr  # index dtype, >= 0
+    grid_w: tirx.PrimExpr
+    acc: str  # accumulate dtype
+    idx: str  # index dtype
+
+
+@dataclass
+class BilinearCoeffs:
+    """The four corner positions and weights of one sample, shared across channels."""
+
+    valid: tirx.PrimExpr
+    y_low: tirx.PrimExpr
+    y_high: tirx.PrimExpr
+    x_low: tirx.PrimExpr
+    x_high: tirx.PrimExpr
+    w1: tirx.PrimExpr
+    w2: tirx.PrimExpr
+    w3: tirx.PrimExpr
+    w4: tirx.PrimExpr
+
+
+def _adaptive_grid(size_over_pooled, acc, idx):
+    cap = tirx.const(float(MAX_ADAPTIVE_GRID), acc)
+    zero = tirx.const(0.0, acc)
+    # NaN and +-inf fail one of the comparisons and give an empty grid.
+    finite = tirx.all(size_over_pooled > zero, size_over_pooled < tirx.const(1e30, acc))
+    grid = te.min(tirx.ceil(size_over_pooled), cap)
+    return tirx.Select(finite, grid, zero).astype(idx)
+
+
+def roi_geometry(roi, num_batch, pooled, spatial_scale, sampling_ratio, aligned, acc, idx):
+    """Per-roi geometry from ``roi(j)`` (column ``j`` of the roi row, in the accumulate dtype)."""
+    ph, pw = pooled
+    scale = tirx.const(spatial_scale, acc)
+    start_w = roi(1) * scale
+    start_h = roi(2) * scale
+    roi_w = roi(3) * scale - start_w
+    roi_h = roi(4) * scale - start_h
+    if not aligned:
+        one = tirx.const(1.0, acc)
+        roi_w = te.max(roi_w, one)
+        roi_h = te.max(roi_h, one)
+    pooled_h = tirx.const(float(ph), acc)
+    pooled_w = tirx.const(float(pw), acc)
+    if sampling_ratio > 0:
+        grid_h = grid_w = tirx.const(int(sampling_ratio), idx)
+    else:
+        grid_h = _adaptive_grid(roi_h / pooled_h, acc, idx)
+        grid_w = _adaptive_grid(roi_w / pooled_w, acc, idx)
+    b = roi(0)
+    batch_ok = tirx.all(b > tirx.const(-1.0, acc), b < tirx.Cast(acc, num_batch))
+    batch = tirx.Select(batch_ok, b, tirx.const(0.0, acc)).astype(idx)
+    return RoiGeometry(
+        batch=batch,
+        batch_ok=batch_ok,
+        start_h=start_h,
+        start_w=start_w,
+        bin_h=roi_h / pooled_h,
+        bin_w=roi_w / pooled_w,
+        grid_h=grid_h,
+        grid_w=grid_w,
+        acc=acc,
+        idx=idx,
+    )
+
+
+def _axis_coeffs(coord, size, acc, idx, valid):
+    """Clamp one sample coordinate as torchvision does; returns (low, high, frac)."""
+    zero = tirx.const(0.0, acc)
+    coord = tirx.Select(valid, te.max(coord, zero), zero)  # NaN never reaches the int cast
+    low = coord.astype(idx)
+    last = tirx.Cast(idx, size) - tirx.const(1, idx)
+    at_edge = low >= last
+    low = tirx.Select(at_edge, last, low)
+    high = tirx.Select(at_edge, last, low + tirx.const(1, idx))
+    frac = tirx.Select(at_edge, zero, coord - low.astype(acc))
+    return low, high, frac
+
+
+def bilinear_coeffs(y, x, height, width, batch_ok, acc, idx):
+    """Positions and weights of the sample at feature-map coordinates ``(y, x)``."""
+    valid = tirx.all(
+        batch_ok,
+        y >= tirx.const(-1.0, acc),
+        y <= tirx.Cast(acc, height),
+        x >= tirx.const(-1.0, acc),
+        x <= tirx.Cast(acc, width),
+    )
+    y_low, y_high, ly = _axis_coeffs(y, height, acc, idx, valid)
+    x_low, x_high, lx = _axis_coeffs(x, width, acc, idx, valid)
+    one = tirx.const(1.0, acc)
+    hy = one - ly
+    hx = one - lx
+    return BilinearCoeffs(valid, y_low, y_high, x_low, x_high, hy * hx, hy * lx, ly * hx, ly * lx)
+
+
+def sample_point(geo: RoiGeometry, ph, pw, iy, ix, acc):
+    """Feature-map coordinates of sample ``(iy, ix)`` of bin ``(ph, pw)`` (torchvision's order)."""
+    half = tirx.const(0.5, acc)
+    y = (
+        geo.start_h
+        + ph.astype(acc) * geo.bin_h
+        + (iy.astype(acc) + half) * geo.bin_h / geo.grid_h.astype(acc)
+    )
+    x = (
+        geo.start_w
+        + pw.astype(acc) * geo.bin_w
+        + (ix.astype(acc) + half) * geo.bin_w / geo.grid_w.astype(acc)
+    )
+    return y, x
+
+
+def sample_value(load, co: BilinearCoeffs, mode, acc):
+    """Contribution of one sample; ``load(y, x)`` reads one channel's value in ``acc``."""
+    v1 = load(co.y_low, co.x_low)
+    v2 = load(co.y_low, co.x_high)
+    v3 = load(co.y_high, co.x_low)
+    v4 = load(co.y_high, co.x_high)
+    zero = tirx.const(0.0, acc)
+    if mode == "onnx_max":
+        value = te.max(te.max(co.w1 * v1, co.w2 * v2), te.max(co.w3 * v3, co.w4 * v4))
+    else:
+        value = co.w1 * v1 + co.w2 * v2 + co.w3 * v3 + co.w4 * v4
+    return tirx.Select(co.valid, value, zero)
+
+
+def reduce_samples(value, geo: RoiGeometry, mode, acc, name_prefix=""):
+    """Reduce ``value(iy, ix)`` over the sampling grid of ``geo``."""
+    iy = te.reduce_axis((0, geo.grid_h), name=name_prefix + "iy")
+    ix = te.reduce_axis((0, geo.grid_w), name=name_prefix + "ix")
+    if mode == "avg":
+        return te.sum(value(iy, ix), axis=[iy, ix])
+    return te.max(value(iy, ix), axis=[iy, ix])
+
+
+def finalize(acc_value, geo: RoiGeometry, mode, acc, out_dtype):
+    """avg: divide by ``max(grid_h * grid_w, 1)``; max modes: 0 for an empty grid."""
+    if mode == "avg":
+        count = te.max(geo.grid_h * geo.grid_w, tirx.const(1, geo.idx))
+        result = acc_value / count.astype(acc)
+    else:
+        nonempty = tirx.all(geo.grid_h > 0, geo.grid_w > 0)
+        result = tirx.Select(nonempty, acc_value, tirx.const(0.0, acc))
+    return result.astype(out_dtype)
+
+
+def _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned, layout):
+    pooled = check_roi_align_args(
+        data.shape, data.dtype, rois.shape, rois.dtype, pooled_size, layout, mode
+    )
+    spatial_scale = float(spatial_scale)
+    if not math.isfinite(spatial_scale) or spatial_scale <= 0:
+        raise ValueError(f"spatial_scale must be a positive finite float, got {spatial_scale}")
+    sampling_ratio = int(sampling_ratio)
+    if layout == "NCHW":
+        num_batch, channels, height, width = data.shape
+    else:
+        num_batch, height, width, channels = data.shape
+    num_rois = rois.shape[0]
+    pooled_h, pooled_w = pooled
+    if layout == "NCHW":
+        out_shape = (num_rois, channels, pooled_h, pooled_w)
+    else:
+        out_shape = (num_rois, pooled_h, pooled_w, channels)
+    acc = accumulate_dtype(data.dtype)
+    idx = index_dtype_for(data.shape, out_shape)
+
+    def geometry(k):
+        return roi_geometry(
+            lambda j: rois[k, j].astype(acc),
+            num_batch,
+            pooled,
+            spatial_scale,
+            sampling_ratio,
+            aligned,
+            acc,
+            idx,
+        )
+
+    def body(k, c, ph, pw):
+        geo = geometry(k)
+
+        def value(iy, ix):
+            y, x = sample_point(geo, ph, pw, iy, ix, acc)
+            co = bilinear_coeffs(y, x, height, width, geo.batch_ok, acc, idx)
+            if layout == "NCHW":
+                load = lambda yy, xx: data[geo.batch, c, yy, xx].astype(acc)
+            else:
+                load = lambda yy, xx: data[geo.batch, yy, xx, c].astype(acc)
+            return sample_value(load, co, mode, acc)
+
+        return reduce_samples(value, geo, mode, acc)
+
+    def final(k, c, ph, pw, accumulated):
+        return finalize(accumulated, geometry(k), mode, acc, data.dtype)
+
+    tag = f"roi_align_{layout.lower()}"
+    if layout == "NCHW":
+        acc_t = te.compute(out_shape, body, name="roi_align_acc", tag=tag)
+        return te.compute(
+            out_shape,
+            lambda k, c, ph, pw: final(k, c, ph, pw, acc_t[k, c, ph, pw]),
+            name="roi_align",
+            tag=tag,
+        )
+    acc_t = te.compute(
+        out_shape, lambda k, ph, pw, c: body(k, c, ph, pw), name="roi_align_acc", tag=tag
+    )
+    return te.compute(
+        out_shape,
+        lambda k, ph, pw, c: final(k, c, ph, pw, acc_t[k, ph, pw, c]),
+        name="roi_align",
+        tag=tag,
+    )
+
+
+def roi_align_nchw(data, rois, pooled_size, spatial_scale=1.0, mode="avg", sampling_ratio=-1,
+                   aligned=False):
+    """RoIAlign on NCHW data.
+
+    Parameters
+    ----------
+    data : te.Tensor
+        ``[N, C, H, W]``, float16/float32/float64.
+    rois : te.Tensor
+        ``[K, 5]`` of ``(batch_index, x1, y1, x2, y2)`` in input-image pixels, dtype of ``data``.
+    pooled_size : int or (int, int)
+        Output ``(PH, PW)``, positive.
+    spatial_scale : float
+        Feature-map pixels per input-image pixel (positive).
+    mode : str
+        ``"avg"``, ``"max"`` (max of interpolated samples, Caffe2/mmcv) or ``"onnx_max"``.
+    sampling_ratio : int
+        Samples per bin side; ``<= 0`` is adaptive ``ceil(roi_size / pooled_size)``.
+    aligned : bool
+        ``False`` clamps the roi size to at least 1; no half-pixel shift either way (module doc).
+
+    Returns
+    -------
+    te.Tensor
+        ``[K, C, PH, PW]`` of ``data.dtype``; the output block is named ``roi_align``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        On a wrong rank, rois not ``[K, 5]``, unknown mode, non-positive pooled size or
+        spatial_scale, non-float or mismatched dtypes.
+    """
+    return _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned, "NCHW")
+
+
+def roi_align_nhwc(data, rois, pooled_size, spatial_scale=1.0, mode="avg", sampling_ratio=-1,
+                   aligned=False):
+    """RoIAlign on NHWC data: ``data [N, H, W, C]`` -> ``[K, PH, PW, C]``.
+
+    Arguments, semantics and errors as :func:`roi_align_nchw`.
+    """
+    return _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned, "NHWC")
+
+
+def roi_align(data, rois, pooled_size, spatial_scale=1.0, mode="avg", sampling_ratio=-1,
+              aligned=False, layout="NCHW"):
+    """RoIAlign dispatcher over ``layout`` (``"NCHW"`` or ``"NHWC"``); raises ValueError otherwise."""
+    if layout == "NCHW":
+        return roi_align_nchw(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned)
+    if layout == "NHWC":
+        return roi_align_nhwc(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned)
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
