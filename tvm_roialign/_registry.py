@@ -53,6 +53,6 @@ def get_or_register_op(op_name: str) -> tvm.ir.Op:
     """The Relax op ``op_name``, registering it (global ``ir.RegisterOp``) if it does not exist."""
     try:
         return tvm.ir.Op.get(op_name)
-    except (AttributeError, tvm.error.TVMError):  # TVM 0.27 raises AttributeError for an unknown op
+    except AttributeError:  # TVM 0.27 raises AttributeError for an unknown op
         tvm.get_global_func("ir.RegisterOp")(op_name, "")
         return tvm.ir.Op.get(op_name)

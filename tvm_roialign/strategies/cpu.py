@@ -22,7 +22,8 @@ from .base import (
 
 
 def _bin_major(sch: Schedule, layout: str):
-    """Common part: returns (fused parallel loop, out channel loop, acc channel loop, acc iy loop)."""
+    """Common part: returns (acc, fused parallel loop, out channel loop, acc channel loop, the loop
+    to decompose the reduction at)."""
     acc, out = find_blocks(sch)
     if layout == "NHWC":
         k, ph, pw, c = sch.get_loops(out)
@@ -31,9 +32,12 @@ def _bin_major(sch: Schedule, layout: str):
         sch.reorder(k, ph, pw, c)
     fused = sch.fuse(k, ph)
     sch.compute_at(acc, pw)
-    c_acc, iy, ix = sch.get_loops(acc)[-3:]
-    sch.reorder(iy, ix, c_acc)
-    return acc, fused, c, c_acc, iy
+    # the accumulator's own loops under (fused, pw): channel, then the sampling grid (unit grid
+    # loops of sampling_ratio=1 are dropped by compute_at)
+    c_acc, *grid = sch.get_loops(acc)[2:]
+    if grid:
+        sch.reorder(*grid, c_acc)
+    return acc, fused, c, c_acc, grid[0] if grid else None
 
 
 def _schedule_nested(sch: Schedule, layout: str) -> Schedule:
@@ -63,16 +67,16 @@ def schedule_cpu(func, target, max_lanes: int) -> Schedule | None:
         return None
     if has_block(sch, NESTED_ACC_BLOCK):
         return _schedule_nested(sch, layout)
-    acc, fused, c_out, c_acc, iy = _bin_major(sch, layout)
+    acc, fused, c_out, c_acc, decompose_at = _bin_major(sch, layout)
     lanes = largest_divisor_lanes(static_extent(sch, c_acc), max_lanes)
     if lanes > 1:
-        _, inner = sch.split(c_acc, [None, lanes])
+        c_acc, inner = sch.split(c_acc, [None, lanes])
         sch.vectorize(inner)
         if layout == "NHWC":  # NCHW output stores are strided: leave them scalar
             _, inner = sch.split(c_out, [None, lanes])
             sch.vectorize(inner)
     sch.parallel(fused)
-    sch.decompose_reduction(acc, iy)
+    sch.decompose_reduction(acc, decompose_at if decompose_at is not None else c_acc)
     return sch
 
 

@@ -156,7 +156,12 @@ class RoiGeometry:
 
 @dataclass
 class BilinearCoeffs:
-    """The four corner positions and weights of one sample, shared across channels."""
+    """The four corner positions and weights of one sample, shared across channels.
+
+    ``valid`` and the weights are Let-bound variables (each is computed once and the TIR stays
+    small): an expression that uses them must be wrapped with :meth:`wrap`, as :func:`sample_value`
+    does. The positions are plain expressions, always inside the feature map.
+    """
 
     valid: tirx.PrimExpr
     y_low: tirx.PrimExpr
@@ -167,6 +172,25 @@ class BilinearCoeffs:
     w2: tirx.PrimExpr
     w3: tirx.PrimExpr
     w4: tirx.PrimExpr
+    bindings: list  # [(Var, value)] in binding order
+
+    def wrap(self, expr):
+        """``expr`` inside the Let bindings that define the fields."""
+        for var, value in reversed(self.bindings):
+            expr = tirx.Let(var, value, expr)
+        return expr
+
+
+class _Lets:
+    """Collects ``let name = value`` bindings; ``bind`` returns the new variable."""
+
+    def __init__(self):
+        self.bindings = []
+
+    def bind(self, name, value, dtype):
+        var = tirx.Var(name, dtype)
+        self.bindings.append((var, value))
+        return var
 
 
 def _adaptive_grid(size_over_pooled, acc, idx):
@@ -214,34 +238,60 @@ def roi_geometry(roi, num_batch, pooled, spatial_scale, sampling_ratio, aligned,
     )
 
 
-def _axis_coeffs(coord, size, acc, idx, valid):
-    """Clamp one sample coordinate as torchvision does; returns (low, high, frac)."""
+def _axis_coeffs(lets, coord, size, acc, idx, axis):
+    """Clamp one sample coordinate as torchvision does; returns (low, high, frac).
+
+    ``low`` and ``high`` are plain expressions (they index the data, whose read region TE derives
+    from them) and are in ``[0, size - 1]`` for every input, NaN and infinities included; ``frac`` is
+    a Let-bound variable. torchvision: ``y <= 0 -> 0``; ``y_low >= size - 1 -> y_low = y_high =
+    size - 1, frac 0``. Clamping the coordinate to ``[0, size - 1]`` first gives the same result.
+    """
     zero = tirx.const(0.0, acc)
-    coord = tirx.Select(valid, te.max(coord, zero), zero)  # NaN never reaches the int cast
-    low = coord.astype(idx)
+    last_f = tirx.Cast(acc, size) - tirx.const(1.0, acc)
+    # te.max / te.min lower to compare-and-select (not IEEE maxnum): max(NaN, 0) is 0
+    clamped = te.min(te.max(coord, zero), last_f)
+    low = clamped.astype(idx)
     last = tirx.Cast(idx, size) - tirx.const(1, idx)
-    at_edge = low >= last
-    low = tirx.Select(at_edge, last, low)
-    high = tirx.Select(at_edge, last, low + tirx.const(1, idx))
-    frac = tirx.Select(at_edge, zero, coord - low.astype(acc))
+    high = te.min(low + tirx.const(1, idx), last)
+    coord_v = lets.bind(axis, clamped, acc)
+    low_v = lets.bind(axis + "_low", low, idx)
+    frac = lets.bind(
+        "l" + axis, tirx.Select(low_v >= last, zero, coord_v - low_v.astype(acc)), acc
+    )
     return low, high, frac
 
 
 def bilinear_coeffs(y, x, height, width, batch_ok, acc, idx):
     """Positions and weights of the sample at feature-map coordinates ``(y, x)``."""
-    valid = tirx.all(
-        batch_ok,
-        y >= tirx.const(-1.0, acc),
-        y <= tirx.Cast(acc, height),
-        x >= tirx.const(-1.0, acc),
-        x <= tirx.Cast(acc, width),
+    lets = _Lets()
+    valid = lets.bind(
+        "valid",
+        tirx.all(
+            batch_ok,
+            y >= tirx.const(-1.0, acc),
+            y <= tirx.Cast(acc, height),
+            x >= tirx.const(-1.0, acc),
+            x <= tirx.Cast(acc, width),
+        ),
+        "bool",
     )
-    y_low, y_high, ly = _axis_coeffs(y, height, acc, idx, valid)
-    x_low, x_high, lx = _axis_coeffs(x, width, acc, idx, valid)
+    y_low, y_high, ly = _axis_coeffs(lets, y, height, acc, idx, "y")
+    x_low, x_high, lx = _axis_coeffs(lets, x, width, acc, idx, "x")
     one = tirx.const(1.0, acc)
-    hy = one - ly
-    hx = one - lx
-    return BilinearCoeffs(valid, y_low, y_high, x_low, x_high, hy * hx, hy * lx, ly * hx, ly * lx)
+    hy = lets.bind("hy", one - ly, acc)
+    hx = lets.bind("hx", one - lx, acc)
+    return BilinearCoeffs(
+        valid,
+        y_low,
+        y_high,
+        x_low,
+        x_high,
+        lets.bind("w1", hy * hx, acc),
+        lets.bind("w2", hy * lx, acc),
+        lets.bind("w3", ly * hx, acc),
+        lets.bind("w4", ly * lx, acc),
+        lets.bindings,
+    )
 
 
 def sample_point(geo: RoiGeometry, ph, pw, iy, ix, acc):
@@ -271,7 +321,7 @@ def sample_value(load, co: BilinearCoeffs, mode, acc):
         value = te.max(te.max(co.w1 * v1, co.w2 * v2), te.max(co.w3 * v3, co.w4 * v4))
     else:
         value = co.w1 * v1 + co.w2 * v2 + co.w3 * v3 + co.w4 * v4
-    return tirx.Select(co.valid, value, zero)
+    return co.wrap(tirx.Select(co.valid, value, zero))
 
 
 def reduce_samples(value, geo: RoiGeometry, mode, acc, name_prefix=""):
@@ -284,14 +334,16 @@ def reduce_samples(value, geo: RoiGeometry, mode, acc, name_prefix=""):
 
 
 def finalize(acc_value, geo: RoiGeometry, mode, acc, out_dtype):
-    """avg: divide by ``max(grid_h * grid_w, 1)``; max modes: 0 for an empty grid."""
+    """avg: divide by ``max(grid_h * grid_w, 1)``; every mode: 0 for an empty grid.
+
+    An empty grid never runs the reduction, and with an adaptive grid TE nests the reduction's
+    initialization inside the sampling loops, so the accumulator is not read for an empty grid.
+    """
+    nonempty = tirx.all(geo.grid_h > 0, geo.grid_w > 0)
     if mode == "avg":
         count = te.max(geo.grid_h * geo.grid_w, tirx.const(1, geo.idx))
-        result = acc_value / count.astype(acc)
-    else:
-        nonempty = tirx.all(geo.grid_h > 0, geo.grid_w > 0)
-        result = tirx.Select(nonempty, acc_value, tirx.const(0.0, acc))
-    return result.astype(out_dtype)
+        acc_value = acc_value / count.astype(acc)
+    return tirx.Select(nonempty, acc_value, tirx.const(0.0, acc)).astype(out_dtype)
 
 
 def _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned, layout):
