@@ -15,6 +15,8 @@ _STOCK_LEVEL = 10
 
 # (op_name, attr_key) -> the value that was registered before us (None if there was none)
 _saved: dict[tuple[str, str], object] = {}
+# (op_name, attr_key) -> the value we registered
+_ours: dict[tuple[str, str], object] = {}
 
 
 def get_op_attr(op_name: str, attr_key: str):
@@ -29,10 +31,13 @@ def get_op_attr(op_name: str, attr_key: str):
 def set_op_attr(op_name: str, attr_key: str, value) -> None:
     """Register ``value`` for ``(op_name, attr_key)`` above TVM's level, remembering the original."""
     key = (op_name, attr_key)
+    if key in _saved and _ours.get(key) is value:
+        return  # already registered: nothing to do
     if key not in _saved:
         _saved[key] = get_op_attr(op_name, attr_key)
     tvm.ir.Op.get(op_name).reset_attr(attr_key)
     tvm.ir.register_op_attr(op_name, attr_key, value, level=LEVEL)
+    _ours[key] = value
 
 
 def is_set(op_name: str, attr_key: str) -> bool:
@@ -47,6 +52,7 @@ def restore_all() -> None:
         if original is not None:
             tvm.ir.register_op_attr(op_name, attr_key, original, level=_STOCK_LEVEL)
         del _saved[(op_name, attr_key)]
+        _ours.pop((op_name, attr_key), None)
 
 
 def get_or_register_op(op_name: str) -> tvm.ir.Op:
