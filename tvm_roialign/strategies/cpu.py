@@ -31,13 +31,14 @@ def _bin_major(sch: Schedule, layout: str):
         k, c, ph, pw = sch.get_loops(out)
         sch.reorder(k, ph, pw, c)
     fused = sch.fuse(k, ph)
-    sch.compute_at(acc, pw)
-    # the accumulator's own loops under (fused, pw): channel, then the sampling grid (unit grid
-    # loops of sampling_ratio=1 are dropped by compute_at)
-    c_acc, *grid = sch.get_loops(acc)[2:]
-    if grid:
-        sch.reorder(*grid, c_acc)
-    return acc, fused, c, c_acc, grid[0] if grid else None
+    sch.compute_at(acc, pw, preserve_unit_loops=True)
+    # the accumulator's own loops under (fused, pw), unit loops kept: (k, c, ph, pw, iy, ix) in
+    # NCHW, (k, ph, pw, c, iy, ix) in NHWC
+    acc_loops = sch.get_loops(acc)[2:]
+    c_acc = acc_loops[1 if layout == "NCHW" else 3]
+    iy, ix = acc_loops[-2:]
+    sch.reorder(iy, ix, c_acc)
+    return acc, fused, c, c_acc, iy
 
 
 def _schedule_nested(sch: Schedule, layout: str) -> Schedule:
@@ -52,7 +53,7 @@ def _schedule_nested(sch: Schedule, layout: str) -> Schedule:
         k, c, ph, pw = sch.get_loops(out)
         sch.reorder(k, ph, pw, c)
     fused = sch.fuse(k, ph)
-    sch.compute_at(outer, pw)
+    sch.compute_at(outer, pw, preserve_unit_loops=True)
     sch.parallel(fused)
     return sch
 
@@ -70,13 +71,13 @@ def schedule_cpu(func, target, max_lanes: int) -> Schedule | None:
     acc, fused, c_out, c_acc, decompose_at = _bin_major(sch, layout)
     lanes = largest_divisor_lanes(static_extent(sch, c_acc), max_lanes)
     if lanes > 1:
-        c_acc, inner = sch.split(c_acc, [None, lanes])
+        _, inner = sch.split(c_acc, [None, lanes])
         sch.vectorize(inner)
         if layout == "NHWC":  # NCHW output stores are strided: leave them scalar
             _, inner = sch.split(c_out, [None, lanes])
             sch.vectorize(inner)
     sch.parallel(fused)
-    sch.decompose_reduction(acc, decompose_at if decompose_at is not None else c_acc)
+    sch.decompose_reduction(acc, decompose_at)
     return sch
 
 
