@@ -68,8 +68,12 @@ def schedule_cpu(func, target, max_lanes: int) -> Schedule | None:
         return None
     if has_block(sch, NESTED_ACC_BLOCK):
         return _schedule_nested(sch, layout)
+    acc = find_blocks(sch)[0]
+    channels = _static_channels(sch, acc, layout)
+    lanes = largest_divisor_lanes(channels, max_lanes)
+    if lanes > 1 and layout == "NCHW":
+        _channels_last_copies(sch, acc, lanes)
     acc, fused, c_out, c_acc, decompose_at = _bin_major(sch, layout)
-    lanes = largest_divisor_lanes(static_extent(sch, c_acc), max_lanes)
     if lanes > 1:
         _, inner = sch.split(c_acc, [None, lanes])
         sch.vectorize(inner)
@@ -79,6 +83,33 @@ def schedule_cpu(func, target, max_lanes: int) -> Schedule | None:
     sch.parallel(fused)
     sch.decompose_reduction(acc, decompose_at)
     return sch
+
+
+def _feature_reads(sch: Schedule, block):
+    """Indices of the 4-D buffers (feature maps) that ``block`` reads."""
+    return [i for i, region in enumerate(sch.get(block).reads) if len(region.region) == 4]
+
+
+def _static_channels(sch: Schedule, acc, layout: str) -> int | None:
+    """The channel count of the output (None when symbolic)."""
+    _, out = find_blocks(sch)
+    loops = sch.get_loops(out)
+    return static_extent(sch, loops[1] if layout == "NCHW" else loops[3])
+
+
+def _channels_last_copies(sch: Schedule, acc, lanes: int) -> None:
+    """NCHW: vector loads across channels would be strided gathers (one scalar load per lane).
+    Copy each feature map to channels-last inside the kernel (a tiled, vectorized transpose, in
+    parallel over rows) so that the bin-major loop reads contiguous channel vectors."""
+    for index in _feature_reads(sch, acc):
+        cache = sch.cache_read(acc, index, "global")
+        sch.transform_layout(cache, ("write", 0), lambda n, c, h, w: (n, h, w, c))
+        n, c, h, w = sch.get_loops(cache)
+        w_outer, w_inner = sch.split(w, [None, lanes])
+        c_outer, c_inner = sch.split(c, [None, lanes])
+        sch.reorder(n, h, w_outer, c_outer, w_inner, c_inner)
+        sch.parallel(sch.fuse(n, h))
+        sch.vectorize(c_inner)
 
 
 def schedule_generic(func, target) -> Schedule | None:
