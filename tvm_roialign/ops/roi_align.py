@@ -103,7 +103,7 @@ def legalize(bb: relax.BlockBuilder, call):
             attrs.layout,
         )
 
-    func = strategy.build(compute, inputs, target, attrs.layout)
+    func = strategy.build(compute, inputs, target, attrs.layout, attrs)
     gvar = bb.add_func(func, f"roi_align_{attrs.layout.lower()}")
     return relax.call_tir(gvar, list(call.args), call.ty)
 

@@ -81,19 +81,28 @@ class Strategy:
     """A compute plus a schedule rule for one family of targets.
 
     ``schedule`` is the rule; ``matches(target)`` says whether the strategy is meant for a target.
+    ``kernel``, when given, is a strategy-specific compute ``(te_inputs, attrs, target) ->
+    te.Tensor | None`` tried before the op's TE compute (None: not applicable); its PrimFunc is
+    expected to be scheduled already (the schedule rule returns None for it).
     """
 
     name: str
     matches: Callable[[tvm.target.Target], bool]
     schedule: ScheduleRule
+    kernel: Callable | None = None
 
-    def build(self, compute, inputs, target, layout: str) -> tvm.tirx.PrimFunc:
+    def build(self, compute, inputs, target, layout: str, attrs=None) -> tvm.tirx.PrimFunc:
         """Create the PrimFunc of ``compute(*inputs)`` and schedule it for ``target``.
 
         ``compute`` returns the output te.Tensor; the index dtype is chosen from the static sizes
         of the inputs and the output (int64 past 2**31 - 1 elements or for symbolic sizes).
+        ``attrs`` (the op's attributes) are passed to the strategy's ``kernel`` if it has one.
         """
-        out = compute(*inputs)
+        out = None
+        if self.kernel is not None and attrs is not None:
+            out = self.kernel(inputs, attrs, target)
+        if out is None:
+            out = compute(*inputs)
         shapes = [t.shape for t in inputs if isinstance(t, te.Tensor)] + [out.shape]
         func = te.create_prim_func(
             [*inputs, out], index_dtype_override=index_dtype_for(*shapes)
