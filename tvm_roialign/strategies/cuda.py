@@ -1,0 +1,21 @@
+"""CUDA strategy: the GPU schedule of :mod:`.gpu` (one thread per output element)."""
+
+from __future__ import annotations
+
+import tvm
+
+from .gpu import schedule_gpu, target_max_threads
+
+#: Threads per block, capped by the target's ``max_num_threads``. A RoIAlign thread holds 32-40
+#: registers (ptxas, sm_90): 1024-thread blocks would fit one block (50% occupancy) in an SM's 64K
+#: registers, 256-thread blocks fit six (75%).
+CUDA_THREADS = 256
+
+
+def is_cuda(target: tvm.target.Target) -> bool:
+    return target.kind.name == "cuda"
+
+
+def schedule_cuda(func, target):
+    """Schedule rule ``(PrimFunc, Target) -> Schedule | None`` for CUDA targets."""
+    return schedule_gpu(func, target, target_max_threads(target, CUDA_THREADS))

@@ -1,0 +1,105 @@
+"""GPU schedule shared by the CUDA and Metal strategies: one thread per output element.
+
+The output loops are fused in memory order, so that consecutive threads write consecutive output
+elements: ``(k, c, ph, pw)`` in NCHW, ``(k, ph, pw, c)`` in NHWC. In NHWC the channel is then the
+fastest-varying index within a warp, and the warp's loads of a sample's four corners are contiguous
+(coalesced). The fused loop is split into ``[blocks, threads]`` and bound to ``blockIdx.x`` /
+``threadIdx.x``; a thread computes its element's sampling grid itself (the reduction block
+``roi_align_acc``, and with an adaptive grid its nesting block ``roi_align_acc_l1``, are computed at
+the thread loop with the accumulator in a register, ``local`` scope) and writes it once.
+
+No thread loops over outputs: a launch covers the output exactly once (``blocks * threads >= total
+> (blocks - 1) * threads``, the tail guarded by a predicate), so a thread's work is its element's
+sampling grid and never grows with the output. The grid is at most ``MAX_GRID_BLOCKS`` blocks
+(CUDA's limit along x, kept for Metal too), i.e. over ``5 * 10**11`` outputs with 256 threads, far
+beyond any device memory; a larger static output raises ValueError.
+
+Index width: ``Strategy.build`` creates the PrimFunc with int64 indices when an input or the output
+has more than ``2**31 - 1`` elements; the thread indices are then widened before they are combined.
+"""
+
+from __future__ import annotations
+
+from tvm.s_tir import Schedule
+
+from .base import (
+    NESTED_ACC_BLOCK,
+    find_blocks,
+    has_block,
+    layout_of,
+    new_schedule,
+)
+
+#: CUDA's limit of blocks along x (also applied to Metal's threadgroups).
+MAX_GRID_BLOCKS = 2**31 - 1
+
+
+def target_max_threads(target, cap: int | None = None) -> int:
+    """Threads per block from the target (``max_num_threads``), at most ``cap``."""
+    threads = 256
+    if target is not None and "max_num_threads" in target.attrs:
+        threads = int(target.attrs["max_num_threads"])
+    if cap is not None:
+        threads = min(threads, cap)
+    return max(threads, 1)
+
+
+def _static(extent) -> int | None:
+    try:
+        return int(extent)
+    except (TypeError, ValueError):
+        return None
+
+
+def _threads_for(total: int | None, max_threads: int) -> int:
+    """``max_threads``, or the smallest power of two (>= 32, one warp) covering a small ``total``."""
+    if total is None or total >= max_threads:
+        return max_threads
+    threads = 32
+    while threads < total:
+        threads *= 2
+    return min(threads, max_threads)
+
+
+def schedule_gpu(func, target, max_threads: int, bind_threads: bool = True) -> Schedule | None:
+    """One thread per output element, ``max_threads`` threads per block.
+
+    ``bind_threads=False`` builds the same loop nest without binding it to GPU threads, so that the
+    schedule's arithmetic can be run and checked on the host CPU.
+
+    Returns None for a PrimFunc that is not a RoIAlign of this package (no ``roi_align_acc`` /
+    ``roi_align`` blocks or no ``roi_align.layout`` attribute). Raises ValueError when a static
+    output needs more than ``MAX_GRID_BLOCKS`` blocks.
+    """
+    layout = layout_of(func)
+    if layout not in ("NCHW", "NHWC"):
+        return None
+    sch = new_schedule(func)
+    blocks = find_blocks(sch)
+    if blocks is None:
+        return None
+    acc, out = blocks
+    fused = sch.fuse(*sch.get_loops(out))  # memory order: the innermost output index is fastest
+    total = _static(sch.get(fused).extent)
+    threads = _threads_for(total, max_threads)
+    if total is not None and -(-total // threads) > MAX_GRID_BLOCKS:
+        raise ValueError(
+            f"roi_align: an output of {total} elements needs more than {MAX_GRID_BLOCKS} blocks of "
+            f"{threads} threads, the most one GPU launch can have; split the rois"
+        )
+    bx, tx = sch.split(fused, [None, threads])
+    if bind_threads:
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+    if has_block(sch, NESTED_ACC_BLOCK):
+        # adaptive grid: the sampling loops' extents depend on the roi; they stay nested in their
+        # own block, which computes the whole reduction of the thread's element
+        outer_acc = sch.get_sblock(NESTED_ACC_BLOCK)
+        sch.compute_at(outer_acc, tx)
+        sch.set_scope(outer_acc, 0, "local")
+    else:
+        sch.compute_at(acc, tx)
+        sch.set_scope(acc, 0, "local")
+        # the accumulator's init stays in the block (``if iy == 0 and ix == 0``; the constant grid
+        # is unrolled by the compiler): decompose_reduction refuses a block under the tail predicate
+    return sch
