@@ -25,10 +25,21 @@ if "TVM_NUM_THREADS" not in os.environ:  # must precede the first parallel launc
 from . import _registry, strategies, topi  # noqa: E402
 from .ops import roi_align as _roi_align_op  # noqa: E402
 from .ops.roi_align import make_roi_align as roi_align  # noqa: E402
+from . import frontend  # noqa: E402
+from .ops import multiscale_roi_align as _multiscale_roi_align_op  # noqa: E402
+from .ops.multiscale_roi_align import (  # noqa: E402
+    make_multiscale_roi_align as multiscale_roi_align,
+)
+from . import passes  # noqa: E402
+from .passes import layout as _layout_pass  # noqa: E402
 
 __version__ = "0.1.0"
 
-_REGISTER_HOOKS = [_roi_align_op.register]
+_REGISTER_HOOKS = [
+    _roi_align_op.register,
+    _multiscale_roi_align_op.register,
+    _layout_pass.register,
+]
 
 
 def register() -> None:
@@ -48,4 +59,14 @@ def is_registered() -> bool:
 
 register()
 
-__all__ = ["register", "unregister", "is_registered", "roi_align", "topi", "strategies"]
+__all__ = [
+    "register",
+    "unregister",
+    "is_registered",
+    "roi_align",
+    "multiscale_roi_align",
+    "topi",
+    "strategies",
+    "frontend",
+    "passes",
+]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm import relax, te
+import tvm
+from tvm import relax, te, tirx
 
 from .. import _registry
 from ..strategies import select_strategy
@@ -53,6 +54,31 @@ def tensor_info(expr, name: str):
     return shape, int(ty.ndim), str(ty.dtype)
 
 
+class FreshDims:
+    """Replace composite symbolic dimensions (``K0 + K1``) by fresh variables.
+
+    A PrimFunc can only take its symbolic sizes from buffer shapes; a dimension such as
+    ``K0 + K1`` (rois concatenated from two inputs) defines neither variable. A fresh variable
+    per distinct composite dimension is bound from the buffer's shape at run time instead.
+    """
+
+    def __init__(self):
+        self._seen: list[tuple[tirx.PrimExpr, tirx.Var]] = []
+
+    def __call__(self, shape):
+        return [self._dim(d) for d in shape]
+
+    def _dim(self, dim):
+        if isinstance(dim, (int, tirx.IntImm, tirx.Var)):
+            return dim
+        for expr, var in self._seen:
+            if tvm.ir.structural_equal(expr, dim):
+                return var
+        var = tirx.Var(f"dim{len(self._seen)}", "int64")
+        self._seen.append((dim, var))
+        return var
+
+
 def _output_shape(data_shape, rois_shape, pooled, layout):
     ph, pw = pooled
     if layout == "NCHW":
@@ -89,7 +115,11 @@ def legalize(bb: relax.BlockBuilder, call):
     if data_shape is None or rois_shape is None:
         raise ValueError("roi_align needs data and rois of known rank and shape to legalize")
     strategy, target = select_strategy(None)
-    inputs = [te.placeholder(data_shape, dtype, "data"), te.placeholder(rois_shape, dtype, "rois")]
+    fresh = FreshDims()
+    inputs = [
+        te.placeholder(fresh(data_shape), dtype, "data"),
+        te.placeholder(fresh(rois_shape), dtype, "rois"),
+    ]
 
     def compute(data, rois):
         return topi_roi_align(
@@ -167,4 +197,4 @@ def make_roi_align(
     )
 
 
-__all__ = ["OP_NAME", "RoiAlignAttrs", "infer_struct_info", "legalize", "register", "make_roi_align"]
+__all__ = ["FreshDims", "OP_NAME", "RoiAlignAttrs", "infer_struct_info", "legalize", "register", "make_roi_align"]

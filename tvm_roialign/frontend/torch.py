@@ -1,0 +1,299 @@
+"""``torch.export`` importer with correct RoIAlign and a fused ``MultiScaleRoIAlign``.
+
+:func:`from_exported_program` is TVM's ``from_exported_program`` plus two converters:
+
+* ``torchvision.roi_align`` (the graph op ``torch.ops.torchvision.roi_align.default``): torchvision's
+  ``aligned=True`` shifts the box by -0.5 *after* scaling (``x * spatial_scale - 0.5``); it is
+  imported by :func:`tvm_roialign.roi_align`, which shifts the roi coordinates (never the batch
+  index) by ``-0.5 / spatial_scale`` and calls ``relax.vision.roi_align`` with ``aligned=True``.
+  TVM's stock converter subtracts 0.5 before scaling, wrong whenever ``spatial_scale != 1``.
+* ``torch.ops.tvm_roialign.multiscale_roi_align.default`` (below) -> the fused op
+  ``relax.vision.multiscale_roi_align``.
+
+MultiScaleRoIAlign
+------------------
+torchvision's ``MultiScaleRoIAlign`` assigns each roi to its FPN level in Python with
+``torch.where(levels == level)`` and writes the per-level results with ``result[idx] = ...``:
+exported, that is data-dependent ``nonzero`` plus ``index_put`` (or does not export at all). The
+fused op does the level assignment inside the kernel, so the graph needs none of it. To get the
+pooler into the exported graph as one op, export the model with :func:`export` (or inside
+:func:`fuse_multiscale_roi_align`): every ``torchvision.ops.MultiScaleRoIAlign`` submodule of the
+(unmodified) model is made, for the duration of the export only, to call the custom op
+``tvm_roialign::multiscale_roi_align`` (a ``torch.library`` op whose eager kernel is torchvision's
+own per-level computation, and whose fake kernel gives ``[K, C, PH, PW]`` for a symbolic ``K``)
+with the rois built as torchvision builds them and the scales torchvision infers. The exported
+program then holds ``cat`` ops for the rois and one ``multiscale_roi_align`` node; it runs eagerly
+too (``ep.module()(...)`` gives torchvision's result), and :func:`from_exported_program` maps it to
+``relax.vision.multiscale_roi_align``. This works on torchvision's Mask R-CNN poolers
+(``roi_heads.box_roi_pool``, ``roi_heads.mask_roi_pool``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import warnings
+
+import torch
+import torchvision
+from torchvision.ops import poolers
+from tvm.relax.frontend.torch import (
+    from_exported_program as _stock_from_exported_program,
+)
+
+from ..ops.multiscale_roi_align import make_multiscale_roi_align
+from ..ops.roi_align import make_roi_align
+from ..topi.multiscale_roi_align import LEVEL_EPS
+
+__all__ = [
+    "convert_map",
+    "export",
+    "from_exported_program",
+    "fuse_multiscale_roi_align",
+    "multiscale_roi_align",
+]
+
+
+@torch.library.custom_op("tvm_roialign::multiscale_roi_align", mutates_args=())
+def multiscale_roi_align(
+    features: list[torch.Tensor],
+    rois: torch.Tensor,
+    output_size: list[int],
+    spatial_scales: list[float],
+    sampling_ratio: int,
+    aligned: bool,
+    canonical_scale: int,
+    canonical_level: int,
+) -> torch.Tensor:
+    """torchvision's multi-level RoIAlign as one op (eager: torchvision's own computation).
+
+    Parameters
+    ----------
+    features : list of Tensor
+        ``L`` maps ``[N, C, H_l, W_l]``, finest first.
+    rois : Tensor
+        ``[K, 5]`` rows of ``(batch_index, x1, y1, x2, y2)`` in input-image pixels.
+    output_size : list of int
+        ``[PH, PW]``.
+    spatial_scales : list of float
+        One per level (``2 ** -k``).
+    sampling_ratio : int
+    aligned : bool
+        torchvision's ``aligned`` (MultiScaleRoIAlign uses False).
+    canonical_scale, canonical_level : int
+        The LevelMapper's ``s0`` and ``k0`` (224 and 4).
+
+    Returns
+    -------
+    Tensor
+        ``[K, C, PH, PW]``.
+    """
+    kwargs = {
+        "output_size": tuple(output_size),
+        "sampling_ratio": sampling_ratio,
+        "aligned": aligned,
+    }
+    if len(features) == 1:
+        return torchvision.ops.roi_align(
+            features[0], rois, spatial_scale=spatial_scales[0], **kwargs
+        )
+    k_min, k_max = _level_bounds(spatial_scales)
+    mapper = poolers.initLevelMapper(
+        k_min, k_max, canonical_scale=canonical_scale, canonical_level=canonical_level
+    )
+    levels = mapper([rois[:, 1:]])
+    first = features[0]
+    result = first.new_zeros((rois.shape[0], first.shape[1], *output_size))
+    for level, (feature, scale) in enumerate(zip(features, spatial_scales)):
+        index = torch.where(levels == level)[0]
+        pooled = torchvision.ops.roi_align(
+            feature, rois[index], spatial_scale=scale, **kwargs
+        )
+        result[index] = pooled.to(result.dtype)
+    return result
+
+
+@multiscale_roi_align.register_fake
+def _multiscale_roi_align_fake(
+    features,
+    rois,
+    output_size,
+    spatial_scales,
+    sampling_ratio,
+    aligned,
+    canonical_scale,
+    canonical_level,
+):
+    first = features[0]
+    return first.new_empty((rois.shape[0], first.shape[1], *output_size))
+
+
+def _level_bounds(spatial_scales) -> tuple[int, int]:
+    """``(k_min, k_max)`` exactly as torchvision's ``_setup_scales`` (float32 log2, truncated)."""
+    first = -torch.log2(torch.tensor(spatial_scales[0], dtype=torch.float32)).item()
+    last = -torch.log2(torch.tensor(spatial_scales[-1], dtype=torch.float32)).item()
+    return int(first), int(last)
+
+
+def _mapper_matches(pooler, scales) -> bool:
+    """Whether the pooler's LevelMapper is the one the fused op recomputes from the scales."""
+    mapper = pooler.map_levels
+    k_min, k_max = _level_bounds(scales)
+    return (
+        (mapper.k_min, mapper.k_max) == (k_min, k_max)
+        and mapper.s0 == pooler.canonical_scale
+        and mapper.lvl0 == pooler.canonical_level
+        and mapper.eps == LEVEL_EPS
+    )
+
+
+def _fused_forward(self, x, boxes, image_shapes):
+    """``MultiScaleRoIAlign.forward`` through ``tvm_roialign::multiscale_roi_align``."""
+    x_filtered = poolers._filter_input(x, self.featmap_names)
+    if self.scales is None or self.map_levels is None:
+        self.scales, self.map_levels = poolers._setup_scales(
+            x_filtered, image_shapes, self.canonical_scale, self.canonical_level
+        )
+    if len(x_filtered) == 1 or not _mapper_matches(self, self.scales):
+        if len(x_filtered) > 1:
+            warnings.warn(
+                f"{self!r} has a LevelMapper that differs from the one of its scales: exported "
+                "with torchvision's own forward",
+                stacklevel=2,
+            )
+        return type(self).forward(
+            self, x, boxes, image_shapes
+        )  # torchvision: one roi_align
+    rois = poolers._convert_to_roi_format(boxes)
+    return torch.ops.tvm_roialign.multiscale_roi_align(
+        x_filtered,
+        rois,
+        [int(s) for s in self.output_size],
+        [float(s) for s in self.scales],
+        int(self.sampling_ratio),
+        False,
+        int(self.canonical_scale),
+        int(self.canonical_level),
+    )
+
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def fuse_multiscale_roi_align(model: torch.nn.Module):
+    """Within the block, every ``torchvision.ops.MultiScaleRoIAlign`` in ``model`` runs as the
+    custom op ``tvm_roialign::multiscale_roi_align`` (same result), so that ``torch.export``
+    records one op instead of torchvision's data-dependent level assignment.
+
+    The model is restored on exit (instance attributes only; torchvision is not patched).
+    """
+    patched = []
+    try:
+        for module in model.modules():
+            if isinstance(module, poolers.MultiScaleRoIAlign):
+                patched.append((module, module.__dict__.get("forward", _MISSING)))
+                module.forward = types.MethodType(_fused_forward, module)
+        yield model
+    finally:
+        for module, previous in reversed(patched):
+            if previous is _MISSING:
+                del module.forward
+            else:
+                module.forward = previous
+
+
+def export(model: torch.nn.Module, args, kwargs=None, **export_kwargs):
+    """``torch.export.export`` with the model's MultiScaleRoIAlign poolers fused (see module doc).
+
+    ``export_kwargs`` go to ``torch.export.export`` (``dynamic_shapes``, ``strict``, ...). Give the
+    rois / boxes a symbolic first dimension (``torch.export.Dim``) to import a program that takes
+    any number of rois.
+    """
+    with fuse_multiscale_roi_align(model):
+        return torch.export.export(model, tuple(args), kwargs, **export_kwargs)
+
+
+def _convert_roi_align(node, importer):
+    """``torchvision.roi_align(input, rois, spatial_scale, pooled_height, pooled_width,
+    sampling_ratio, aligned)`` -> :func:`tvm_roialign.roi_align` (shift after scaling)."""
+    args = importer.retrieve_args(node)
+    data, rois = args[0], args[1]
+    spatial_scale = float(args[2]) if len(args) > 2 else 1.0
+    pooled_height = int(args[3]) if len(args) > 3 else 1
+    pooled_width = int(args[4]) if len(args) > 4 else pooled_height
+    sampling_ratio = int(args[5]) if len(args) > 5 else -1
+    aligned = bool(args[6]) if len(args) > 6 else False
+    return importer.block_builder.emit(
+        make_roi_align(
+            data,
+            rois,
+            (pooled_height, pooled_width),
+            spatial_scale,
+            sampling_ratio,
+            aligned,
+        )
+    )
+
+
+def _convert_multiscale_roi_align(node, importer):
+    """``tvm_roialign::multiscale_roi_align`` -> ``relax.vision.multiscale_roi_align``."""
+    args = importer.retrieve_args(node)
+    (
+        features,
+        rois,
+        output_size,
+        scales,
+        sampling_ratio,
+        aligned,
+        canonical_scale,
+        level,
+    ) = args
+    return importer.block_builder.emit(
+        make_multiscale_roi_align(
+            list(features),
+            rois,
+            [int(s) for s in output_size],
+            [float(s) for s in scales],
+            sampling_ratio=int(sampling_ratio),
+            aligned=bool(aligned),
+            layout="NCHW",
+            canonical_scale=int(canonical_scale),
+            canonical_level=int(level),
+        )
+    )
+
+
+def convert_map() -> dict:
+    """Our converters, keyed as ``from_exported_program``'s ``custom_convert_map`` expects."""
+    return {
+        "roi_align.default": _convert_roi_align,
+        "multiscale_roi_align.default": _convert_multiscale_roi_align,
+    }
+
+
+def from_exported_program(exported_program, *, custom_convert_map=None, **kwargs):
+    """TVM's ``from_exported_program`` with correct RoIAlign and the fused MultiScaleRoIAlign.
+
+    Parameters
+    ----------
+    exported_program : torch.export.ExportedProgram
+        Best exported with :func:`export` when the model has ``MultiScaleRoIAlign`` poolers.
+    custom_convert_map : dict, optional
+        More converters (name -> ``(node, importer) -> relax.Var``); they take precedence.
+    **kwargs
+        Passed to ``tvm.relax.frontend.torch.from_exported_program`` (``keep_params_as_input``,
+        ``unwrap_unit_return_tuple``, ``no_bind_return_tuple``, ``run_ep_decomposition``).
+
+    Returns
+    -------
+    tvm.IRModule
+        ``main``: torchvision ``roi_align`` as ``relax.vision.roi_align`` (rois shifted by
+        ``-0.5 / spatial_scale`` when ``aligned``), ``multiscale_roi_align`` as
+        ``relax.vision.multiscale_roi_align`` (NCHW).
+    """
+    table = convert_map()
+    table.update(custom_convert_map or {})
+    return _stock_from_exported_program(
+        exported_program, custom_convert_map=table, **kwargs
+    )

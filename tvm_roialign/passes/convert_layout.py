@@ -1,0 +1,273 @@
+"""``ConvertLayout`` as users wrote it for Relay and tvmc, on top of Relax's own pass.
+
+:class:`ConvertLayout` takes the same ``desired_layouts`` dictionaries people have in scripts and
+tvmc configs (``{"nn.conv2d": ["NHWC", "default"], "vision.roi_align": ["NHWC", "default"]}``)
+and runs ``relax.transform.ConvertLayout`` with a per-call callback that
+
+* maps Relay-era op names to Relax ones (``nn.conv2d`` -> ``relax.nn.conv2d``);
+* resolves ``"default"`` to a concrete layout for each call (stock Relax rejects
+  ``"default"`` for conv2d with "Invalid layout default"): the current data layout for the data,
+  the conventional kernel layout of the data layout (OIHW for NCHW, HWIO for NHWC) for a kernel;
+* never moves an op to a layout that has no legalization: the transposed convolutions legalize
+  only in NCW/NCHW/NCDHW, so they are pinned there, with transposes at their edges, even when
+  the layout of their producer would otherwise spread into them;
+* leaves out ops whose stock rule refuses any desired layout (pools follow their input);
+
+and then folds ``permute_dims`` pairs (:class:`FoldPermuteDims`): pairs that compose to the
+identity disappear, others become one ``permute_dims``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .layout import MULTISCALE_ROI_ALIGN_OP, ROI_ALIGN_OP, desired_target
+
+_DEFAULT = "default"
+
+#: Conventional kernel layout of each data layout (what ``"default"`` means for a kernel).
+_DEFAULT_KERNEL = {
+    "NCW": "OIW",
+    "NWC": "WIO",
+    "NCHW": "OIHW",
+    "NHWC": "HWIO",
+    "NCDHW": "OIDHW",
+    "NDHWC": "DHWIO",
+}
+
+_CONV_OPS = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d")
+
+#: Ops that legalize in one layout only: (data layout, kernel layout) they are pinned to.
+PINNED_LAYOUTS = {
+    "relax.nn.conv1d_transpose": ("NCW", "IOW"),
+    "relax.nn.conv2d_transpose": ("NCHW", "IOHW"),
+    "relax.nn.conv3d_transpose": ("NCDHW", "IODHW"),
+}
+
+#: Ops whose stock layout rule fails on any desired layout: they follow their input instead.
+FOLLOW_ONLY_OPS = frozenset(
+    f"relax.nn.{kind}_pool{d}d" for kind in ("max", "avg", "adaptive_avg") for d in (1, 2, 3)
+)
+
+#: Ops with a single desired data layout (``"default"``: keep the current one).
+_DATA_LAYOUT_ATTR = {
+    "relax.image.resize2d": "layout",
+    "relax.image.resize3d": "layout",
+}
+
+
+def relax_op_name(name: str) -> str:
+    """``"nn.conv2d"`` -> ``"relax.nn.conv2d"``; Relax names are returned unchanged."""
+    name = str(name).strip()
+    return name if name.startswith("relax.") else "relax." + name
+
+
+def _op_exists(name: str) -> bool:
+    try:
+        tvm.ir.Op.get(name)
+    except Exception:  # noqa: BLE001  (TVM 0.27 raises AttributeError for an unknown op)
+        return False
+    return True
+
+
+def normalize_desired_layouts(desired_layouts) -> dict[str, list[str]]:
+    """Validate ``desired_layouts`` and key it by Relax op names.
+
+    Raises
+    ------
+    TypeError
+        ``desired_layouts`` is not a mapping from op name to a list of layout strings.
+    ValueError
+        The same op is given twice (``nn.conv2d`` and ``relax.nn.conv2d``) with different
+        layouts, a list is empty, or a RoIAlign layout is not ``[NCHW|NHWC|default]`` optionally
+        followed by ``"default"``.
+    """
+    if not hasattr(desired_layouts, "items"):
+        raise TypeError(
+            "desired_layouts must be a dict {op name: [layout, ...]}, e.g. "
+            f"{{'nn.conv2d': ['NHWC', 'default']}}, got {type(desired_layouts).__name__}"
+        )
+    out: dict[str, list[str]] = {}
+    for name, layouts in desired_layouts.items():
+        if isinstance(layouts, str) or not all(isinstance(x, str) for x in layouts):
+            raise TypeError(
+                f"desired_layouts[{name!r}] must be a list of layout strings such as "
+                f"['NHWC', 'default'], got {layouts!r}"
+            )
+        layouts = [str(x) for x in layouts]
+        if not layouts:
+            raise ValueError(f"desired_layouts[{name!r}] is empty")
+        op = relax_op_name(name)
+        if not _op_exists(op):
+            warnings.warn(f"ConvertLayout: no Relax op {op!r} (from {name!r}); ignored")
+            continue
+        if op in out and out[op] != layouts:
+            raise ValueError(f"desired_layouts gives {op} twice: {out[op]} and {layouts}")
+        out[op] = layouts
+    for op, layouts in out.items():
+        if op in (ROI_ALIGN_OP, MULTISCALE_ROI_ALIGN_OP):
+            desired_target(op, layouts, "NCHW")  # raises ValueError now rather than mid-pass
+        if op in PINNED_LAYOUTS and layouts[0] not in (_DEFAULT, PINNED_LAYOUTS[op][0]):
+            warnings.warn(
+                f"ConvertLayout: {op} legalizes only in {PINNED_LAYOUTS[op][0]}; "
+                f"it stays there (asked for {layouts[0]})"
+            )
+    return out
+
+
+def _resolve_conv(call, layouts: list[str]) -> list[str]:
+    attrs = call.attrs
+    data = str(attrs.data_layout) if layouts[0] == _DEFAULT else layouts[0]
+    kernel = layouts[1] if len(layouts) > 1 else _DEFAULT
+    if kernel == _DEFAULT:
+        kernel = _DEFAULT_KERNEL.get(data, str(attrs.kernel_layout))
+    out = layouts[2] if len(layouts) > 2 else _DEFAULT
+    if out not in (_DEFAULT, data):
+        warnings.warn(
+            f"ConvertLayout: {call.op.name} cannot legalize out_layout {out} != data layout "
+            f"{data}; using {data}"
+        )
+    if len(data) != len(kernel) or sorted(data) != sorted(str(attrs.data_layout)):
+        raise ValueError(
+            f"desired layouts for {call.op.name} must be permutations of "
+            f"{attrs.data_layout!s}/{attrs.kernel_layout!s} (axis swaps only), got {layouts}"
+        )
+    return [data, kernel, data]
+
+
+def resolve_layouts(call, desired: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The concrete desired layouts for one call (what the per-call callback returns)."""
+    op = call.op
+    if not isinstance(op, tvm.ir.Op):
+        return {}
+    name = str(op.name)
+    if name in PINNED_LAYOUTS:
+        return {name: list(PINNED_LAYOUTS[name])}
+    layouts = desired.get(name)
+    if layouts is None or name in FOLLOW_ONLY_OPS:
+        return {}
+    if name in _CONV_OPS:
+        return {name: _resolve_conv(call, layouts)}
+    if name in _DATA_LAYOUT_ATTR:
+        cur = str(getattr(call.attrs, _DATA_LAYOUT_ATTR[name]))
+        return {name: [cur if layouts[0] == _DEFAULT else layouts[0]]}
+    # roi_align and ops shaped like it read "default" themselves; other ops get what was given
+    return {name: list(layouts)}
+
+
+@mutator
+class _PermuteDimsFolder(PyExprMutator):
+    """Folds ``permute_dims(permute_dims(x, a), b)`` into ``x`` or one ``permute_dims``, and
+    ``permute_dims(x, identity)`` into ``x``."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.mod = mod
+        self.changed = False
+
+    def transform(self) -> tvm.IRModule:
+        for gvar, func in self.mod.functions_items():
+            if not isinstance(func, relax.Function):
+                continue
+            new_func = self.visit_expr(func)
+            if not new_func.same_as(func):
+                new_func = relax.analysis.remove_all_unused(new_func)
+                self.builder_.update_func(gvar, new_func)
+        return self.builder_.get()
+
+    def visit_call_(self, call):  # pylint: disable=arguments-renamed
+        call = self.visit_expr_post_order(call)
+        if not _is_permute(call):
+            return call
+        ndim = int(call.ty.ndim)
+        if ndim < 0:
+            return call
+        if _axes(call, ndim) == list(range(ndim)):  # an identity permute_dims
+            self.changed = True
+            return call.args[0]
+        inner = self.lookup_binding(call.args[0]) if isinstance(call.args[0], relax.Var) else None
+        if inner is None or not _is_permute(inner):
+            return call
+        first, second = _axes(inner, ndim), _axes(call, ndim)
+        composed = [first[i] for i in second]
+        self.changed = True
+        if composed == list(range(ndim)):
+            return inner.args[0]
+        return relax.op.permute_dims(inner.args[0], composed)
+
+
+def _is_permute(expr) -> bool:
+    return (
+        isinstance(expr, relax.Call)
+        and isinstance(expr.op, tvm.ir.Op)
+        and expr.op.name == "relax.permute_dims"
+    )
+
+
+def _axes(call, ndim: int) -> list[int]:
+    axes = call.attrs.axes
+    if axes is None:
+        return list(range(ndim - 1, -1, -1))
+    return [int(a) % ndim for a in axes]
+
+
+@tvm.transform.module_pass(opt_level=0, name="FoldPermuteDims")
+class FoldPermuteDims:  # pylint: disable=too-few-public-methods
+    """Remove ``permute_dims`` pairs that cancel (and identity ``permute_dims``); merge the other
+    pairs into one ``permute_dims``.
+
+    The module is returned unchanged (the same object) when no pair is found.
+    """
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
+        folder = _PermuteDimsFolder(mod)
+        new_mod = folder.transform()
+        return new_mod if folder.changed else mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_roialign.ConvertLayout")
+class ConvertLayout:  # pylint: disable=too-few-public-methods
+    """Convert layouts as Relay's ConvertLayout did, then fold the transposes that cancel.
+
+    Parameters
+    ----------
+    desired_layouts : dict[str, list[str]]
+        Op name (Relay-era ``"nn.conv2d"``, ``"vision.roi_align"`` or Relax ``"relax.nn.conv2d"``)
+        to ``[data_layout, kernel_or_rois_layout, ...]``; ``"default"`` keeps the current layout
+        (data, rois) or takes the conventional kernel layout (OIHW for NCHW, HWIO for NHWC).
+        Example: ``{"nn.conv2d": ["NHWC", "default"], "vision.roi_align": ["NHWC", "default"]}``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``desired_layouts`` is not such a dict (see :func:`normalize_desired_layouts`).
+
+    Ops with no Relax counterpart are ignored with a warning; transposed convolutions stay in the
+    only layout they legalize in; pools follow their input. Only dataflow blocks are converted
+    (as with the stock pass).
+    """
+
+    def __init__(self, desired_layouts):
+        self.desired_layouts = normalize_desired_layouts(desired_layouts)
+
+    def _layout_cb(self, call):
+        return resolve_layouts(call, self.desired_layouts)
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
+        converted = relax.transform.ConvertLayout({}, self._layout_cb)(mod)
+        return FoldPermuteDims()(converted)
+
+
+__all__ = [
+    "FOLLOW_ONLY_OPS",
+    "PINNED_LAYOUTS",
+    "ConvertLayout",
+    "FoldPermuteDims",
+    "normalize_desired_layouts",
+    "relax_op_name",
+    "resolve_layouts",
+]

@@ -1,0 +1,471 @@
+"""Multi-level (FPN) RoIAlign compute definitions (TE) for NCHW and NHWC.
+
+The contract
+------------
+Inputs
+    features : ``L`` feature maps, level ``l`` of shape ``[N, C, H_l, W_l]`` (``layout="NCHW"``) or
+        ``[N, H_l, W_l, C]`` (``layout="NHWC"``); all of one dtype (float16, float32 or float64) and
+        the same ``N`` and ``C``.
+    rois : ``[K, 5]`` rows of ``(batch_index, x1, y1, x2, y2)`` in input-image pixels, dtype of the
+        features.
+Output
+    ``[K, C, PH, PW]`` (NCHW) or ``[K, PH, PW, C]`` (NHWC), dtype of the features.
+
+Each roi is pooled from one level only, chosen inside the kernel as torchvision's ``LevelMapper``
+(``torchvision.ops.poolers``) does, in the accumulate dtype (float32 for float16/float32 data,
+float64 for float64)::
+
+    k = floor(canonical_level + log2(sqrt((x2 - x1) * (y2 - y1)) / canonical_scale) + 1e-6)
+    k = min(max(k, k_min), k_max)            # torch.clamp(min=k_min, max=k_max)
+    level = int(k) - k_min                   # index into ``features``
+
+with ``k_min = int(-log2(spatial_scales[0]))`` and ``k_max = int(-log2(spatial_scales[-1]))``
+(float32 ``log2``, truncated toward zero, as torchvision's ``_setup_scales``). A roi whose level is
+NaN (negative area) or falls outside ``[0, L)`` gives a row of zeros, as in torchvision, where no
+level selects it. With a single level, every roi is pooled from it (torchvision calls ``roi_align``
+directly then).
+
+The chosen level is then pooled exactly as :func:`tvm_roialign.topi.roi_align` with that level's
+``spatial_scale`` (same sampling grid, bilinear rule, averaging and safety guarantees; see that
+module's docstring). ``aligned`` has torchvision's meaning here: the scaled box is shifted by
+``-0.5`` feature-map pixel (``x * spatial_scale - 0.5``) and the size is not clamped to >= 1.
+
+Only the chosen level is read and sampled: the level is computed once per sample (a Let; LLVM
+hoists it out of the channel loop), and the sample is an ``if_then_else`` chain over the levels
+whose branch ``l`` is RoIAlign's own sample code with level ``l``'s constants (scale, height,
+width). ``if_then_else`` evaluates only the taken branch, and every branch's indices are clamped to
+its own map, so no memory outside a feature map is read. (Selecting the scale, height and width by
+the level inside one shared sample would put ``Select``s on the level into every index and weight;
+TVM's arithmetic analyzer substitutes Let-bound values, and compiling that took ~100x longer.)
+With an adaptive grid the loop extents are the chosen level's grid (a ``Select`` over the levels'
+grids on the level expression, since an extent cannot refer to a Let variable).
+
+The reduction block is named ``roi_align_acc`` and the output block ``roi_align``, with the loop
+order of RoIAlign (NCHW: K, C, PH, PW; NHWC: K, PH, PW, C), so that the RoIAlign schedule rules of
+:mod:`tvm_roialign.strategies` apply unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+from tvm import te, tirx
+
+from .roi_align import (
+    FLOAT_DTYPES,
+    LAYOUTS,
+    MODES,
+    accumulate_dtype,
+    bilinear_coeffs,
+    finalize,
+    index_dtype_for,
+    normalize_pooled_size,
+    reduce_samples,
+    roi_geometry,
+    sample_point,
+    sample_value,
+)
+
+__all__ = [
+    "LEVEL_EPS",
+    "check_multiscale_roi_align_args",
+    "level_range",
+    "multiscale_roi_align",
+    "multiscale_roi_align_nchw",
+    "multiscale_roi_align_nhwc",
+]
+
+#: The ``eps`` of torchvision's LevelMapper.
+LEVEL_EPS = 1e-6
+
+
+def level_range(spatial_scales) -> tuple[int, int]:
+    """``(k_min, k_max)`` from the first and last scale, as torchvision's ``_setup_scales``.
+
+    ``k = int(-log2(float32(scale)))`` (truncation toward zero).
+    """
+    with np.errstate(all="ignore"):
+        k_min = -float(np.log2(np.float32(spatial_scales[0])))
+        k_max = -float(np.log2(np.float32(spatial_scales[-1])))
+    return int(k_min), int(k_max)
+
+
+def _static(dim):
+    return isinstance(dim, (int, tirx.IntImm))
+
+
+def check_multiscale_roi_align_args(
+    feature_shapes,
+    feature_dtypes,
+    rois_shape,
+    rois_dtype,
+    pooled_size,
+    spatial_scales,
+    layout,
+    mode="avg",
+    canonical_scale=224,
+    canonical_level=4,
+):
+    """Validate multi-level RoIAlign arguments; raise ValueError / TypeError naming the argument.
+
+    ``feature_shapes`` may contain ``None`` dimensions (unknown). Returns ``(PH, PW)``.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    num_levels = len(feature_shapes)
+    if num_levels == 0:
+        raise ValueError("features must be a non-empty list of feature maps, got none")
+    form = "[N, C, H, W]" if layout == "NCHW" else "[N, H, W, C]"
+    for level, shape in enumerate(feature_shapes):
+        if len(shape) != 4:
+            raise ValueError(
+                f"features[{level}] must be 4-D {form} for layout {layout}, got shape {list(shape)}"
+            )
+    dtypes = {str(d) for d in feature_dtypes}
+    if len(dtypes) != 1:
+        raise TypeError(
+            f"features must all have one dtype, got {[str(d) for d in feature_dtypes]}"
+        )
+    dtype = dtypes.pop()
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"features dtype must be one of {FLOAT_DTYPES}, got {dtype}")
+    channel_axis = 1 if layout == "NCHW" else 3
+    for axis, name in ((0, "batch size N"), (channel_axis, "channel count C")):
+        dims = [shape[axis] for shape in feature_shapes]
+        static = [int(d) for d in dims if d is not None and _static(d)]
+        if len(set(static)) > 1:
+            raise ValueError(
+                f"features must share the {name}, got {static} ({layout}) across levels"
+            )
+    if len(rois_shape) != 2 or (_static(rois_shape[1]) and int(rois_shape[1]) != 5):
+        raise ValueError(
+            "rois must be [K, 5] rows of (batch_index, x1, y1, x2, y2), "
+            f"got shape {list(rois_shape)}"
+        )
+    if str(rois_dtype) != dtype:
+        raise TypeError(
+            f"rois dtype ({rois_dtype}) must equal the features dtype ({dtype})"
+        )
+    scales = [float(s) for s in spatial_scales]
+    if len(scales) != num_levels:
+        raise ValueError(
+            f"spatial_scales must have one scale per feature map ({num_levels}), got {scales}"
+        )
+    if any(not math.isfinite(s) or s <= 0 for s in scales):
+        raise ValueError(f"spatial_scales must be positive finite floats, got {scales}")
+    if float(canonical_scale) <= 0 or not math.isfinite(float(canonical_scale)):
+        raise ValueError(f"canonical_scale must be positive, got {canonical_scale!r}")
+    if int(canonical_level) != canonical_level:
+        raise ValueError(f"canonical_level must be an int, got {canonical_level!r}")
+    return normalize_pooled_size(pooled_size)
+
+
+def _level_of(
+    roi, num_levels, k_min, k_max, canonical_scale, canonical_level, acc, idx
+):
+    """``(level, level_ok)`` of one roi: torchvision's LevelMapper (see the module docstring).
+
+    ``level`` indexes the features (any value when ``level_ok`` is false: NaN level, or a level
+    that no feature map has).
+    """
+    if num_levels == 1:
+        return tirx.const(0, idx), tirx.const(True, "bool")
+    width = roi(3) - roi(1)
+    height = roi(4) - roi(2)
+    size = tirx.sqrt(width * height)
+    k = tirx.floor(
+        tirx.const(float(canonical_level), acc)
+        + tirx.log2(size / tirx.const(float(canonical_scale), acc))
+        + tirx.const(LEVEL_EPS, acc)
+    )
+    # te.max / te.min are compare-and-select and would turn NaN into a bound: test NaN first
+    is_nan = tirx.isnan(k)
+    k = te.min(te.max(k, tirx.const(float(k_min), acc)), tirx.const(float(k_max), acc))
+    # NaN never reaches the cast
+    safe = tirx.Select(is_nan, tirx.const(float(k_min), acc), k)
+    level = safe.astype(idx) - tirx.const(k_min, idx)
+    level_ok = tirx.all(
+        tirx.Not(is_nan),
+        level >= tirx.const(0, idx),
+        level < tirx.const(num_levels, idx),
+    )
+    return level, level_ok
+
+
+def _multiscale_roi_align(
+    features,
+    rois,
+    pooled_size,
+    spatial_scales,
+    sampling_ratio,
+    aligned,
+    layout,
+    canonical_scale,
+    canonical_level,
+    mode,
+):
+    features = list(features)
+    pooled = check_multiscale_roi_align_args(
+        [f.shape for f in features],
+        [f.dtype for f in features],
+        rois.shape,
+        rois.dtype,
+        pooled_size,
+        spatial_scales,
+        layout,
+        mode,
+        canonical_scale,
+        canonical_level,
+    )
+    scales = [float(s) for s in spatial_scales]
+    sampling_ratio = int(sampling_ratio)
+    aligned = bool(aligned)
+    num_levels = len(features)
+    k_min, k_max = level_range(scales)
+    dtype = features[0].dtype
+    first = features[0].shape
+    if layout == "NCHW":
+        num_batch, channels = first[0], first[1]
+        heights = [f.shape[2] for f in features]
+        widths = [f.shape[3] for f in features]
+    else:
+        num_batch, channels = first[0], first[3]
+        heights = [f.shape[1] for f in features]
+        widths = [f.shape[2] for f in features]
+    num_rois = rois.shape[0]
+    pooled_h, pooled_w = pooled
+    if layout == "NCHW":
+        out_shape = (num_rois, channels, pooled_h, pooled_w)
+    else:
+        out_shape = (num_rois, pooled_h, pooled_w, channels)
+    acc = accumulate_dtype(dtype)
+    idx = index_dtype_for(*[f.shape for f in features], out_shape)
+    half = tirx.const(0.5, acc)
+
+    def level_of(k):
+        return _level_of(
+            lambda j: rois[k, j].astype(acc),
+            num_levels,
+            k_min,
+            k_max,
+            canonical_scale,
+            canonical_level,
+            acc,
+            idx,
+        )
+
+    def geometry(k, index):
+        """RoIAlign geometry of roi ``k`` on level ``index`` (its own constant scale)."""
+        scale = tirx.const(scales[index], acc)
+
+        def scaled(j):  # torchvision: x * spatial_scale - offset
+            value = rois[k, j].astype(acc)
+            if j == 0:
+                return value
+            value = value * scale
+            return value - half if aligned else value
+
+        return roi_geometry(
+            scaled, num_batch, pooled, 1.0, sampling_ratio, aligned, acc, idx
+        )
+
+    def select_level(level, values):
+        """``values[level]`` (``values[0]`` for a level that is not ok: masked by the caller)."""
+        expr = values[0]
+        for index in range(1, num_levels):
+            expr = tirx.Select(level == index, values[index], expr)
+        return expr
+
+    def grid(k):
+        """The sampling grid of roi ``k`` (with an adaptive grid, that of its level)."""
+        if sampling_ratio > 0:
+            ratio = tirx.const(sampling_ratio, idx)
+            return ratio, ratio
+        level, _ = level_of(k)
+        geos = [geometry(k, index) for index in range(num_levels)]
+        return select_level(level, [g.grid_h for g in geos]), select_level(
+            level, [g.grid_w for g in geos]
+        )
+
+    def body(k, c, ph, pw):
+        def sample(index, iy, ix, level_ok):
+            """One sample on level ``index``: RoIAlign's own code with that level's constants,
+            so that no index or weight depends on a level chosen at run time."""
+            geo = geometry(k, index)
+            y, x = sample_point(geo, ph, pw, iy, ix, acc)
+            ok = tirx.all(geo.batch_ok, level_ok)
+            co = bilinear_coeffs(y, x, heights[index], widths[index], ok, acc, idx)
+            feature = features[index]
+            if layout == "NCHW":
+                load = lambda yy, xx: feature[geo.batch, c, yy, xx].astype(acc)
+            else:
+                load = lambda yy, xx: feature[geo.batch, yy, xx, c].astype(acc)
+            return sample_value(load, co, mode, acc)
+
+        def value(iy, ix):
+            # The level is bound once (a Let; TIR wants SSA, so fresh variables per binding) and
+            # only the chosen level's sample is evaluated (if_then_else is lazy).
+            level_expr, ok_expr = level_of(k)
+            if num_levels == 1:
+                return sample(0, iy, ix, ok_expr)
+            level = tirx.Var("level", idx)
+            level_ok = tirx.Var("level_ok", "bool")
+            expr = sample(num_levels - 1, iy, ix, level_ok)
+            for index in range(num_levels - 2, -1, -1):
+                expr = tirx.if_then_else(
+                    level == index, sample(index, iy, ix, level_ok), expr
+                )
+            return tirx.Let(level, level_expr, tirx.Let(level_ok, ok_expr, expr))
+
+        grid_h, grid_w = grid(k)
+        extent = dataclasses.replace(geometry(k, 0), grid_h=grid_h, grid_w=grid_w)
+        return reduce_samples(value, extent, mode, acc)
+
+    def final(k, accumulated):
+        grid_h, grid_w = grid(k)
+        geo = dataclasses.replace(geometry(k, 0), grid_h=grid_h, grid_w=grid_w)
+        return finalize(accumulated, geo, mode, acc, dtype)
+
+    tag = f"multiscale_roi_align_{layout.lower()}"
+    if layout == "NCHW":
+        acc_t = te.compute(out_shape, body, name="roi_align_acc", tag=tag)
+        return te.compute(
+            out_shape,
+            lambda k, c, ph, pw: final(k, acc_t[k, c, ph, pw]),
+            name="roi_align",
+            tag=tag,
+        )
+    acc_t = te.compute(
+        out_shape,
+        lambda k, ph, pw, c: body(k, c, ph, pw),
+        name="roi_align_acc",
+        tag=tag,
+    )
+    return te.compute(
+        out_shape,
+        lambda k, ph, pw, c: final(k, acc_t[k, ph, pw, c]),
+        name="roi_align",
+        tag=tag,
+    )
+
+
+def multiscale_roi_align_nchw(
+    features,
+    rois,
+    pooled_size,
+    spatial_scales,
+    sampling_ratio=2,
+    aligned=False,
+    canonical_scale=224,
+    canonical_level=4,
+    mode="avg",
+):
+    """Multi-level RoIAlign on NCHW feature maps (torchvision's ``MultiScaleRoIAlign``).
+
+    Parameters
+    ----------
+    features : list of te.Tensor
+        ``L`` maps ``[N, C, H_l, W_l]``, one float dtype, same ``N`` and ``C``.
+    rois : te.Tensor
+        ``[K, 5]`` of ``(batch_index, x1, y1, x2, y2)`` in input-image pixels, features' dtype.
+    pooled_size : int or (int, int)
+        Output ``(PH, PW)``, positive.
+    spatial_scales : list of float
+        Feature-map pixels per input-image pixel, one per level (``2 ** -k`` in an FPN).
+    sampling_ratio : int
+        Samples per bin side; ``<= 0`` is adaptive.
+    aligned : bool
+        torchvision's ``aligned`` (shift after scaling, per level; no >= 1 clamp).
+    canonical_scale, canonical_level : int
+        ``s0`` and ``k0`` of the FPN level formula (224 and 4 in torchvision).
+    mode : str
+        ``"avg"`` (torchvision); ``"max"`` and ``"onnx_max"`` as in RoIAlign.
+
+    Returns
+    -------
+    te.Tensor
+        ``[K, C, PH, PW]`` of the features' dtype; blocks ``roi_align_acc`` and ``roi_align``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        On an empty list, a wrong rank, levels that disagree on ``N``/``C``/dtype, rois not
+        ``[K, 5]``, one scale per level missing or non-positive, a non-positive pooled size.
+    """
+    return _multiscale_roi_align(
+        features,
+        rois,
+        pooled_size,
+        spatial_scales,
+        sampling_ratio,
+        aligned,
+        "NCHW",
+        canonical_scale,
+        canonical_level,
+        mode,
+    )
+
+
+def multiscale_roi_align_nhwc(
+    features,
+    rois,
+    pooled_size,
+    spatial_scales,
+    sampling_ratio=2,
+    aligned=False,
+    canonical_scale=224,
+    canonical_level=4,
+    mode="avg",
+):
+    """Multi-level RoIAlign on NHWC maps ``[N, H_l, W_l, C]`` -> ``[K, PH, PW, C]``.
+
+    Arguments, semantics and errors as :func:`multiscale_roi_align_nchw`.
+    """
+    return _multiscale_roi_align(
+        features,
+        rois,
+        pooled_size,
+        spatial_scales,
+        sampling_ratio,
+        aligned,
+        "NHWC",
+        canonical_scale,
+        canonical_level,
+        mode,
+    )
+
+
+def multiscale_roi_align(
+    features,
+    rois,
+    pooled_size,
+    spatial_scales,
+    sampling_ratio=2,
+    aligned=False,
+    layout="NCHW",
+    canonical_scale=224,
+    canonical_level=4,
+    mode="avg",
+):
+    """Dispatcher over ``layout`` (``"NCHW"`` or ``"NHWC"``); raises ValueError otherwise."""
+    if layout == "NCHW":
+        impl = multiscale_roi_align_nchw
+    elif layout == "NHWC":
+        impl = multiscale_roi_align_nhwc
+    else:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return impl(
+        features,
+        rois,
+        pooled_size,
+        spatial_scales,
+        sampling_ratio,
+        aligned,
+        canonical_scale,
+        canonical_level,
+        mode,
+    )
