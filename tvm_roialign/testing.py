@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from .topi.roi_align import MAX_ADAPTIVE_GRID
+
 
 def _bilinear_terms(plane, y, x):
     """The four weighted corner terms of sampling ``plane [H, W, C]`` at (y, x), or None (outside).
@@ -19,21 +21,22 @@ def _bilinear_terms(plane, y, x):
     height, width = plane.shape[0], plane.shape[1]
     if not (y >= -1.0 and y <= height and x >= -1.0 and x <= width):  # NaN fails too
         return None
-    y = max(y, 0.0)
-    x = max(x, 0.0)
+    real = type(y)  # the coordinate precision (float, or np.float32 to mimic float32 kernels)
+    y = max(y, real(0.0))
+    x = max(x, real(0.0))
     y_low, x_low = int(y), int(x)
     if y_low >= height - 1:
         y_low = y_high = height - 1
-        y = float(y_low)
+        y = real(y_low)
     else:
         y_high = y_low + 1
     if x_low >= width - 1:
         x_low = x_high = width - 1
-        x = float(x_low)
+        x = real(x_low)
     else:
         x_high = x_low + 1
-    ly, lx = y - y_low, x - x_low
-    hy, hx = 1.0 - ly, 1.0 - lx
+    ly, lx = y - real(y_low), x - real(x_low)
+    hy, hx = real(1.0) - ly, real(1.0) - lx
     return (
         hy * hx * plane[y_low, x_low],
         hy * lx * plane[y_low, x_high],
@@ -47,7 +50,7 @@ def _grid(size_over_pooled, sampling_ratio):
         return sampling_ratio
     if not (size_over_pooled > 0 and math.isfinite(size_over_pooled)):
         return 0
-    return int(min(math.ceil(size_over_pooled), 65536))
+    return int(min(math.ceil(size_over_pooled), MAX_ADAPTIVE_GRID))
 
 
 def roi_align_ref(
@@ -60,6 +63,7 @@ def roi_align_ref(
     layout="NCHW",
     mode="avg",
     half_pixel=False,
+    coord_dtype="float64",
 ):
     """Float64 RoIAlign with plain loops.
 
@@ -75,6 +79,11 @@ def roi_align_ref(
         ``max``, ``onnx_max``).
     half_pixel : bool
         Subtract 0.5 after scaling (torchvision's ``aligned=True`` and ONNX ``half_pixel``).
+    coord_dtype : str
+        Precision of the sampling geometry (coordinates, grid, weights): ``"float64"``, or
+        ``"float32"`` to round them as a float32 kernel does (torchvision's CPU kernel computes
+        them in the data type), so that a sample exactly on a boundary (``y == -1``) falls on
+        the same side. Values are always accumulated in float64.
 
     Returns
     -------
@@ -87,26 +96,28 @@ def roi_align_ref(
     maps = data if layout == "NHWC" else data.transpose(0, 2, 3, 1)  # [N, H, W, C]
     num_batch, _, _, channels = maps.shape
     out = np.zeros((rois.shape[0], ph_count, pw_count, channels))
-    offset = 0.5 if half_pixel else 0.0
+    real = np.dtype(coord_dtype).type
+    offset = real(0.5 if half_pixel else 0.0)
+    scale = real(spatial_scale)
     for k, roi in enumerate(rois):
         batch = roi[0]
         if not (batch > -1 and batch < num_batch):
             continue
         plane = maps[int(batch)]
-        x1, y1, x2, y2 = (v * spatial_scale - offset for v in roi[1:])
+        x1, y1, x2, y2 = (real(v) * scale - offset for v in roi[1:])
         roi_w, roi_h = x2 - x1, y2 - y1
         if not aligned:
-            roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
-        bin_h, bin_w = roi_h / ph_count, roi_w / pw_count
-        grid_h = _grid(roi_h / ph_count, sampling_ratio)
-        grid_w = _grid(roi_w / pw_count, sampling_ratio)
+            roi_w, roi_h = max(roi_w, real(1.0)), max(roi_h, real(1.0))
+        bin_h, bin_w = roi_h / real(ph_count), roi_w / real(pw_count)
+        grid_h = _grid(float(bin_h), sampling_ratio)
+        grid_w = _grid(float(bin_w), sampling_ratio)
         for ph in range(ph_count):
             for pw in range(pw_count):
                 values = []
                 for iy in range(grid_h):
-                    y = y1 + ph * bin_h + (iy + 0.5) * bin_h / grid_h
+                    y = y1 + real(ph) * bin_h + (real(iy) + real(0.5)) * bin_h / real(grid_h)
                     for ix in range(grid_w):
-                        x = x1 + pw * bin_w + (ix + 0.5) * bin_w / grid_w
+                        x = x1 + real(pw) * bin_w + (real(ix) + real(0.5)) * bin_w / real(grid_w)
                         terms = _bilinear_terms(plane, y, x)
                         if terms is None:
                             values.append(np.zeros(channels))

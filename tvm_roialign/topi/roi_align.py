@@ -68,7 +68,7 @@ FLOAT_DTYPES = ("float16", "float32", "float64")
 INT32_MAX = 2**31 - 1
 #: Largest adaptive sampling grid per bin side; a larger (or non-finite) roi/pooled ratio is capped
 #: (finite) or gives an empty grid (non-finite), so that the kernel always terminates.
-MAX_ADAPTIVE_GRID = 65536
+MAX_ADAPTIVE_GRID = 32768  # grid_h * grid_w stays below 2**31
 
 
 def accumulate_dtype(dtype: str) -> str:

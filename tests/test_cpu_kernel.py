@@ -1,0 +1,345 @@
+"""The hand-scheduled CPU kernel for adaptive sampling grids (tvm_roialign.strategies.cpu_kernel).
+
+It is used by the x86 and ARM strategies when ``sampling_ratio <= 0``; these tests check that the
+legalized PrimFunc is that kernel (not the TE compute), that it equals the TE compute bit for bit
+on the generic llvm target, and that it agrees with torchvision (avg) and the float64 reference
+(every mode, fp16/fp32/fp64, degenerate boxes, a symbolic number of rois).
+
+Channels: 12 (vectorized by 4 lanes in 3 groups on x86, whatever its width) and 3 (scalar).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+import tvm
+from tvm import relax, te
+
+import tvm_roialign
+from tvm_roialign.ops.roi_align import RoiAlignAttrs
+from tvm_roialign.strategies import STRATEGIES
+from tvm_roialign.strategies.cpu_kernel import (
+    MAX_ACC_BYTES,
+    channel_block_for,
+    cpu_adaptive_kernel,
+    roi_align_adaptive_cpu,
+    vector_lanes,
+)
+from tvm_roialign.testing import build_roi_align_module, roi_align_ref
+from tvm_roialign.topi.roi_align import MODES
+
+HOST = tvm.target.Target({"kind": "llvm"})
+N, H, W = 2, 11, 13
+LAYOUTS = ["NCHW", "NHWC"]
+TOL = {"float16": 4e-3, "float32": 1e-5, "float64": 1e-10}
+NAN, INF = float("nan"), float("inf")
+
+
+def _shape(layout, channels):
+    return (N, channels, H, W) if layout == "NCHW" else (N, H, W, channels)
+
+
+@functools.cache
+def _vm(channels, num_rois, pooled, scale, sampling_ratio, aligned, layout, mode, dtype, tv_aln):
+    shape = _shape(layout, channels)
+    mod = build_roi_align_module(
+        shape, num_rois, pooled, scale, sampling_ratio, aligned, layout, mode, dtype, tv_aln
+    )
+    return relax.VirtualMachine(tvm.compile(mod, target=HOST), tvm.cpu())
+
+
+def _run(vm, data_nchw, rois, layout):
+    data = data_nchw if layout == "NCHW" else data_nchw.transpose(0, 2, 3, 1)
+    out = vm["main"](
+        tvm.runtime.tensor(np.ascontiguousarray(data)), tvm.runtime.tensor(rois)
+    ).numpy()
+    return out if layout == "NCHW" else out.transpose(0, 3, 1, 2)
+
+
+def smooth_data(channels, dtype):
+    """Smooth in y and x: ulp-level differences of sample coordinates move values by < 1e-6."""
+    n, c, y, x = np.meshgrid(
+        np.arange(N), np.arange(channels), np.arange(H), np.arange(W), indexing="ij"
+    )
+    return (np.sin(0.35 * y + 0.25 * x + 0.7 * c + n) * np.cos(0.2 * x - 0.1 * y)).astype(dtype)
+
+
+def random_rois(num, scale, dtype, seed=0):
+    """Boxes in feature-map units (inside, straddling the border, tiny and large) in image pixels,
+    so that adaptive grids of 1 to 9 samples per side occur."""
+    rng = np.random.default_rng(seed)
+    starts = rng.uniform(-3.0, 11.0, (num, 2))
+    sizes = rng.uniform(0.1, 16.0, (num, 2))
+    boxes = np.concatenate([starts, starts + sizes], axis=1) / scale
+    batch = rng.integers(0, N, (num, 1))
+    return np.concatenate([batch, boxes], axis=1).astype(dtype)
+
+
+# (batch, x1, y1, x2, y2) in feature-map pixels (spatial_scale 1)
+DEGENERATE = np.array(
+    [
+        [0, 3, 3, 3, 3],  # zero size
+        [1, 6, 6, 2, 2],  # inverted
+        [0, -30, -30, -20, -20],  # outside the map
+        [2, 1, 1, 5, 5],  # batch index == N
+        [-3, 1, 1, 5, 5],  # negative batch index
+        [NAN, 1, 1, 5, 5],  # NaN batch index
+        [0, NAN, 1, 5, 5],  # NaN coordinate
+        [0, NAN, NAN, NAN, NAN],
+        [0, -INF, -INF, INF, INF],  # infinite box
+        [1, 1e30, 1e30, 1e30, 1e30],  # huge coordinates, zero size
+        [1, -0.9, 2, 1e-3, 2.5],  # thin box at the border
+        [1, 1, 1, 6, 6],  # an ordinary box
+        [0, 9, 8, 40, 25],  # past the right and bottom border
+    ],
+    dtype="float32",
+)
+
+
+def _legalized_primfuncs(mod):
+    with HOST:
+        legalized = relax.transform.LegalizeOps()(mod)
+    return [f for f in legalized.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+
+
+# --- the kernel is what the x86 strategy builds for adaptive grids, and only for them ---------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("sampling_ratio", [-1, 0, 2])
+def test_strategy_uses_kernel_for_adaptive_grids_only(layout, sampling_ratio):
+    mod = build_roi_align_module(_shape(layout, 12), 4, (3, 3), 0.5, sampling_ratio, False, layout)
+    (func,) = _legalized_primfuncs(mod)
+    script = func.script()
+    assert ('sblock("roi_align_adaptive")' in script) == (sampling_ratio <= 0)
+    assert ('sblock("roi_align_acc' in script) == (sampling_ratio > 0)
+    assert func.attrs["tirx.is_scheduled"]
+    if sampling_ratio <= 0:
+        assert "T.vectorized(4)" in script  # 12 channels: 3 groups of 4 lanes
+
+
+def test_kernel_not_applicable():
+    data = te.placeholder((1, 8, 5, 5), "float32", "data")
+    rois = te.placeholder((3, 5), "float32", "rois")
+    attrs = RoiAlignAttrs((2, 2), 1.0, -1, False, "NCHW", "avg")
+    assert cpu_adaptive_kernel([data, rois], attrs, HOST) is not None
+    static = RoiAlignAttrs((2, 2), 1.0, 2, False, "NCHW", "avg")
+    assert cpu_adaptive_kernel([data, rois], static, HOST) is None
+    # a symbolic channel count: no accumulator size; the TE compute is used
+    sym = te.placeholder((1, tvm.tirx.Var("c", "int64"), 5, 5), "float32", "data")
+    assert cpu_adaptive_kernel([sym, rois], attrs, HOST) is None
+    # bad arguments: the TE compute raises its own error
+    bad = RoiAlignAttrs((2, 2), 1.0, -1, False, "CHWN", "avg")
+    assert cpu_adaptive_kernel([data, rois], bad, HOST) is None
+    assert cpu_adaptive_kernel([data, rois], RoiAlignAttrs((2, 2), 0.0, -1, False, "NCHW", "avg"),
+                               HOST) is None
+
+
+def test_vector_lanes():
+    arm = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+    assert vector_lanes(256, "float32", arm) == 4
+    assert vector_lanes(256, "float64", arm) == 2
+    assert vector_lanes(6, "float32", arm) == 2
+    assert vector_lanes(3, "float32", arm) == 1
+
+
+def test_channel_block_for():
+    assert channel_block_for(256, 16, "float32") == 256
+    limit = MAX_ACC_BYTES // 4
+    assert channel_block_for(4 * limit, 16, "float32") == limit
+    assert channel_block_for(3 * limit // 2, 16, "float32") == 3 * limit // 4
+    assert channel_block_for(2 * limit + 4, 4, "float32") % 4 == 0
+    assert channel_block_for(limit, 8, "float64") == limit // 2
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_channel_blocks_equal_one_block(layout):
+    """Channels in blocks (the path for very many channels) give the same bits as one block."""
+    data_np = np.random.default_rng(6).standard_normal((N, 12, H, W)).astype("float32")
+    rois_np = random_rois(9, 0.5, "float32", seed=6)
+    x = data_np if layout == "NCHW" else np.ascontiguousarray(data_np.transpose(0, 2, 3, 1))
+    outs = []
+    for block in (12, 4):
+        data = te.placeholder(_shape(layout, 12), "float32", "data")
+        rois = te.placeholder(rois_np.shape, "float32", "rois")
+        func = roi_align_adaptive_cpu(data, rois, (3, 2), 0.5, "avg", False, layout, 4, block)
+        out_t = te.extern_primfunc([data, rois], func, name="roi_align_adaptive")
+        lib = tvm.compile(
+            tvm.IRModule({"main": te.create_prim_func([data, rois, out_t])}), target=HOST
+        )
+        out = tvm.runtime.tensor(np.zeros([int(d) for d in out_t.shape], "float32"))
+        lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(rois_np), out)
+        outs.append(out.numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    expected = roi_align_ref(x, rois_np, (3, 2), 0.5, -1, False, layout, "avg")
+    np.testing.assert_allclose(outs[1], expected, rtol=1e-5, atol=1e-5)
+
+
+# --- bit-for-bit the TE compute ---------------------------------------------------------------
+
+
+def _built(layout, mode, aligned, channels, num_rois, use_kernel):
+    data = te.placeholder(_shape(layout, channels), "float32", "data")
+    rois = te.placeholder((num_rois, 5), "float32", "rois")
+    attrs = RoiAlignAttrs((3, 2), 0.5, -1, aligned, layout, mode)
+
+    def compute(d, r):
+        return tvm_roialign.topi.roi_align(d, r, (3, 2), 0.5, mode, -1, aligned, layout)
+
+    func = STRATEGIES["x86"].build(
+        compute, [data, rois], HOST, layout, attrs if use_kernel else None
+    )
+    assert ('sblock("roi_align_adaptive")' in func.script()) == use_kernel
+    return tvm.compile(tvm.IRModule({"main": func}), target=HOST)
+
+
+@pytest.mark.parametrize("layout, mode, aligned", itertools.product(LAYOUTS, MODES, [False, True]))
+def test_bitwise_equal_to_te_compute(layout, mode, aligned):
+    """Random data with infinities, random and degenerate boxes: the same bits as the TE path."""
+    channels = 12 if aligned else 3
+    rng = np.random.default_rng(1)
+    data = rng.standard_normal((N, channels, H, W)).astype("float32")
+    data[0, 1 % channels, 4, 5] = INF
+    data[1, 2 % channels, 7, 2] = -INF
+    rois = np.concatenate([random_rois(20, 0.5, "float32"), DEGENERATE * [1, 2, 2, 2, 2]])
+    rois = rois.astype("float32")
+    outs = []
+    for use_kernel in (True, False):
+        lib = _built(layout, mode, aligned, channels, len(rois), use_kernel)
+        x = data if layout == "NCHW" else np.ascontiguousarray(data.transpose(0, 2, 3, 1))
+        out_shape = (len(rois), channels, 3, 2) if layout == "NCHW" else (len(rois), 3, 2, channels)
+        out = tvm.runtime.tensor(np.full(out_shape, 7.0, "float32"))
+        lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(rois), out)
+        outs.append(out.numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])  # NaN where NaN
+    assert np.isfinite(outs[0][len(rois) - len(DEGENERATE):]).all()
+
+
+# --- against torchvision and the float64 reference ---------------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("sampling_ratio", [-1, 0])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_matches_torchvision(layout, aligned, sampling_ratio, dtype):
+    """torchvision's ``aligned`` (shift after scaling), N(0, 1) data: same float operation order."""
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((N, 12, H, W)).astype(dtype)
+    rois = random_rois(16, 0.25, dtype, seed=4)
+    vm = _vm(12, len(rois), (7, 7), 0.25, sampling_ratio, aligned, layout, "avg", dtype, True)
+    out = _run(vm, data, rois, layout)
+    expected = torchvision.ops.roi_align(
+        torch.from_numpy(data), torch.from_numpy(rois), (7, 7), 0.25, sampling_ratio, aligned
+    ).numpy()
+    assert np.abs(out - expected).max() <= TOL[dtype]
+    assert np.abs(expected).max() > 0.1
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_matches_reference(layout, mode, aligned, dtype):
+    """Every mode and dtype against the float64 reference (the op's own meaning of ``aligned``)."""
+    channels = 12 if dtype != "float64" else 3
+    sampling_ratio = 0 if aligned else -1
+    data = smooth_data(channels, dtype)
+    rois = random_rois(10, 0.5, dtype, seed=5)
+    vm = _vm(channels, len(rois), (3, 2), 0.5, sampling_ratio, aligned, layout, mode, dtype, False)
+    out = _run(vm, data, rois, layout)
+    assert out.dtype == np.dtype(dtype)
+    expected = roi_align_ref(data, rois, (3, 2), 0.5, sampling_ratio, aligned, "NCHW", mode)
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=TOL[dtype], atol=TOL[dtype])
+    assert np.abs(expected).max() > 0.1
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("aligned", [False, True])
+def test_degenerate_boxes(layout, mode, aligned):
+    """Zero-size, inverted, outside, NaN, infinite, huge and out-of-range-batch boxes: finite,
+    deterministic (no stale memory), equal to the reference; no valid sample gives 0."""
+    data = np.random.default_rng(2).standard_normal((N, 12, H, W)).astype("float32")
+    vm = _vm(12, len(DEGENERATE), (2, 2), 1.0, -1, aligned, layout, mode, "float32", False)
+    first = _run(vm, data, DEGENERATE, layout)
+    _run(vm, data * 100.0, DEGENERATE, layout)  # leaves other values in freed buffers
+    second = _run(vm, data, DEGENERATE, layout)
+    assert np.isfinite(first).all()
+    np.testing.assert_array_equal(first, second)
+    assert not first[2:10].any()
+    if aligned:  # empty grids: zero size, inverted
+        assert not first[:2].any()
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = roi_align_ref(data, DEGENERATE, (2, 2), 1.0, -1, aligned, "NCHW", mode)
+    np.testing.assert_allclose(first, expected, rtol=1e-5, atol=1e-5)
+    assert all(first[row].any() for row in (10, 11, 12))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_symbolic_number_of_rois(layout):
+    """rois ``[k, 5]`` with a symbolic k: one compiled function, run with two different k."""
+    k = tvm.tirx.Var("k", "int64")
+    bb = relax.BlockBuilder()
+    data = relax.Var("data", relax.TensorType(list(_shape(layout, 12)), "float32"))
+    rois = relax.Var("rois", relax.TensorType([k, 5], "float32"))
+    with bb.function("main", [data, rois]):
+        with bb.dataflow():
+            out = relax.op.vision.roi_align(data, rois, (3, 3), 0.5, -1, False, layout, "avg")
+            out = bb.emit_output(bb.emit(out))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    (func,) = _legalized_primfuncs(mod)
+    assert 'sblock("roi_align_adaptive")' in func.script()
+    vm = relax.VirtualMachine(tvm.compile(mod, target=HOST), tvm.cpu())
+    values = smooth_data(12, "float32")
+    for num in (3, 17):
+        boxes = random_rois(num, 0.5, "float32", seed=num)
+        out = _run(vm, values, boxes, layout)
+        assert out.shape[0] == num
+        expected = roi_align_ref(values, boxes, (3, 3), 0.5, -1, False, "NCHW", "avg")
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_symbolic_feature_map_size():
+    """NCHW with symbolic N, H, W and K (int64 indices, a channels-last workspace of dynamic size),
+    max mode, aligned, sampling_ratio 0: two runs of different sizes, one of them without rois."""
+    n, h, w, k = (tvm.tirx.Var(name, "int64") for name in "nhwk")
+    bb = relax.BlockBuilder()
+    data = relax.Var("data", relax.TensorType([n, 8, h, w], "float32"))
+    rois = relax.Var("rois", relax.TensorType([k, 5], "float32"))
+    with bb.function("main", [data, rois]):
+        with bb.dataflow():
+            out = relax.op.vision.roi_align(data, rois, (3, 3), 0.5, 0, True, "NCHW", "max")
+            out = bb.emit_output(bb.emit(out))
+        bb.emit_func_output(out)
+    vm = relax.VirtualMachine(tvm.compile(bb.get(), target=HOST), tvm.cpu())
+    rng = np.random.default_rng(7)
+    for num_batch, height, width, num in [(2, 11, 13, 5), (1, 7, 20, 0)]:
+        values = rng.standard_normal((num_batch, 8, height, width)).astype("float32")
+        boxes = random_rois(num, 0.5, "float32", seed=num) * [0, 1, 1, 1, 1]
+        boxes = boxes.astype("float32")
+        out = _run(vm, values, boxes, "NCHW")
+        assert out.shape == (num, 8, 3, 3)
+        expected = roi_align_ref(values, boxes, (3, 3), 0.5, 0, True, "NCHW", "max")
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_builds_for_aarch64(layout, dtype):
+    """The ARM strategy uses the kernel too; it compiles for aarch64 (not run here)."""
+    arm = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+    mod = build_roi_align_module(_shape(layout, 16), 4, (7, 7), 0.25, -1, False, layout, "avg",
+                                 dtype)
+    with arm:
+        legalized = relax.transform.LegalizeOps()(mod)
+    funcs = [f for f in legalized.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert 'sblock("roi_align_adaptive")' in funcs[0].script()
+    assert "T.vectorized(4)" in funcs[0].script()
+    tvm.compile(mod, target=arm)

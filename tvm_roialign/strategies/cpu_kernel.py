@@ -1,0 +1,374 @@
+"""Hand-scheduled CPU kernel for RoIAlign with an adaptive sampling grid (``sampling_ratio <= 0``).
+
+With an adaptive grid the sampling loops' extents depend on the roi, so the TE compute of
+:mod:`tvm_roialign.topi.roi_align` nests them in a block per output element and no schedule can
+move them outside the channel loop. This kernel is written in TVMScript already scheduled:
+
+* rois x bin rows run in parallel on TVM's thread pool; the roi's geometry (start, bin size, grid,
+  batch index) is computed once per parallel iteration;
+* each bin has a channel accumulator (``C`` elements of the accumulate dtype, on the worker's
+  stack; past :data:`MAX_ACC_BYTES` the channels are processed in blocks);
+* for each sample the four corner positions and weights are computed once, as scalars (the row
+  terms once per sample row), and then applied to all channels in an inner loop, vectorized by the
+  target's vector width when it divides ``C``;
+* the bin's output is written once, after the grid (divided by ``max(grid_h * grid_w, 1)`` in
+  ``avg`` mode; 0 for an empty grid in every mode).
+
+NHWC reads the channel vectors of the feature map directly. NCHW first copies the feature map to
+channels-last (``[N, H, W, C]``, a workspace the size of ``data``, in parallel over rows) so that
+the channel loop reads contiguous vectors, as the TE path's NCHW schedule does.
+
+The semantics are those of the TE compute (module docstring of :mod:`tvm_roialign.topi.roi_align`),
+with the same float operation order (torchvision's CPU kernel), the same clamping of every index
+before it is used, the same handling of NaN / infinite coordinates and out-of-range batch indices,
+and the same reduction identity. :func:`cpu_adaptive_kernel` returns None (the TE path is used) for
+a static grid (``sampling_ratio > 0``), a symbolic channel count, or arguments the TE compute would
+reject (so that it raises its own error). Index arithmetic is int32 or int64 as
+:func:`~tvm_roialign.topi.roi_align.index_dtype_for` decides (int64 for a symbolic number of rois).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm
+from tvm import te, tirx
+from tvm.script import tirx as T
+
+from ..topi.roi_align import (
+    FLOAT_DTYPES,
+    LAYOUTS,
+    MAX_ADAPTIVE_GRID,
+    MODES,
+    accumulate_dtype,
+    check_roi_align_args,
+    index_dtype_for,
+)
+from .x86 import vector_bits
+
+__all__ = [
+    "MAX_ACC_BYTES",
+    "channel_block_for",
+    "cpu_adaptive_kernel",
+    "roi_align_adaptive_cpu",
+    "vector_lanes",
+]
+
+#: Largest per-bin channel accumulator (bytes, on the stack of each worker); with more channels the
+#: channels are processed in blocks that fit (the sampling positions are then computed per block).
+MAX_ACC_BYTES = 64 * 1024
+
+
+def _vector_bits(target: tvm.target.Target) -> int:
+    if "arm_cpu" in [str(key) for key in target.keys]:
+        return 128  # NEON (SVE's width is not known at compile time)
+    return vector_bits(target)
+
+
+def vector_lanes(channels: int, acc: str, target: tvm.target.Target) -> int:
+    """Lanes of the channel loop: the largest power of two <= vector bits / accumulator bits that
+    divides ``channels`` (1: scalar)."""
+    max_lanes = max(_vector_bits(target) // (64 if acc == "float64" else 32), 1)
+    lanes = 1
+    while lanes * 2 <= max_lanes and channels % (lanes * 2) == 0:
+        lanes *= 2
+    return lanes
+
+
+def channel_block_for(channels: int, lanes: int, acc: str) -> int:
+    """Channels per accumulator: all of them if they fit in :data:`MAX_ACC_BYTES`, else the largest
+    multiple of ``lanes`` dividing ``channels`` that fits."""
+    limit = MAX_ACC_BYTES // (8 if acc == "float64" else 4)
+    if channels <= limit:
+        return channels
+    return max(b for b in range(lanes, limit + 1, lanes) if channels % b == 0)
+
+
+def _is_static(dim) -> bool:
+    return isinstance(dim, (int, tirx.IntImm))
+
+
+def roi_align_adaptive_cpu(
+    data: te.Tensor,
+    rois: te.Tensor,
+    pooled_size,
+    spatial_scale: float,
+    mode: str,
+    aligned: bool,
+    layout: str,
+    lanes: int,
+    channel_block: int | None = None,
+) -> tirx.PrimFunc:
+    """The scheduled PrimFunc ``(data, rois, out)`` of RoIAlign with an adaptive grid.
+
+    Parameters
+    ----------
+    data, rois : te.Tensor
+        The placeholders ``[N, C, H, W]`` / ``[N, H, W, C]`` and ``[K, 5]`` (their shapes, symbolic
+        ``K`` included, become the buffers' shapes). ``C`` must be static.
+    pooled_size : (int, int)
+    spatial_scale : float
+        Positive and finite.
+    mode, aligned, layout
+        As :func:`tvm_roialign.topi.roi_align.roi_align`.
+    lanes : int
+        Vector lanes of the channel loop; must divide ``C``.
+    channel_block : int, optional
+        Channels per accumulator (a multiple of ``lanes`` dividing ``C``; default ``C``). The
+        channel blocks are the outermost loop.
+
+    Returns
+    -------
+    tirx.PrimFunc
+        Parameters ``data``, ``rois``, ``out`` (``[K, C, PH, PW]`` or ``[K, PH, PW, C]``).
+    """
+    dtype = str(data.dtype)
+    acc = accumulate_dtype(dtype)
+    if layout == "NCHW":
+        num_batch, channels, height, width = data.shape
+    else:
+        num_batch, height, width, channels = data.shape
+    num_rois = rois.shape[0]
+    pooled_h, pooled_w = pooled_size
+    if layout == "NCHW":
+        out_shape = [num_rois, channels, pooled_h, pooled_w]
+    else:
+        out_shape = [num_rois, pooled_h, pooled_w, channels]
+    idx = index_dtype_for(data.shape, out_shape)
+    C = int(channels)
+    channel_block = channel_block or C
+    assert C % channel_block == 0 and channel_block % lanes == 0, (C, channel_block, lanes)
+    CO = C // lanes
+    L = lanes
+
+    def ival(dim):
+        return tirx.const(int(dim), idx) if _is_static(dim) else tirx.Cast(idx, dim)
+
+    def fval(dim):
+        return tirx.const(float(int(dim)), acc) if _is_static(dim) else tirx.Cast(acc, dim)
+
+    # --- closure constants (PrimExprs of the right dtypes) ---
+    N_I, H_I, W_I = ival(num_batch), ival(height), ival(width)
+    N_F, H_F, W_F = fval(num_batch), fval(height), fval(width)
+    H_LAST, W_LAST = H_I - tirx.const(1, idx), W_I - tirx.const(1, idx)
+    H_LAST_F = H_F - tirx.const(1.0, acc)
+    W_LAST_F = W_F - tirx.const(1.0, acc)
+    PH_I = tirx.const(pooled_h, idx)
+    ROWS = ival(num_rois) * PH_I  # parallel (roi, bin row) iterations
+    PH_F = tirx.const(float(pooled_h), acc)
+    PW_F = tirx.const(float(pooled_w), acc)
+    SCALE = tirx.const(float(spatial_scale), acc)
+    ZERO = tirx.const(0.0, acc)
+    ONE = tirx.const(1.0, acc)
+    HALF = tirx.const(0.5, acc)
+    MINUS_ONE = tirx.const(-1.0, acc)
+    HUGE = tirx.const(1e30, acc)
+    GRID_CAP = tirx.const(float(MAX_ADAPTIVE_GRID), acc)
+    I_ZERO = tirx.const(0, idx)
+    I_ONE = tirx.const(1, idx)
+    INIT = ZERO if mode == "avg" else tirx.min_value(acc)
+    IS_AVG = mode == "avg"
+    IS_ONNX_MAX = mode == "onnx_max"
+    NCHW = layout == "NCHW"
+    CLAMP_SIZE = not aligned
+    FEAT_SHAPE = [num_batch, height, width, channels]
+    DATA_SHAPE = data.shape
+    ROIS_SHAPE = rois.shape
+    OUT_SHAPE = out_shape
+    PW_EXT = tirx.const(pooled_w, idx)
+    CO_I = tirx.const(CO, idx)
+    CB = channel_block
+    CB_I = tirx.const(CB, idx)
+    CBO_I = tirx.const(CB // L, idx)
+    NCB_I = tirx.const(C // CB, idx)
+    L_I = tirx.const(L, idx)
+
+    def chan(cb, co, ci):
+        # the channel of lane ci of vector co of block cb (an expression, not a binding: a Bind
+        # inside a vectorized loop is not vectorized correctly by this TVM)
+        return cb * CB_I + co * L_I + ci
+
+    def grid_of(size_over_pooled):
+        # NaN and +-inf fail one of the comparisons and give an empty grid (as the TE compute)
+        finite = tirx.all(size_over_pooled > ZERO, size_over_pooled < HUGE)
+        grid = tirx.min(tirx.ceil(size_over_pooled), GRID_CAP)
+        return tirx.Cast(idx, tirx.Select(finite, grid, ZERO))
+
+    def clamp_size(size):
+        return tirx.max(size, ONE) if CLAMP_SIZE else size
+
+    def to_acc(value):
+        return tirx.Cast(acc, value)
+
+    # torchvision: value = w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4, left to right
+    def sample_avg(w1, w2, w3, w4, v1, v2, v3, v4):
+        return w1 * to_acc(v1) + w2 * to_acc(v2) + w3 * to_acc(v3) + w4 * to_acc(v4)
+
+    def sample_onnx_max(w1, w2, w3, w4, v1, v2, v3, v4):
+        return tirx.max(
+            tirx.max(w1 * to_acc(v1), w2 * to_acc(v2)), tirx.max(w3 * to_acc(v3), w4 * to_acc(v4))
+        )
+
+    sample = sample_onnx_max if IS_ONNX_MAX else sample_avg
+
+    # the reduction's combiner, accumulator first (as TE's sum / max)
+    def update(acc_value, value):
+        return acc_value + value if IS_AVG else tirx.max(acc_value, value)
+
+    # avg: divide by max(grid_h * grid_w, 1); every mode: 0 for an empty grid
+    def finish(acc_value, nonempty, count):
+        value = acc_value / count if IS_AVG else acc_value
+        return tirx.Cast(dtype, tirx.Select(nonempty, value, ZERO))
+
+    @T.prim_func(s_tir=True)
+    def kernel(d: T.handle, r: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        data_buf = T.match_buffer(d, DATA_SHAPE, dtype)
+        rois_buf = T.match_buffer(r, ROIS_SHAPE, dtype)
+        out = T.match_buffer(o, OUT_SHAPE, dtype)
+        if NCHW:
+            # channels-last copy of the feature map: the channel loop below reads contiguous vectors
+            feat = T.alloc_buffer(FEAT_SHAPE, dtype)
+            for nh in T.parallel(N_I * H_I):
+                for w in range(W_I):
+                    for co in range(CO_I):
+                        for ci in T.vectorized(L_I):
+                            feat[nh // H_I, nh % H_I, w, co * L_I + ci] = data_buf[
+                                nh // H_I, co * L_I + ci, nh % H_I, w
+                            ]
+        else:
+            feat = data_buf
+        # channel blocks outermost: all rois read one block of the feature map at a time, which
+        # stays in the last-level cache for the next rois
+        for cb in range(NCB_I):
+            for row in T.parallel(ROWS):
+                k = row // PH_I
+                ph = row % PH_I
+                # --- the roi's geometry ---
+                b = to_acc(rois_buf[k, 0])
+                start_w = to_acc(rois_buf[k, 1]) * SCALE
+                start_h = to_acc(rois_buf[k, 2]) * SCALE
+                roi_w = clamp_size(to_acc(rois_buf[k, 3]) * SCALE - start_w)
+                roi_h = clamp_size(to_acc(rois_buf[k, 4]) * SCALE - start_h)
+                bin_h = roi_h / PH_F
+                bin_w = roi_w / PW_F
+                grid_h = grid_of(roi_h / PH_F)
+                grid_w = grid_of(roi_w / PW_F)
+                grid_h_f = to_acc(grid_h)
+                grid_w_f = to_acc(grid_w)
+                batch_ok = T.And(b > MINUS_ONE, b < N_F)
+                batch = T.Cast(idx, T.Select(batch_ok, b, ZERO))
+                nonempty = T.And(grid_h > I_ZERO, grid_w > I_ZERO)
+                count = to_acc(T.max(grid_h * grid_w, I_ONE))
+                y_base = start_h + to_acc(ph) * bin_h
+                for pw in range(PW_EXT):
+                    x_base = start_w + to_acc(pw) * bin_w
+                    acc_buf = T.alloc_buffer((CB,), acc, scope="local")
+                    for co in range(CBO_I):
+                        for ci in T.vectorized(L_I):
+                            acc_buf[co * L_I + ci] = INIT
+                    for iy in range(grid_h):
+                        # --- the sample row's terms, shared by the row's samples and channels ---
+                        y = y_base + (to_acc(iy) + HALF) * bin_h / grid_h_f
+                        y_ok = T.And(batch_ok, T.And(y >= MINUS_ONE, y <= H_F))
+                        y_c = T.min(T.max(y, ZERO), H_LAST_F)  # compare-and-select: NaN -> 0
+                        y_low = T.Cast(idx, y_c)
+                        y_high = T.min(y_low + I_ONE, H_LAST)
+                        ly = T.Select(y_low >= H_LAST, ZERO, y_c - to_acc(y_low))
+                        hy = ONE - ly
+                        for ix in range(grid_w):
+                            # --- the sample's positions and weights, shared by the channels ---
+                            x = x_base + (to_acc(ix) + HALF) * bin_w / grid_w_f
+                            valid = T.And(y_ok, T.And(x >= MINUS_ONE, x <= W_F))
+                            x_c = T.min(T.max(x, ZERO), W_LAST_F)
+                            x_low = T.Cast(idx, x_c)
+                            x_high = T.min(x_low + I_ONE, W_LAST)
+                            lx = T.Select(x_low >= W_LAST, ZERO, x_c - to_acc(x_low))
+                            hx = ONE - lx
+                            w1 = hy * hx
+                            w2 = hy * lx
+                            w3 = ly * hx
+                            w4 = ly * lx
+                            if valid:
+                                for co in range(CBO_I):
+                                    for ci in T.vectorized(L_I):
+                                        # one expression (no Bind inside a vectorized loop)
+                                        acc_buf[co * L_I + ci] = update(
+                                            acc_buf[co * L_I + ci],
+                                            sample(
+                                                w1,
+                                                w2,
+                                                w3,
+                                                w4,
+                                                feat[batch, y_low, x_low, chan(cb, co, ci)],
+                                                feat[batch, y_low, x_high, chan(cb, co, ci)],
+                                                feat[batch, y_high, x_low, chan(cb, co, ci)],
+                                                feat[batch, y_high, x_high, chan(cb, co, ci)],
+                                            ),
+                                        )
+                            else:
+                                # an outside sample contributes 0 (adding 0 changes no sum)
+                                if not IS_AVG:
+                                    for co in range(CBO_I):
+                                        for ci in T.vectorized(L_I):
+                                            acc_buf[co * L_I + ci] = T.max(
+                                                acc_buf[co * L_I + ci], ZERO
+                                            )
+                    # --- the bin's output, written once ---
+                    for co in range(CBO_I):
+                        for ci in T.vectorized(L_I):
+                            if NCHW:
+                                out[k, chan(cb, co, ci), ph, pw] = finish(
+                                    acc_buf[co * L_I + ci], nonempty, count
+                                )
+                            else:
+                                out[k, ph, pw, chan(cb, co, ci)] = finish(
+                                    acc_buf[co * L_I + ci], nonempty, count
+                                )
+
+    return kernel
+
+
+def cpu_adaptive_kernel(te_inputs, attrs, target):
+    """Strategy kernel ``(te_inputs, attrs, target) -> te.Tensor | None`` (x86 and ARM strategies).
+
+    ``te_inputs`` are the ``data`` and ``rois`` placeholders, ``attrs`` a
+    :class:`tvm_roialign.ops.roi_align.RoiAlignAttrs`. Returns the output tensor of the scheduled
+    adaptive-grid kernel (:func:`roi_align_adaptive_cpu`) wrapped as a TE extern op, or None (the
+    op's TE compute is used) for ``sampling_ratio > 0``, a symbolic channel count, or arguments the
+    TE compute rejects (it raises the error).
+    """
+    if len(te_inputs) != 2 or int(attrs.sampling_ratio) > 0:
+        return None
+    data, rois = te_inputs
+    layout, mode = str(attrs.layout), str(attrs.mode)
+    try:
+        pooled = check_roi_align_args(
+            data.shape, data.dtype, rois.shape, rois.dtype, attrs.pooled_size, layout, mode
+        )
+    except (ValueError, TypeError):
+        return None
+    spatial_scale = float(attrs.spatial_scale)
+    if not (math.isfinite(spatial_scale) and spatial_scale > 0):
+        return None
+    if layout not in LAYOUTS or mode not in MODES or str(data.dtype) not in FLOAT_DTYPES:
+        return None
+    channels = data.shape[1] if layout == "NCHW" else data.shape[3]
+    if not _is_static(channels) or int(channels) <= 0:
+        return None
+    acc = accumulate_dtype(data.dtype)
+    lanes = vector_lanes(int(channels), acc, target)
+    func = roi_align_adaptive_cpu(
+        data,
+        rois,
+        pooled,
+        spatial_scale,
+        mode,
+        bool(attrs.aligned),
+        layout,
+        lanes,
+        channel_block_for(int(channels), lanes, acc),
+    )
+    return te.extern_primfunc(
+        [data, rois], func, name="roi_align_adaptive", tag=f"roi_align_{layout.lower()}"
+    )
