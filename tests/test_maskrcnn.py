@@ -1,0 +1,300 @@
+"""Mask R-CNN through TVM (tvm_roialign.models.maskrcnn) against PyTorch eager, piece by piece.
+
+One reduced configuration (128-pixel input, 40 proposals, 8 detections) is compiled once for the
+module; every piece is compared with torchvision's own modules run eagerly, and the whole detector
+with torchvision's ``model([image])``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+
+import tvm
+from tvm import relax
+
+from tvm_roialign.models import maskrcnn as mr
+
+SIZE = 128
+CONFIG = mr.MaskRCNNConfig(
+    min_size=SIZE,
+    max_size=SIZE,
+    rpn_pre_nms_top_n_test=40,
+    rpn_post_nms_top_n_test=40,
+    box_detections_per_img=8,
+)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return mr.build_torch_model(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def image():
+    return mr.load_image()
+
+
+@pytest.fixture(scope="module")
+def detector(model, image):
+    det = mr.TVMMaskRCNN(model, "llvm", "NHWC")
+    with torch.no_grad():
+        image_list, _ = model.transform([image])
+    det.compile(image_list.tensors.shape)
+    return det
+
+
+@pytest.fixture(scope="module")
+def torch_pieces(model):
+    return mr._piece_modules(model, "NCHW", (SIZE, SIZE), rewrite=False)
+
+
+@pytest.fixture(scope="module")
+def eager_features(model, image, torch_pieces):
+    with torch.no_grad():
+        image_list, _ = model.transform([image])
+        outs = torch_pieces[0](image_list.tensors)
+    return image_list, outs
+
+
+def _pieces(detector):
+    (pieces,) = detector.pieces.values()
+    return pieces
+
+
+def _close(got, expected, rel=1e-3):
+    expected = np.asarray(expected)
+    scale = max(float(np.abs(expected).max()), 1e-6)
+    np.testing.assert_allclose(got, expected, rtol=rel, atol=rel * scale)
+
+
+def _boxes(num, seed):
+    rng = np.random.default_rng(seed)
+    xy = rng.uniform(0, SIZE * 0.7, (num, 2))
+    wh = rng.uniform(1, SIZE * 0.6, (num, 2))
+    return np.concatenate([xy, np.minimum(xy + wh, SIZE)], axis=1).astype("float32")
+
+
+def _nhwc(tensor):
+    return np.ascontiguousarray(tensor.numpy().transpose(0, 2, 3, 1))
+
+
+def test_backbone_matches_torch(detector, eager_features):
+    image_list, expected = eager_features
+    got = _pieces(detector)["backbone"](image_list.tensors.numpy())
+    assert len(got) == len(expected) == 15
+    for i, (g, e) in enumerate(zip(got, expected)):
+        e = e.numpy()
+        g = g.transpose(0, 3, 1, 2)  # every output crosses in NHWC
+        assert g.shape == e.shape, i
+        _close(g, e)
+
+
+@pytest.mark.parametrize("num_rois", [1, 13, 40])
+def test_box_branch_matches_torch(detector, eager_features, torch_pieces, num_rois):
+    _, outs = eager_features
+    boxes = _boxes(num_rois, seed=num_rois)
+    with torch.no_grad():
+        logits, regression = torch_pieces[1](*outs[:4], torch.from_numpy(boxes))
+    got_logits, got_regression = _pieces(detector)["box_branch"](
+        *[_nhwc(f) for f in outs[:4]], boxes
+    )
+    assert got_logits.shape == (num_rois, 91) and got_regression.shape == (
+        num_rois,
+        364,
+    )
+    _close(got_logits, logits.numpy())
+    _close(got_regression, regression.numpy())
+
+
+@pytest.mark.parametrize("num_rois", [1, 8])
+def test_mask_branch_matches_torch(detector, eager_features, torch_pieces, num_rois):
+    _, outs = eager_features
+    boxes = _boxes(num_rois, seed=100 + num_rois)
+    with torch.no_grad():
+        expected = torch_pieces[2](*outs[:4], torch.from_numpy(boxes)).numpy()
+    (got,) = _pieces(detector)["mask_branch"](*[_nhwc(f) for f in outs[:4]], boxes)
+    assert got.shape == (num_rois, 91, 28, 28)
+    _close(got, expected)
+
+
+def test_detector_matches_torchvision(detector, model, image):
+    (ours,) = detector([image])
+    with torch.no_grad():
+        (ref,) = model([image])
+    assert set(ours) == {"boxes", "labels", "scores", "masks"}
+    assert ours["masks"].shape[-2:] == image.shape[-2:]
+    cmp = mr.compare_detections(ours, ref)
+    assert cmp["num_detections_tvm"] == cmp["num_detections_torch"] > 0, cmp
+    assert cmp["same_labels"], cmp
+    assert cmp["max_box_diff"] <= 1e-2, cmp
+    assert cmp["mask_pixel_agreement"] >= 0.999, cmp
+
+
+def test_no_transpose_next_to_roi_align(detector):
+    counts = detector.permute_counts()
+    for branch in ("box_branch", "mask_branch"):
+        assert counts[branch]["adjacent_to_roi_align_before"] > 0, counts
+        assert counts[branch]["adjacent_to_roi_align_after"] == 0, counts
+    assert counts["box_branch"]["after"] == 0, counts
+    for piece in _pieces(detector).values():
+        ops = {
+            str(b.value.op.name)
+            for f in piece.mod.functions.values()
+            if isinstance(f, relax.Function)
+            for block in f.body.blocks
+            for b in block.bindings
+            if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+        }
+        if piece.name != "backbone":
+            assert "relax.vision.multiscale_roi_align" in ops
+
+
+def test_time_roi_align_agrees_with_stock(detector, eager_features, model):
+    _, outs = eager_features
+    feats = [_nhwc(f) for f in outs[:4]]
+    result = mr.time_roi_align(
+        feats,
+        _boxes(20, seed=7),
+        model.roi_heads.box_roi_pool,
+        "NHWC",
+        "llvm",
+        (SIZE, SIZE),
+        repeat=1,
+    )
+    assert result["num_rois"] == 20
+    assert result["ours_s"] > 0 and result["stock_s"] > 0
+    assert result["max_abs_diff_ours_vs_stock"] < 1e-4
+    import tvm_roialign
+
+    assert tvm_roialign.is_registered()
+
+
+# ---------------------------------------------------------------------------------------------
+# pure-PyTorch parts: the graph rewrites, the comparison, weights and images
+
+
+def test_conv_transpose_rewrite_is_exact():
+    torch.manual_seed(0)
+    conv = torch.nn.ConvTranspose2d(6, 5, 2, 2)
+    rewritten = mr._conv_transpose_as_conv(conv)
+    x = torch.randn(3, 6, 7, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(rewritten(x), conv(x), rtol=1e-5, atol=1e-5)
+    assert mr._conv_transpose_as_conv(torch.nn.ConvTranspose2d(6, 5, 3, 2)) is None
+
+
+def test_nhwc_pieces_match_nchw_pieces(model, eager_features, torch_pieces):
+    """The channels-last box head and the rewritten mask predictor give torchvision's results."""
+    _, outs = eager_features
+    _, box_nhwc, mask_nhwc = mr._piece_modules(model, "NHWC", (SIZE, SIZE))
+    boxes = torch.from_numpy(_boxes(9, seed=3))
+    feats = [f.permute(0, 2, 3, 1).contiguous() for f in outs[:4]]
+    with torch.no_grad():
+        for got, expected in zip(
+            box_nhwc(*feats, boxes), torch_pieces[1](*outs[:4], boxes)
+        ):
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            mask_nhwc(*feats, boxes),
+            torch_pieces[2](*outs[:4], boxes),
+            rtol=1e-4,
+            atol=1e-4,
+        )
+
+
+def _dets(boxes, labels, scores, masks):
+    return {
+        "boxes": torch.tensor(boxes, dtype=torch.float32),
+        "labels": torch.tensor(labels),
+        "scores": torch.tensor(scores),
+        "masks": torch.tensor(masks, dtype=torch.float32),
+    }
+
+
+def test_compare_detections():
+    masks = np.zeros((2, 1, 4, 4))
+    masks[0, 0, :2] = 0.9
+    ref = _dets([[0, 0, 2, 2], [1, 1, 3, 3]], [3, 5], [0.9, 0.8], masks)
+    same = mr.compare_detections(ref, ref)
+    assert (
+        same["same_labels"]
+        and same["max_box_diff"] == 0
+        and same["mask_pixel_agreement"] == 1
+    )
+    swapped = _dets(
+        [[1, 1, 3, 3.001], [0, 0, 2, 2]], [5, 3], [0.8, 0.9], masks[::-1].copy()
+    )
+    cmp = mr.compare_detections(swapped, ref)
+    assert cmp["same_labels"] and cmp["reordered_pairs"] == 2
+    assert cmp["max_box_diff"] == pytest.approx(1e-3, abs=1e-6)
+    assert cmp["mask_pixel_agreement"] == 1
+    wrong_mask = masks.copy()
+    wrong_mask[1, 0, 0, 0] = 1.0
+    cmp = mr.compare_detections(
+        _dets([[0, 0, 2, 2], [1, 1, 3, 3]], [3, 5], [0.9, 0.8], wrong_mask), ref
+    )
+    assert cmp["mask_pixel_agreement"] == pytest.approx(31 / 32)
+    fewer = mr.compare_detections(_dets([[0, 0, 2, 2]], [3], [0.9], masks[:1]), ref)
+    assert not fewer["same_labels"] and fewer["num_detections_tvm"] == 1
+
+
+def test_count_permutes_next_to_roi_align():
+    bb = relax.BlockBuilder()
+    data = relax.Var("data", relax.TensorType([1, 8, 8, 4], "float32"))
+    rois = relax.Var("rois", relax.TensorType([3, 5], "float32"))
+    with bb.function("main", [data, rois]):
+        with bb.dataflow():
+            nchw = bb.emit(relax.op.permute_dims(data, [0, 3, 1, 2]))
+            pooled = bb.emit(
+                relax.op.vision.roi_align(
+                    nchw, rois, (2, 2), 1.0, 2, False, "NCHW", "avg"
+                )
+            )
+            out = bb.emit_output(bb.emit(relax.op.permute_dims(pooled, [0, 2, 3, 1])))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert mr.count_permutes(mod) == 2
+    assert mr.permutes_adjacent_to_roi_align(mod) == 2
+
+
+def test_weights_file(tmp_path, model):
+    path = tmp_path / "w.pth"
+    torch.save(model.state_dict(), path)
+    other = mr.build_torch_model(
+        mr.MaskRCNNConfig(seed=123, weights=str(path), min_size=SIZE, max_size=SIZE)
+    )
+    for (name, a), b in zip(model.state_dict().items(), other.state_dict().values()):
+        assert torch.equal(a, b), name
+    bad = tmp_path / "bad.pth"
+    torch.save({"fc.weight": torch.zeros(2)}, bad)
+    with pytest.raises(ValueError, match="state_dict"):
+        mr.build_torch_model(mr.MaskRCNNConfig(weights=str(bad)))
+    with pytest.raises(FileNotFoundError):
+        mr.build_torch_model(mr.MaskRCNNConfig(weights=str(tmp_path / "missing.pth")))
+
+
+def test_load_image(tmp_path, image):
+    assert image.shape == (3, 512, 512) and image.dtype == torch.float32
+    assert 0.0 <= float(image.min()) and float(image.max()) <= 1.0
+    from PIL import Image
+
+    path = tmp_path / "photo.png"
+    Image.fromarray(
+        (image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    ).save(path)
+    torch.testing.assert_close(mr.load_image(str(path)), image, atol=1 / 255, rtol=0)
+    bad = tmp_path / "bad.png"
+    bad.write_text("not an image")
+    with pytest.raises(ValueError, match="not a readable image"):
+        mr.load_image(str(bad))
+    with pytest.raises(FileNotFoundError):
+        mr.load_image(str(tmp_path / "missing.png"))
+
+
+def test_bad_layout_rejected(model):
+    with pytest.raises(ValueError, match="layout"):
+        mr.TVMMaskRCNN(model, "llvm", "NWHC")
