@@ -23,6 +23,8 @@ ACC_BLOCK = "roi_align_acc"
 OUT_BLOCK = "roi_align"
 #: TE nests a reduction whose extent depends on the roi (adaptive sampling grid) in a block of its own
 NESTED_ACC_BLOCK = ACC_BLOCK + "_l1"
+#: multiscale_roi_align computes each roi's FPN level once, in a block of its own
+LEVEL_BLOCK = "roi_level"
 LAYOUT_ATTR = "roi_align.layout"
 #: TVM's OpPatternKind kOpaque: FuseOps never fuses a PrimFunc so marked.
 OPAQUE = 8

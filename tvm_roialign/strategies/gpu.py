@@ -23,6 +23,7 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 
 from .base import (
+    LEVEL_BLOCK,
     NESTED_ACC_BLOCK,
     find_blocks,
     has_block,
@@ -91,6 +92,12 @@ def schedule_gpu(func, target, max_threads: int, bind_threads: bool = True) -> S
     if bind_threads:
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
+    if has_block(sch, LEVEL_BLOCK):  # multiscale_roi_align: one thread per roi computes its level
+        (rois,) = sch.get_loops(sch.get_sblock(LEVEL_BLOCK))
+        level_bx, level_tx = sch.split(rois, [None, threads])
+        if bind_threads:
+            sch.bind(level_bx, "blockIdx.x")
+            sch.bind(level_tx, "threadIdx.x")
     if has_block(sch, NESTED_ACC_BLOCK):
         # adaptive grid: the sampling loops' extents depend on the roi; they stay nested in their
         # own block, which computes the whole reduction of the thread's element

@@ -246,7 +246,7 @@ def _multiscale_roi_align(
     idx = index_dtype_for(*[f.shape for f in features], out_shape)
     half = tirx.const(0.5, acc)
 
-    def level_of(k):
+    def compute_level(k):
         return _level_of(
             lambda j: rois[k, j].astype(acc),
             num_levels,
@@ -257,6 +257,24 @@ def _multiscale_roi_align(
             acc,
             idx,
         )
+
+    # The level of each roi is computed once, in a stage of its own (``roi_level``: the level, or -1
+    # when there is none): computed inside the samples it would be evaluated again for every
+    # channel vector, and ``log2`` is an opaque library call that LLVM does not hoist.
+    if num_levels > 1:
+        level_table = te.compute(
+            (num_rois,),
+            lambda k: tirx.Select(
+                compute_level(k)[1], compute_level(k)[0], tirx.const(-1, idx)
+            ),
+            name="roi_level",
+        )
+
+    def level_of(k):
+        if num_levels == 1:
+            return compute_level(k)
+        level = level_table[k]
+        return level, level >= tirx.const(0, idx)
 
     def geometry(k, index):
         """RoIAlign geometry of roi ``k`` on level ``index`` (its own constant scale)."""
