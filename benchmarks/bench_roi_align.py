@@ -95,7 +95,7 @@ def main(argv=None):
     parser.add_argument("--out", default="benchmarks/results", help="folder for JSON and PNG")
     args = parser.parse_args(argv)
 
-    console = Console()
+    console = Console(width=140)
     target = host_target()
     rng = np.random.default_rng(0)
     rows = []
