@@ -140,6 +140,8 @@ def test_no_transpose_next_to_roi_align(detector):
         assert counts[branch]["adjacent_to_roi_align_before"] > 0, counts
         assert counts[branch]["adjacent_to_roi_align_after"] == 0, counts
     assert counts["box_branch"]["after"] == 0, counts
+    # the mask branch keeps the depth-to-space's own 6-D permute and the output's NHWC -> NCHW
+    assert counts["mask_branch"]["after"] == 2, counts
     for piece in _pieces(detector).values():
         ops = {
             str(b.value.op.name)

@@ -212,11 +212,17 @@ def _conv_transpose_as_conv(module):
                 bias.repeat_interleave(4), requires_grad=False
             )
 
-        def forward(self, x):
+        def forward(self, x, activation=None):
             height, width = x.shape[-2:]
             y = torch.nn.functional.conv2d(x, self.weight, self.bias)
-            y = y.reshape(-1, self.cout, 2, 2, height, width).permute(0, 1, 4, 2, 5, 3)
-            return y.reshape(-1, self.cout, 2 * height, 2 * width)
+            # the depth-to-space is written channels-last, and an elementwise activation applied
+            # before its last permute: once ConvertLayout has moved the convs to NHWC, the permutes
+            # at its edges cancel against the layout transposes, leaving its own 6-D permute only
+            y = y.permute(0, 2, 3, 1).reshape(-1, height, width, self.cout, 2, 2)
+            y = y.permute(0, 1, 4, 2, 5, 3).reshape(-1, 2 * height, 2 * width, self.cout)
+            if activation is not None:
+                y = activation(y)
+            return y.permute(0, 3, 1, 2)
 
     return ConvTranspose2x2()
 
@@ -283,7 +289,9 @@ def _piece_modules(
             self.mask_fcn_logits = predictor.mask_fcn_logits
 
         def forward(self, x):
-            return self.mask_fcn_logits(self.relu(self.conv5_mask(x)))
+            if isinstance(self.conv5_mask, torch.nn.ConvTranspose2d):  # not rewritten
+                return self.mask_fcn_logits(self.relu(self.conv5_mask(x)))
+            return self.mask_fcn_logits(self.conv5_mask(x, activation=self.relu))
 
     class Branch(torch.nn.Module):
         def __init__(self, pooler, head, predictor):
