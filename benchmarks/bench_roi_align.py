@@ -15,6 +15,7 @@ warm-up. Prints a table of ratios, writes JSON and a PNG bar chart to ``--out`` 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -105,10 +106,15 @@ def main(argv=None):
         rois = random_rois(spec["rois"], spec["image"], rng)
         data_t, rois_t = torch.from_numpy(data), torch.from_numpy(rois)
 
-        def torchvision_run():
-            return torchvision.ops.roi_align(
-                data_t, rois_t, spec["pooled"], spec["scale"], SAMPLING_RATIO, False
-            )
+        torchvision_run = functools.partial(
+            torchvision.ops.roi_align,
+            data_t,
+            rois_t,
+            spec["pooled"],
+            spec["scale"],
+            SAMPLING_RATIO,
+            False,
+        )
 
         tv_ms = median_ms(torchvision_run, args.repeat)
         expected = torchvision_run().numpy()

@@ -21,6 +21,7 @@ import tvm
 from tvm import relax, te
 
 import tvm_roialign
+from tvm_roialign import testing
 from tvm_roialign.ops.roi_align import RoiAlignAttrs
 from tvm_roialign.strategies import STRATEGIES
 from tvm_roialign.strategies.cpu_kernel import (
@@ -30,7 +31,7 @@ from tvm_roialign.strategies.cpu_kernel import (
     roi_align_adaptive_cpu,
     vector_lanes,
 )
-from tvm_roialign.testing import build_roi_align_module, roi_align_ref
+from tvm_roialign.testing import build_roi_align_module, roi_align_ref, run_roi_align_vm
 from tvm_roialign.topi.roi_align import MODES
 
 HOST = tvm.target.Target({"kind": "llvm"})
@@ -53,20 +54,11 @@ def _vm(channels, num_rois, pooled, scale, sampling_ratio, aligned, layout, mode
     return relax.VirtualMachine(tvm.compile(mod, target=HOST), tvm.cpu())
 
 
-def _run(vm, data_nchw, rois, layout):
-    data = data_nchw if layout == "NCHW" else data_nchw.transpose(0, 2, 3, 1)
-    out = vm["main"](
-        tvm.runtime.tensor(np.ascontiguousarray(data)), tvm.runtime.tensor(rois)
-    ).numpy()
-    return out if layout == "NCHW" else out.transpose(0, 3, 1, 2)
+_run = run_roi_align_vm
 
 
 def smooth_data(channels, dtype):
-    """Smooth in y and x: ulp-level differences of sample coordinates move values by < 1e-6."""
-    n, c, y, x = np.meshgrid(
-        np.arange(N), np.arange(channels), np.arange(H), np.arange(W), indexing="ij"
-    )
-    return (np.sin(0.35 * y + 0.25 * x + 0.7 * c + n) * np.cos(0.2 * x - 0.1 * y)).astype(dtype)
+    return testing.smooth_data((N, channels, H, W), dtype)
 
 
 def random_rois(num, scale, dtype, seed=0):

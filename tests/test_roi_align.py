@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from tvm import relax
 
 import tvm_roialign
-from tvm_roialign.testing import build_roi_align_module, roi_align_ref
+from tvm_roialign import testing
+from tvm_roialign.testing import build_roi_align_module, roi_align_ref, run_roi_align_vm
 
 HOST = tvm.target.Target({"kind": "llvm"})
 N, C, H, W = 2, 3, 11, 13
@@ -34,7 +35,7 @@ SCALES = [1.0, 0.25, 0.0625]
 POOLED = [(7, 7), (14, 14), (2, 3)]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(num_rois, pooled, scale, sampling_ratio, aligned, layout, mode, dtype, tv_aligned):
     shape = (N, C, H, W) if layout == "NCHW" else (N, H, W, C)
     mod = build_roi_align_module(
@@ -43,20 +44,11 @@ def _compiled(num_rois, pooled, scale, sampling_ratio, aligned, layout, mode, dt
     return relax.VirtualMachine(tvm.compile(mod, target=HOST), tvm.cpu())
 
 
-def _run(vm, data_nchw, rois, layout):
-    data = data_nchw if layout == "NCHW" else data_nchw.transpose(0, 2, 3, 1)
-    out = vm["main"](
-        tvm.runtime.tensor(np.ascontiguousarray(data)), tvm.runtime.tensor(rois)
-    ).numpy()
-    return out if layout == "NCHW" else out.transpose(0, 3, 1, 2)
+_run = run_roi_align_vm
 
 
 def smooth_data(dtype):
-    """A smooth map: ulp-level differences in sample coordinates move values by < 1e-6."""
-    n, c, y, x = np.meshgrid(
-        np.arange(N), np.arange(C), np.arange(H), np.arange(W), indexing="ij"
-    )
-    return (np.sin(0.35 * y + 0.25 * x + 0.7 * c + n) * np.cos(0.2 * x - 0.1 * y)).astype(dtype)
+    return testing.smooth_data((N, C, H, W), dtype)
 
 
 def case_rois(scale, dtype, seed=0):

@@ -22,16 +22,20 @@ import os
 if "TVM_NUM_THREADS" not in os.environ:  # must precede the first parallel launch of TVM's pool
     os.environ["TVM_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
 
-from . import _registry, strategies, topi  # noqa: E402
-from .ops import roi_align as _roi_align_op  # noqa: E402
-from .ops.roi_align import make_roi_align as roi_align  # noqa: E402
-from . import frontend  # noqa: E402
-from .ops import multiscale_roi_align as _multiscale_roi_align_op  # noqa: E402
-from .ops.multiscale_roi_align import (  # noqa: E402
+from . import (
+    _registry,
+    frontend,
+    passes,
+    strategies,
+    topi,
+)
+from .ops import multiscale_roi_align as _multiscale_roi_align_op
+from .ops import roi_align as _roi_align_op
+from .ops.multiscale_roi_align import (
     make_multiscale_roi_align as multiscale_roi_align,
 )
-from . import passes  # noqa: E402
-from .passes import layout as _layout_pass  # noqa: E402
+from .ops.roi_align import make_roi_align as roi_align
+from .passes import layout as _layout_pass
 
 __version__ = "0.1.0"
 
@@ -60,13 +64,13 @@ def is_registered() -> bool:
 register()
 
 __all__ = [
-    "register",
-    "unregister",
-    "is_registered",
-    "roi_align",
-    "multiscale_roi_align",
-    "topi",
-    "strategies",
     "frontend",
+    "is_registered",
+    "multiscale_roi_align",
     "passes",
+    "register",
+    "roi_align",
+    "strategies",
+    "topi",
+    "unregister",
 ]

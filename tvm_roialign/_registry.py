@@ -55,6 +55,15 @@ def restore_all() -> None:
         _ours.pop((op_name, attr_key), None)
 
 
+def op_exists(op_name: str) -> bool:
+    """Whether a Relax op of that name is registered (TVM 0.27 raises AttributeError otherwise)."""
+    try:
+        tvm.ir.Op.get(op_name)
+    except AttributeError:
+        return False
+    return True
+
+
 def get_or_register_op(op_name: str) -> tvm.ir.Op:
     """The Relax op ``op_name``, registering it (global ``ir.RegisterOp``) if it does not exist."""
     try:

@@ -187,3 +187,23 @@ def compile_and_run(mod, inputs, target=None, func_name="main"):
     ):
         return [r.numpy() for r in result]
     return result.numpy()
+
+
+def smooth_data(shape, dtype="float32"):
+    """A smooth NCHW map of ``shape [N, C, H, W]``: ulp-level differences of sample coordinates
+    (float32 vs float64 geometry) move sampled values by less than 1e-6."""
+    n, c, y, x = np.meshgrid(*(np.arange(d) for d in shape), indexing="ij")
+    return (np.sin(0.35 * y + 0.25 * x + 0.7 * c + n) * np.cos(0.2 * x - 0.1 * y)).astype(dtype)
+
+
+def run_roi_align_vm(vm, data_nchw, rois, layout, func_name="main"):
+    """Run ``vm[func_name](data, rois)`` with NCHW ``data_nchw`` given in ``layout``; the result
+    comes back as NCHW ``[K, C, PH, PW]``."""
+    import tvm
+
+    data = data_nchw if layout == "NCHW" else data_nchw.transpose(0, 2, 3, 1)
+    out = vm[func_name](
+        tvm.runtime.tensor(np.ascontiguousarray(data)), tvm.runtime.tensor(rois)
+    ).numpy()
+    return out if layout == "NCHW" else out.transpose(0, 3, 1, 2)
+

@@ -31,7 +31,7 @@ class RoiAlignAttrs:
     mode: str
 
     @classmethod
-    def from_call(cls, call) -> "RoiAlignAttrs":
+    def from_call(cls, call) -> RoiAlignAttrs:
         a = call.attrs
         return cls(
             pooled_size=tuple(int(p) for p in a.pooled_size),
@@ -197,4 +197,4 @@ def make_roi_align(
     )
 
 
-__all__ = ["FreshDims", "OP_NAME", "RoiAlignAttrs", "infer_struct_info", "legalize", "register", "make_roi_align"]
+__all__ = ["OP_NAME", "FreshDims", "RoiAlignAttrs", "infer_struct_info", "legalize", "make_roi_align", "register"]

@@ -25,6 +25,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from .._registry import op_exists
 from .layout import MULTISCALE_ROI_ALIGN_OP, ROI_ALIGN_OP, desired_target
 
 _DEFAULT = "default"
@@ -66,13 +67,6 @@ def relax_op_name(name: str) -> str:
     return name if name.startswith("relax.") else "relax." + name
 
 
-def _op_exists(name: str) -> bool:
-    try:
-        tvm.ir.Op.get(name)
-    except Exception:  # noqa: BLE001  (TVM 0.27 raises AttributeError for an unknown op)
-        return False
-    return True
-
 
 def normalize_desired_layouts(desired_layouts) -> dict[str, list[str]]:
     """Validate ``desired_layouts`` and key it by Relax op names.
@@ -102,7 +96,7 @@ def normalize_desired_layouts(desired_layouts) -> dict[str, list[str]]:
         if not layouts:
             raise ValueError(f"desired_layouts[{name!r}] is empty")
         op = relax_op_name(name)
-        if not _op_exists(op):
+        if not op_exists(op):
             warnings.warn(f"ConvertLayout: no Relax op {op!r} (from {name!r}); ignored")
             continue
         if op in out and out[op] != layouts:

@@ -34,6 +34,7 @@ from tvm import relax
 from tvm.s_tir import slayout
 
 from .. import _registry
+from .._registry import op_exists
 
 ROI_ALIGN_OP = "relax.vision.roi_align"
 MULTISCALE_ROI_ALIGN_OP = "relax.vision.multiscale_roi_align"
@@ -264,18 +265,11 @@ def register_roi_align_like(op_name: str, num_feature_inputs: int | None = None)
     _registry.set_op_attr(op_name, "FRelaxInferLayout", rule)
 
 
-def _op_exists(op_name: str) -> bool:
-    try:
-        tvm.ir.Op.get(op_name)
-    except Exception:  # noqa: BLE001  (TVM 0.27 raises AttributeError for an unknown op)
-        return False
-    return True
-
 
 def register() -> None:
     """Register the layout rules (idempotent): roi_align, and multiscale_roi_align if it exists."""
     register_roi_align_like(ROI_ALIGN_OP, 1)
-    if _op_exists(MULTISCALE_ROI_ALIGN_OP):
+    if op_exists(MULTISCALE_ROI_ALIGN_OP):
         register_roi_align_like(MULTISCALE_ROI_ALIGN_OP, None)
 
 

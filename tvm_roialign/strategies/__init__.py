@@ -45,4 +45,4 @@ def select_strategy(target: tvm.target.Target | None) -> tuple[Strategy, tvm.tar
     )
 
 
-__all__ = ["STRATEGIES", "Strategy", "select_strategy", "host_target"]
+__all__ = ["STRATEGIES", "Strategy", "host_target", "select_strategy"]

@@ -10,8 +10,8 @@ attribute ``roi_align.layout``; one schedule rule then serves all of them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import tvm
 from tvm import te

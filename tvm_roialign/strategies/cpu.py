@@ -15,8 +15,8 @@ from .base import (
     find_blocks,
     has_block,
     largest_divisor_lanes,
-    new_schedule,
     layout_of,
+    new_schedule,
     static_extent,
 )
 
@@ -45,7 +45,7 @@ def _schedule_nested(sch: Schedule, layout: str) -> Schedule:
     """Adaptive grids: the sampling loops depend on the roi, so TE nests them in a block of their
     own (``roi_align_acc_l1``) per output element; they cannot move outside the channel loop. The
     accumulator is computed at its bin and rois x bin rows run in parallel."""
-    acc, out = find_blocks(sch)
+    _, out = find_blocks(sch)
     outer = sch.get_sblock(NESTED_ACC_BLOCK)
     if layout == "NHWC":
         k, ph, pw, _ = sch.get_loops(out)

@@ -8,10 +8,10 @@ from .multiscale_roi_align import (
 from .roi_align import roi_align, roi_align_nchw, roi_align_nhwc
 
 __all__ = [
-    "roi_align",
-    "roi_align_nchw",
-    "roi_align_nhwc",
     "multiscale_roi_align",
     "multiscale_roi_align_nchw",
     "multiscale_roi_align_nhwc",
+    "roi_align",
+    "roi_align_nchw",
+    "roi_align_nhwc",
 ]

@@ -46,20 +46,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import tvm
 from tvm import te, tirx
 
 __all__ = [
     "LAYOUTS",
-    "MODES",
     "MAX_ADAPTIVE_GRID",
+    "MODES",
+    "accumulate_dtype",
+    "check_roi_align_args",
+    "index_dtype_for",
+    "normalize_pooled_size",
     "roi_align",
     "roi_align_nchw",
     "roi_align_nhwc",
-    "accumulate_dtype",
-    "index_dtype_for",
-    "normalize_pooled_size",
-    "check_roi_align_args",
 ]
 
 LAYOUTS = ("NCHW", "NHWC")
