@@ -310,6 +310,17 @@ def test_compile_errors(pt2_model, workdir, capsys):
     assert not (workdir / "never.so").exists()
 
 
+def test_missing_optional_dependency_is_one_line(pt2_model, workdir, capsys, monkeypatch):
+    """A core-only install (no torch) gets a one-line error naming the package, not a traceback."""
+    model, _, _ = pt2_model
+    for name in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ModuleNotFoundError
+    code, _, err = _cli(["compile", str(model), "-o", str(workdir / "never.so")], capsys)
+    assert code == 1
+    _one_line_error(err, "needs the Python package 'torch'", "pip install")
+
+
 def test_run_errors(pt2_model, workdir, capsys):
     model, inputs, _ = pt2_model
     lib = workdir / "tiny_pt2_NHWC.so"

@@ -710,6 +710,13 @@ def main(argv=None) -> int:
     except CLIError as err:
         print(f"tvm-roialign: error: {err}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as err:  # an optional dependency of this subcommand
+        print(
+            f"tvm-roialign: error: {args.command} needs the Python package {err.name!r}; "
+            'install the extras: pip install "tvm-roialign[torch,onnx,cli]"',
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt:
         print("tvm-roialign: interrupted", file=sys.stderr)
         return 130
