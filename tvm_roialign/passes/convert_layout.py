@@ -14,7 +14,9 @@ and runs ``relax.transform.ConvertLayout`` with a per-call callback that
 * leaves out ops whose stock rule refuses any desired layout (pools follow their input);
 
 and then folds ``permute_dims`` pairs (:class:`FoldPermuteDims`): pairs that compose to the
-identity disappear, others become one ``permute_dims``.
+identity disappear, others become one ``permute_dims``; and a transpose feeding a flatten and a dense
+layer with a constant weight moves into that weight (:class:`~.fold_flatten_permute.FoldFlattenPermute`),
+so that a box head's flatten leaves no transpose after an NHWC RoIAlign.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .._registry import op_exists
+from .fold_flatten_permute import FoldFlattenPermute
 from .layout import MULTISCALE_ROI_ALIGN_OP, ROI_ALIGN_OP, desired_target
 
 _DEFAULT = "default"
@@ -253,7 +256,7 @@ class ConvertLayout:  # pylint: disable=too-few-public-methods
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
         converted = relax.transform.ConvertLayout({}, self._layout_cb)(mod)
-        return FoldPermuteDims()(converted)
+        return FoldFlattenPermute()(FoldPermuteDims()(converted))
 
 
 __all__ = [
