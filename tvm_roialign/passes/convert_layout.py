@@ -25,9 +25,10 @@ import warnings
 
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.relax.expr_functor import mutator
 
 from .._registry import op_exists
+from ._mutator import FunctionRewriter, rewrite_module
 from .fold_flatten_permute import FoldFlattenPermute
 from .layout import MULTISCALE_ROI_ALIGN_OP, ROI_ALIGN_OP, desired_target
 
@@ -157,24 +158,9 @@ def resolve_layouts(call, desired: dict[str, list[str]]) -> dict[str, list[str]]
 
 
 @mutator
-class _PermuteDimsFolder(PyExprMutator):
+class _PermuteDimsFolder(FunctionRewriter):
     """Folds ``permute_dims(permute_dims(x, a), b)`` into ``x`` or one ``permute_dims``, and
     ``permute_dims(x, identity)`` into ``x``."""
-
-    def __init__(self, mod: tvm.IRModule):
-        super().__init__(mod)
-        self.mod = mod
-        self.changed = False
-
-    def transform(self) -> tvm.IRModule:
-        for gvar, func in self.mod.functions_items():
-            if not isinstance(func, relax.Function):
-                continue
-            new_func = self.visit_expr(func)
-            if not new_func.same_as(func):
-                new_func = relax.analysis.remove_all_unused(new_func)
-                self.builder_.update_func(gvar, new_func)
-        return self.builder_.get()
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = self.visit_expr_post_order(call)
@@ -186,7 +172,7 @@ class _PermuteDimsFolder(PyExprMutator):
         if _axes(call, ndim) == list(range(ndim)):  # an identity permute_dims
             self.changed = True
             return call.args[0]
-        inner = self.lookup_binding(call.args[0]) if isinstance(call.args[0], relax.Var) else None
+        inner = self.lookup(call.args[0])
         if inner is None or not _is_permute(inner):
             return call
         first, second = _axes(inner, ndim), _axes(call, ndim)
@@ -221,9 +207,7 @@ class FoldPermuteDims:  # pylint: disable=too-few-public-methods
     """
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        folder = _PermuteDimsFolder(mod)
-        new_mod = folder.transform()
-        return new_mod if folder.changed else mod
+        return rewrite_module(_PermuteDimsFolder, mod)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.ConvertLayout")

@@ -18,7 +18,9 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.relax.expr_functor import mutator
+
+from ._mutator import FunctionRewriter, rewrite_module
 
 
 def _op_call(expr, name: str) -> bool:
@@ -42,31 +44,13 @@ def _static_shape(expr):
 
 
 @mutator
-class _FlattenPermuteFolder(PyExprMutator):
-    def __init__(self, mod: tvm.IRModule):
-        super().__init__(mod)
-        self.mod = mod
-        self.changed = False
-
-    def transform(self) -> tvm.IRModule:
-        for gvar, func in self.mod.functions_items():
-            if isinstance(func, relax.Function):
-                new_func = self.visit_expr(func)
-                if not new_func.same_as(func):
-                    self.builder_.update_func(
-                        gvar, relax.analysis.remove_all_unused(new_func)
-                    )
-        return self.builder_.get()
-
-    def _bound(self, expr):
-        return self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
-
+class _FlattenPermuteFolder(FunctionRewriter):
     def _constant_weight(self, expr):
         """The dense weight ``[D, O]`` as a NumPy array, or None."""
         if isinstance(expr, tvm.ir.expr.Constant):
             value = expr.value.numpy()
             return value if value.ndim == 2 else None
-        bound = self._bound(expr)
+        bound = self.lookup(expr)
         if _op_call(bound, "relax.permute_dims") and isinstance(
             bound.args[0], tvm.ir.expr.Constant
         ):
@@ -80,11 +64,11 @@ class _FlattenPermuteFolder(PyExprMutator):
         call = self.visit_expr_post_order(call)
         if not _op_call(call, "relax.matmul"):
             return call
-        flat = self._bound(call.args[0])
+        flat = self.lookup(call.args[0])
         weight = self._constant_weight(call.args[1])
         if weight is None or not _op_call(flat, "relax.reshape"):
             return call
-        permuted = self._bound(flat.args[0])
+        permuted = self.lookup(flat.args[0])
         if not _op_call(permuted, "relax.permute_dims"):
             return call
         source = permuted.args[0]
@@ -123,9 +107,7 @@ class FoldFlattenPermute:  # pylint: disable=too-few-public-methods
     """Move a transpose that feeds ``flatten -> matmul(constant)`` into the constant (see module)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        folder = _FlattenPermuteFolder(mod)
-        new_mod = folder.transform()
-        return new_mod if folder.changed else mod
+        return rewrite_module(_FlattenPermuteFolder, mod)
 
 
 __all__ = ["FoldFlattenPermute"]
