@@ -58,6 +58,7 @@ from .roi_align import (
     LAYOUTS,
     MODES,
     accumulate_dtype,
+    accumulate_then_finalize,
     bilinear_coeffs,
     finalize,
     index_dtype_for,
@@ -348,26 +349,8 @@ def _multiscale_roi_align(
         geo = dataclasses.replace(geometry(k, 0), grid_h=grid_h, grid_w=grid_w)
         return finalize(accumulated, geo, mode, acc, dtype)
 
-    tag = f"multiscale_roi_align_{layout.lower()}"
-    if layout == "NCHW":
-        acc_t = te.compute(out_shape, body, name="roi_align_acc", tag=tag)
-        return te.compute(
-            out_shape,
-            lambda k, c, ph, pw: final(k, acc_t[k, c, ph, pw]),
-            name="roi_align",
-            tag=tag,
-        )
-    acc_t = te.compute(
-        out_shape,
-        lambda k, ph, pw, c: body(k, c, ph, pw),
-        name="roi_align_acc",
-        tag=tag,
-    )
-    return te.compute(
-        out_shape,
-        lambda k, ph, pw, c: final(k, acc_t[k, ph, pw, c]),
-        name="roi_align",
-        tag=tag,
+    return accumulate_then_finalize(
+        out_shape, layout, body, final, f"multiscale_roi_align_{layout.lower()}"
     )
 
 

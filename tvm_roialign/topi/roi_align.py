@@ -53,6 +53,7 @@ __all__ = [
     "MAX_ADAPTIVE_GRID",
     "MODES",
     "accumulate_dtype",
+    "accumulate_then_finalize",
     "check_roi_align_args",
     "index_dtype_for",
     "normalize_pooled_size",
@@ -345,6 +346,30 @@ def finalize(acc_value, geo: RoiGeometry, mode, acc, out_dtype):
     return tirx.Select(nonempty, acc_value, tirx.const(0.0, acc)).astype(out_dtype)
 
 
+def accumulate_then_finalize(out_shape, layout, body, final, tag):
+    """The two blocks every RoIAlign-like compute of this package has, the names the schedules
+    find: ``roi_align_acc = body(k, c, ph, pw)`` (the reduction over the sampling grid) and
+    ``roi_align = final(k, roi_align_acc)``, over ``(K, C, PH, PW)`` in NCHW or ``(K, PH, PW, C)``
+    in NHWC."""
+    if layout == "NCHW":
+        acc_t = te.compute(out_shape, body, name="roi_align_acc", tag=tag)
+        return te.compute(
+            out_shape,
+            lambda k, c, ph, pw: final(k, acc_t[k, c, ph, pw]),
+            name="roi_align",
+            tag=tag,
+        )
+    acc_t = te.compute(
+        out_shape, lambda k, ph, pw, c: body(k, c, ph, pw), name="roi_align_acc", tag=tag
+    )
+    return te.compute(
+        out_shape,
+        lambda k, ph, pw, c: final(k, acc_t[k, ph, pw, c]),
+        name="roi_align",
+        tag=tag,
+    )
+
+
 def _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned, layout):
     pooled = check_roi_align_args(
         data.shape, data.dtype, rois.shape, rois.dtype, pooled_size, layout, mode
@@ -392,26 +417,12 @@ def _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, ali
 
         return reduce_samples(value, geo, mode, acc)
 
-    def final(k, c, ph, pw, accumulated):
-        return finalize(accumulated, geometry(k), mode, acc, data.dtype)
-
-    tag = f"roi_align_{layout.lower()}"
-    if layout == "NCHW":
-        acc_t = te.compute(out_shape, body, name="roi_align_acc", tag=tag)
-        return te.compute(
-            out_shape,
-            lambda k, c, ph, pw: final(k, c, ph, pw, acc_t[k, c, ph, pw]),
-            name="roi_align",
-            tag=tag,
-        )
-    acc_t = te.compute(
-        out_shape, lambda k, ph, pw, c: body(k, c, ph, pw), name="roi_align_acc", tag=tag
-    )
-    return te.compute(
+    return accumulate_then_finalize(
         out_shape,
-        lambda k, ph, pw, c: final(k, c, ph, pw, acc_t[k, ph, pw, c]),
-        name="roi_align",
-        tag=tag,
+        layout,
+        body,
+        lambda k, accumulated: finalize(accumulated, geometry(k), mode, acc, data.dtype),
+        f"roi_align_{layout.lower()}",
     )
 
 
