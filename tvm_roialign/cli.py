@@ -28,15 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-#: Short target names (``--target``); anything else must be a JSON object such as {"kind": "llvm"}.
-TARGETS = {
-    "llvm": {"kind": "llvm"},
-    "x86": {"kind": "llvm"},
-    "aarch64": {"kind": "llvm", "mtriple": "aarch64-linux-gnu"},
-    "arm": {"kind": "llvm", "mtriple": "aarch64-linux-gnu"},
-    "cuda": {"kind": "cuda", "arch": "sm_80"},
-    "metal": {"kind": "metal"},
-}
+from .target import TARGETS, target_config  # noqa: F401 - TARGETS re-exported
 
 LAYOUTS = ("NCHW", "NHWC")
 
@@ -56,47 +48,13 @@ class CLIError(Exception):
 
 
 def parse_target(text):
-    """A ``tvm.target.Target`` from a short name (llvm, aarch64, cuda, metal), JSON text or a dict.
+    """:func:`tvm_roialign.target.parse_target`, with the message naming ``--target``."""
+    from .target import parse_target as _parse
 
-    Raises
-    ------
-    ValueError
-        Unknown short name, invalid JSON, or a target TVM does not accept.
-    """
-    import tvm
-
-    if isinstance(text, tvm.target.Target):
-        return text
-    if isinstance(text, dict):
-        config = text
-    else:
-        text = str(text).strip()
-        if text in TARGETS:
-            config = TARGETS[text]
-        elif text.startswith("{"):
-            try:
-                config = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise ValueError(
-                    f"--target is not valid JSON ({err.msg}): {text}"
-                ) from None
-        elif text.endswith(".json") and os.path.isfile(text):
-            config = json.loads(Path(text).read_text())
-        else:
-            names = ", ".join(TARGETS)
-            raise ValueError(
-                f"unknown target {text!r}: use one of {names} or a JSON object such as "
-                '\'{"kind": "llvm", "mtriple": "aarch64-linux-gnu"}\''
-            )
-    if not isinstance(config, dict) or "kind" not in config:
-        raise ValueError(
-            f"--target JSON must be an object with a 'kind', got {config!r}"
-        )
     try:
-        return tvm.target.Target(config)
-    except Exception as err:  # noqa: BLE001 - TVM raises ValueError / TVMError
-        first = str(err).strip().splitlines()[0]
-        raise ValueError(f"invalid target {json.dumps(config)}: {first}") from None
+        return _parse(text)
+    except ValueError as err:
+        raise ValueError(f"--target: {err}") from None
 
 
 def desired_layouts(layout: str, ops: str | None) -> dict:
@@ -120,25 +78,12 @@ def desired_layouts(layout: str, ops: str | None) -> dict:
 
 
 def _device_for(target):
-    import tvm
+    from .target import device_for
 
-    kind = target.kind.name
-    if kind == "llvm":
-        triple = (
-            str(target.attrs.get("mtriple", "")) if hasattr(target, "attrs") else ""
-        )
-        if triple and not triple.startswith(
-            os.uname().machine.replace("arm64", "aarch64")
-        ):
-            raise CLIError(
-                f"target {target.kind.name} -mtriple={triple} is a cross target; it cannot run on "
-                f"this {os.uname().machine} machine"
-            )
-        return tvm.cpu()
-    dev = tvm.device(kind, 0)
-    if not dev.exist:
-        raise CLIError(f"no {kind} device on this machine to run on")
-    return dev
+    try:
+        return device_for(target)
+    except ValueError as err:
+        raise CLIError(str(err)) from None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -265,7 +210,7 @@ def _signature(mod) -> list[dict]:
 
 
 def cmd_compile(args) -> int:
-    from .models._cpu_schedule import build
+    from .pipeline import build
     from .passes import ConvertLayout
 
     try:
@@ -308,7 +253,7 @@ def cmd_compile(args) -> int:
                 f"{_first_line(err)} (use -o NAME.tar for a cross target without a cross compiler)"
             ) from None
     meta = {
-        "target": json.loads(json.dumps(_target_config(target))),
+        "target": json.loads(json.dumps(target_config(target))),
         "layout": args.desired_layout,
         "inputs": _signature(mod),
         "build_s": build_s,
@@ -316,15 +261,6 @@ def cmd_compile(args) -> int:
     Path(str(out) + ".json").write_text(json.dumps(meta, indent=2))
     print(f"compiled {args.model} -> {out} ({target.kind.name}, {build_s:.1f} s)")
     return 0
-
-
-def _target_config(target) -> dict:
-    config = {"kind": target.kind.name}
-    for key in ("mtriple", "arch", "mcpu"):
-        value = target.attrs.get(key) if hasattr(target, "attrs") else None
-        if value:
-            config[key] = str(value)
-    return config
 
 
 # ------------------------------------------------------------------------------------------------
@@ -480,7 +416,7 @@ def cmd_maskrcnn(args) -> int:
         "image": args.image or "skimage.data.astronaut()",
         "weights": args.weights
         or f"random (weights=None, weights_backbone=None, seed {args.seed})",
-        "target": _target_config(target),
+        "target": target_config(target),
         "layout": layout,
         "min_size": config.min_size,
         "max_size": config.max_size,
@@ -513,7 +449,7 @@ def _maskrcnn_compile_only(args, model, image, target, layout, out) -> int:
             ) from None
     report = {
         "compile_only": True,
-        "target": _target_config(target),
+        "target": target_config(target),
         "layout": layout,
         "pieces": {
             n: {"tvm_import_s": p.import_s, "tvm_compile_s": p.compile_s}

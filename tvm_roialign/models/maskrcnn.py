@@ -404,27 +404,21 @@ class Piece:
 def _target(target) -> tvm.target.Target:
     if isinstance(target, tvm.target.Target):
         return target
-    from ..cli import parse_target
+    from ..target import parse_target
 
     return parse_target(target or "llvm")
 
 
 def _device(target: tvm.target.Target):
     """The device to run ``target``'s builds on here, or None (cross target, no such device)."""
-    import os
+    from ..target import device_or_none
 
-    kind = target.kind.name
-    if kind == "llvm":
-        triple = str(target.attrs.get("mtriple", "") or "")
-        machine = os.uname().machine.replace("arm64", "aarch64")
-        return tvm.cpu() if not triple or triple.startswith(machine) else None
-    device = tvm.device(kind, 0)
-    return device if device.exist else None
+    return device_or_none(target)
 
 
 def compile_relax(mod: tvm.IRModule, target: tvm.target.Target):
     """Build ``mod`` for ``target``; on llvm with a default parallel/vectorized CPU schedule."""
-    from ._cpu_schedule import build
+    from ..pipeline import build
 
     return build(mod, target)
 
