@@ -25,7 +25,7 @@ def test_save_json_round_trips_a_module():
             bb.emit_func_output(bb.emit(relax.op.add(x, x)))
         mod = bb.get()
         text = tvm.ir.save_json(mod)
-        assert tvm.ir.structural_equal(tvm.ir.load_json(text), mod)
+        tvm.ir.assert_structural_equal(tvm.ir.load_json(text), mod)
         print("ok", len(text))
         """
     )
