@@ -49,7 +49,7 @@ def detector(model, image):
 
 @pytest.fixture(scope="module")
 def torch_pieces(model):
-    return mr._piece_modules(model, "NCHW", (SIZE, SIZE), rewrite=False)
+    return mr.piece_modules(model, "NCHW", (SIZE, SIZE), rewrite=False)
 
 
 @pytest.fixture(scope="module")
@@ -182,17 +182,17 @@ def test_time_roi_align_agrees_with_stock(detector, eager_features, model):
 def test_conv_transpose_rewrite_is_exact():
     torch.manual_seed(0)
     conv = torch.nn.ConvTranspose2d(6, 5, 2, 2)
-    rewritten = mr._conv_transpose_as_conv(conv)
+    rewritten = mr.conv_transpose_as_conv(conv)
     x = torch.randn(3, 6, 7, 9)
     with torch.no_grad():
         torch.testing.assert_close(rewritten(x), conv(x), rtol=1e-5, atol=1e-5)
-    assert mr._conv_transpose_as_conv(torch.nn.ConvTranspose2d(6, 5, 3, 2)) is None
+    assert mr.conv_transpose_as_conv(torch.nn.ConvTranspose2d(6, 5, 3, 2)) is None
 
 
 def test_nhwc_pieces_match_nchw_pieces(model, eager_features, torch_pieces):
     """The channels-last box head and the rewritten mask predictor give torchvision's results."""
     _, outs = eager_features
-    _, box_nhwc, mask_nhwc = mr._piece_modules(model, "NHWC", (SIZE, SIZE))
+    _, box_nhwc, mask_nhwc = mr.piece_modules(model, "NHWC", (SIZE, SIZE))
     boxes = torch.from_numpy(_boxes(9, seed=3))
     feats = [f.permute(0, 2, 3, 1).contiguous() for f in outs[:4]]
     with torch.no_grad():
