@@ -114,7 +114,7 @@ def parse_tvmc_string(text: str) -> dict:
 def _config_from_text(text: str) -> dict:
     if text in TARGETS:
         return TARGETS[text] or host_config()
-    if text.startswith("{"):
+    if text.startswith(("{", "[")):
         try:
             return json.loads(text)
         except json.JSONDecodeError as err:

@@ -24,7 +24,7 @@ import sys
 from . import compile as compile_command
 from . import maskrcnn as maskrcnn_command
 from . import run as run_command
-from ._common import CLIError
+from ._common import CLIError, seconds_since_process_start
 
 #: The subcommand modules, in the order ``--help`` lists them.
 SUBCOMMANDS = [compile_command, run_command, maskrcnn_command]
@@ -87,8 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """The command line; ``argv`` None reads ``sys.argv`` (and counts the process's startup time)."""
+    startup_s = seconds_since_process_start() if argv is None else None
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.startup_s = startup_s
     try:
         return args.func(args)
     except CLIError as err:

@@ -20,6 +20,18 @@ class CLIError(Exception):
     """A user error: printed as one line ``tvm-roialign: error: ...``, exit status 1."""
 
 
+def seconds_since_process_start() -> float | None:
+    """How long this process has run (Linux: /proc), or None where that is unknown."""
+    try:
+        with open("/proc/self/stat") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
 def first_line(err) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
