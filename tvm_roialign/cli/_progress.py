@@ -12,7 +12,7 @@ class Progress:
     def __init__(self, quiet: bool = False):
         from rich.console import Console
 
-        self.console = Console(stderr=True, quiet=quiet)
+        self.console = Console(stderr=True, quiet=quiet, log_path=False)
         self.status = None
         self.t0 = time.perf_counter()
 

@@ -32,11 +32,11 @@ def print_profile(kernels, wall_s: float, runs: int) -> None:
     from rich.table import Table
 
     kernel_s = sum(k.total_s for k in kernels)
-    table = Table(
-        title=f"Profile: per run, mean of {runs} run(s) after a warm-up; wall {wall_s * 1e3:.3f} ms, "
-        f"kernels {kernel_s * 1e3:.3f} ms",
-        title_justify="left",
+    print(
+        f"Profile: per run, mean of {runs} run(s) after a warm-up; wall {wall_s * 1e3:.3f} ms, "
+        f"kernels {kernel_s * 1e3:.3f} ms"
     )
+    table = Table()
     for name, justify in (
         ("kernel", "left"),
         ("calls", "right"),

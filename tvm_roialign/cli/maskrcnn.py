@@ -7,7 +7,7 @@ JSON report (:class:`~tvm_roialign.models.maskrcnn.MaskRCNNReport`) are written.
 
 from __future__ import annotations
 
-from ._common import CLIError, device_for, first_line, output_path, resolve_target
+from ._common import CLIError, device_for, first_line, output_path, resolve_target, tvm_messages
 from ._progress import Progress
 from .compile import HELP_TARGET
 
@@ -90,7 +90,7 @@ def main(args) -> int:
     if not args.compile_only:
         device_for(target)
     image, config, model = _inputs(args, mr)
-    with Progress(args.quiet) as progress:
+    with Progress(args.quiet) as progress, tvm_messages(args.quiet):
         if args.compile_only:
             try:
                 report = mr.compile_maskrcnn_report(

@@ -157,20 +157,19 @@ def _load(args):
     import tvm
     from tvm import relax
 
-    from ..target import parse_device, parse_target
+    from ..target import device_for, parse_device, parse_target
 
     lib_path = Path(args.library)
     if not lib_path.is_file():
         raise CLIError(f"compiled library {str(lib_path)!r} does not exist")
     meta_path = Path(f"{lib_path}.json")
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    target = None
     try:
         target = parse_target(meta["target"]) if "target" in meta else None
         if args.device is not None:
             device = parse_device(args.device, target)
         else:
-            from ..target import device_for
-
             device = device_for(target) if target is not None else tvm.cpu()
     except ValueError as err:
         raise CLIError(f"--device: {err}" if args.device is not None else str(err)) from None

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ...target import describe
 from .compare import CRITERIA
 
 
@@ -149,10 +150,6 @@ class MaskRCNNReport:
 
     def caption(self) -> str:
         """One line for the picture: target, weights, and the check against PyTorch."""
-        target = self.config.target
-        name = target.get("kind", "?") + "".join(
-            f" -{k}={v}" for k, v in target.items() if k not in ("kind", "num-cores")
-        )
         verdict = ""
         if self.comparison is not None:
             verdict = (
@@ -163,7 +160,7 @@ class MaskRCNNReport:
             weights = f"random weights (seed {self.config.seed})"
         else:
             weights = f"weights {os.path.basename(self.config.weights)}"
-        return f"TVM {name} ({self.config.layout}), {weights}{verdict}"
+        return f"TVM {describe(self.config.target)} ({self.config.layout}), {weights}{verdict}"
 
 
 def _schema(cls, prefix: str) -> dict[str, str]:
