@@ -76,8 +76,9 @@ def _read_npz(text: str) -> dict:
     if not zipfile.is_zipfile(path):
         with open(path, "rb") as fh:
             magic = fh.read(6)
-        what = "a .npy array" if magic == b"\x93NUMPY" else "not an .npz archive"
-        raise CLIError(f"--inputs {text!r} is {what}, not one array per input name ({how})")
+        if magic == b"\x93NUMPY":
+            raise CLIError(f"--inputs {text!r} is a .npy array, not an .npz archive of named arrays ({how})")
+        raise CLIError(f"--inputs {text!r} is not an .npz archive ({how})")
     try:
         with np.load(path, allow_pickle=False) as npz:
             return {k: npz[k] for k in npz.files}
