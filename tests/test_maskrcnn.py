@@ -7,6 +7,9 @@ with torchvision's ``model([image])``.
 
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
 import pytest
 
@@ -49,7 +52,7 @@ def detector(model, image):
 
 @pytest.fixture(scope="module")
 def torch_pieces(model):
-    return mr._piece_modules(model, "NCHW", (SIZE, SIZE), rewrite=False)
+    return mr.piece_modules(model, "NCHW", (SIZE, SIZE), rewrite=False)
 
 
 @pytest.fixture(scope="module")
@@ -182,17 +185,17 @@ def test_time_roi_align_agrees_with_stock(detector, eager_features, model):
 def test_conv_transpose_rewrite_is_exact():
     torch.manual_seed(0)
     conv = torch.nn.ConvTranspose2d(6, 5, 2, 2)
-    rewritten = mr._conv_transpose_as_conv(conv)
+    rewritten = mr.conv_transpose_as_conv(conv)
     x = torch.randn(3, 6, 7, 9)
     with torch.no_grad():
         torch.testing.assert_close(rewritten(x), conv(x), rtol=1e-5, atol=1e-5)
-    assert mr._conv_transpose_as_conv(torch.nn.ConvTranspose2d(6, 5, 3, 2)) is None
+    assert mr.conv_transpose_as_conv(torch.nn.ConvTranspose2d(6, 5, 3, 2)) is None
 
 
 def test_nhwc_pieces_match_nchw_pieces(model, eager_features, torch_pieces):
     """The channels-last box head and the rewritten mask predictor give torchvision's results."""
     _, outs = eager_features
-    _, box_nhwc, mask_nhwc = mr._piece_modules(model, "NHWC", (SIZE, SIZE))
+    _, box_nhwc, mask_nhwc = mr.piece_modules(model, "NHWC", (SIZE, SIZE))
     boxes = torch.from_numpy(_boxes(9, seed=3))
     feats = [f.permute(0, 2, 3, 1).contiguous() for f in outs[:4]]
     with torch.no_grad():
@@ -300,3 +303,115 @@ def test_load_image(tmp_path, image):
 def test_bad_layout_rejected(model):
     with pytest.raises(ValueError, match="layout"):
         mr.TVMMaskRCNN(model, "llvm", "NWHC")
+
+
+def test_default_target_is_this_machine(model):
+    from tvm_roialign.target import host_config, target_config
+
+    detector = mr.TVMMaskRCNN(model)
+    config = target_config(detector.target)
+    assert config["mcpu"] == host_config()["mcpu"] and config["num-cores"] == host_config()["num-cores"]
+
+
+def test_run_returns_what_the_pieces_got(detector, image):
+    run = detector.run(image)
+    assert set(run.piece_s) == {"backbone", "box_branch", "mask_branch"}
+    assert 0 < run.proposals.shape[0] <= CONFIG.rpn_post_nms_top_n_test and run.proposals.shape[1] == 4
+    assert run.detection_boxes.shape == (run.detections["boxes"].shape[0], 4)
+    assert len(run.features) == 4 and run.features[0].shape[-1] == 256  # NHWC
+    assert run.image_size == (SIZE, SIZE) and run.glue_s > 0
+    assert not hasattr(detector, "last")
+
+
+def test_pooler_levels_are_torchvisions(model, eager_features):
+    """Scales and the level of each roi come from torchvision's own LevelMapper setup."""
+    from torchvision.ops.poolers import MultiScaleRoIAlign
+
+    from tvm_roialign.models.maskrcnn.timing import pooler_levels
+
+    _, outs = eager_features
+    pooler = model.roi_heads.box_roi_pool
+    scales, mapper = pooler_levels(pooler, outs[:4], (SIZE, SIZE))
+    fresh = MultiScaleRoIAlign(pooler.featmap_names, pooler.output_size, pooler.sampling_ratio)
+    with torch.no_grad():
+        fresh(dict(zip(pooler.featmap_names, outs[:4])), [torch.from_numpy(_boxes(3, 0))], [(SIZE, SIZE)])
+    assert scales == fresh.scales
+    assert (mapper.k_min, mapper.k_max) == (fresh.map_levels.k_min, fresh.map_levels.k_max)
+
+
+def test_load_state_dict_errors(tmp_path, model):
+    from tvm_roialign.models.maskrcnn.torch_model import load_state_dict
+
+    text = tmp_path / "w.txt"
+    text.write_text("hello")
+    tensor = tmp_path / "t.pt"
+    torch.save(torch.zeros(3), tensor)
+    misshapen = tmp_path / "m.pt"
+    state = dict(model.state_dict())
+    state["roi_heads.box_predictor.cls_score.weight"] = torch.zeros(2, 1024)
+    torch.save(state, misshapen)
+    wrapped = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "epoch": 3}, wrapped)
+    for path, words in (
+        (text, "not a PyTorch file written by torch.save"),
+        (tensor, "holds a Tensor, not a state_dict"),
+        (misshapen, "1 misshapen (e.g. roi_heads.box_predictor.cls_score.weight)"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(words)) as info:
+            load_state_dict(str(path), model)
+        assert "--" not in str(info.value)  # library messages name no CLI flag
+    assert set(load_state_dict(str(wrapped), model)) == set(model.state_dict())
+
+
+def test_report_schema_documents_every_field(detector, model, image):
+    report = mr.run_maskrcnn_report(
+        model, image, detector.target, "NHWC", repeat=1, roi_timing=False, config=CONFIG
+    )
+    data = report.to_json()
+    schema = data.pop("schema")
+    assert all(isinstance(text, str) and text for text in schema.values())
+
+    def keys(obj, prefix=""):
+        for key, value in obj.items():
+            name = f"{prefix}{key}"
+            yield name
+            if isinstance(value, dict) and key not in ("per_piece", "per_head", "target"):
+                sub = f"{name}.<piece>." if key == "pieces" else f"{name}."
+                yield from keys(next(iter(value.values())) if key == "pieces" else value, sub)
+
+    assert set(keys(data)) <= set(schema), set(keys(data)) - set(schema)
+    assert "detections" not in data and report.detections is not None
+    assert data["pieces"]["backbone"]["tvm_import_s"] > 0 and data["totals"]["tvm_import_s"] > 0
+    assert data["environment"]["cpu_model"] and data["environment"]["tvm_version"]
+    caption = report.caption()
+    assert caption.startswith("TVM llvm") and "random weights (seed 3)" in caption
+    assert "PASS against PyTorch eager" in caption or "FAIL against PyTorch eager" in caption
+    json.dumps(data)  # JSON-able
+
+
+def test_draw_regions_not_a_lattice(tmp_path, image):
+    """A random model's checkerboard mask is drawn as a solid region, not as a lattice."""
+    from tvm_roialign.models.maskrcnn.draw import _regions
+
+    box = torch.tensor([[100.0, 100.0, 380.0, 380.0]])
+    cell = 280 / 28
+    yy, xx = torch.meshgrid(torch.arange(512.0), torch.arange(512.0), indexing="ij")
+    checker = (((yy - 100) // cell + (xx - 100) // cell) % 2 == 0).float() * 0.9 + 0.2
+    inside = (yy >= 100) & (yy < 380) & (xx >= 100) & (xx < 380)
+    mask = torch.where(inside, checker, torch.zeros(()))
+    region = _regions(mask[None], box, 0.5)[0]
+    core = region[120:360, 120:360]
+    assert bool(core.all())  # solid inside the box
+    assert not bool(region[:80].any())  # nothing far outside it
+    path = tmp_path / "picture.png"
+    dets = {
+        "boxes": box,
+        "labels": torch.tensor([1]),
+        "scores": torch.tensor([0.9]),
+        "masks": mask[None, None],
+    }
+    mr.draw_detections(image, dets, path, caption="a caption line that is long enough to wrap " * 3)
+    from PIL import Image
+
+    with Image.open(path) as picture:
+        assert picture.width == 512 and picture.height > 512 + 2 * 16  # two or more caption lines

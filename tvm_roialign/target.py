@@ -1,61 +1,178 @@
-"""Targets: short names, parsing, the device a build runs on.
+"""Targets: short names, tvmc strings, JSON, and the device a build runs on.
 
-:func:`parse_target` turns what a user writes (a short name such as ``llvm`` or ``aarch64``, a JSON
-object, a dict or a ``tvm.target.Target``) into a ``tvm.target.Target``; :func:`target_config` is
-the inverse for reports; :func:`device_for` is the device to run a build on here. Errors are
-``ValueError`` with one line that names the target; callers (the CLI) map them to their own form.
+:func:`parse_target` turns what a user writes into a ``tvm.target.Target``:
+
+* a short name (:data:`TARGETS`): ``native`` (this machine's CPU, the default everywhere),
+  ``llvm`` / ``llvm-generic`` (a portable build: generic CPU of this machine's architecture, what
+  plain ``llvm`` means to TVM and tvmc), ``x86`` (generic x86-64), ``aarch64`` / ``arm``
+  (generic AArch64, a cross target on other machines), ``cuda`` (sm_80), ``metal``;
+* a tvmc target string, ``KIND -option=value ...``: ``"llvm -mcpu=native"``,
+  ``"llvm -mtriple=aarch64-linux-gnu -mattr=+neon"``, ``"cuda -arch=sm_90"`` (TVM 0.27 itself
+  takes dicts only);
+* a JSON object (text or a ``.json`` file) or a dict: ``{"kind": "llvm", "mcpu": "skylake"}``;
+* a ``tvm.target.Target`` (returned as is).
+
+An llvm ``mcpu`` of ``native`` becomes this machine's CPU (``llvm_get_system_cpu()``); any other
+``mcpu`` must be a CPU LLVM knows for the target's triple (LLVM itself would only print a warning
+per function and build generic code). :func:`target_config` is the inverse for reports,
+:func:`describe` the tvmc-style one-line form, :func:`device_for` the device to run a build on here.
+Errors are ``ValueError`` with one line that names the target; callers (the CLI) add their flag.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import shlex
 from pathlib import Path
 
 import tvm
+from tvm.target import codegen
 
-#: Short target names; anything else must be a JSON object such as {"kind": "llvm"}.
+#: The target used when none is given (CLI and Python defaults).
+DEFAULT_TARGET = "native"
+
+#: Short target names (``native`` is resolved on this machine, see :func:`host_config`).
 TARGETS = {
+    "native": None,
     "llvm": {"kind": "llvm"},
-    "x86": {"kind": "llvm"},
+    "llvm-generic": {"kind": "llvm"},
+    "x86": {"kind": "llvm", "mtriple": "x86_64-linux-gnu"},
     "aarch64": {"kind": "llvm", "mtriple": "aarch64-linux-gnu"},
     "arm": {"kind": "llvm", "mtriple": "aarch64-linux-gnu"},
     "cuda": {"kind": "cuda", "arch": "sm_80"},
     "metal": {"kind": "metal"},
 }
 
+_EXAMPLES = '\'llvm -mcpu=skylake\' (a tvmc string) or \'{"kind": "llvm", "mtriple": "aarch64-linux-gnu"}\''
 
-def parse_target(text) -> tvm.target.Target:
-    """A ``tvm.target.Target`` from a short name (llvm, aarch64, cuda, metal), JSON text or a dict.
+
+def num_cores() -> int:
+    """Cores this process may run on (its CPU affinity; all cores where that is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def host_config() -> dict:
+    """The ``native`` target: llvm for this machine's CPU, with ``num-cores`` for MetaSchedule."""
+    return {"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu()), "num-cores": num_cores()}
+
+
+def _convert(value: str, kind_type: str, key: str, kind: str):
+    if kind_type.startswith("Array"):
+        return [v for v in value.split(",") if v]
+    if kind_type == "int":
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"target {kind} option -{key} takes an integer, got {value!r}") from None
+    if kind_type == "bool":
+        if value.lower() in ("1", "true", "on", "yes"):
+            return True
+        if value.lower() in ("0", "false", "off", "no"):
+            return False
+        raise ValueError(f"target {kind} option -{key} takes true or false, got {value!r}")
+    return value
+
+
+def parse_tvmc_string(text: str) -> dict:
+    """``"llvm -mcpu=skylake -mattr=+avx2,+fma"`` -> ``{"kind": "llvm", "mcpu": "skylake", ...}``.
+
+    Option types come from TVM's target kind (lists split at commas, integers, booleans; a bare
+    ``-option`` is true).
 
     Raises
     ------
     ValueError
-        Unknown short name, invalid JSON, or a target TVM does not accept.
+        Unknown kind or option, or a value of the wrong type.
+    """
+    words = shlex.split(text)
+    kind = words[0]
+    kinds = [str(k) for k in tvm.target.Target.list_kinds()]
+    if kind not in kinds:
+        raise ValueError(
+            f"unknown target {text!r}: use one of {', '.join(TARGETS)}, a target kind "
+            f"({', '.join(sorted(k for k in kinds if k not in ('test', 'ext_dev', 'composite')))}) "
+            f"with options, e.g. {_EXAMPLES}"
+        )
+    options = {str(k): str(v) for k, v in tvm.target.TargetKind.options_from_name(kind).items()}
+    config: dict = {"kind": kind}
+    for word in words[1:]:
+        key, sep, value = word.lstrip("-").partition("=")
+        if not word.startswith("-") or not key:
+            raise ValueError(f"target {text!r}: expected -option=value, got {word!r}")
+        if key not in options or key in ("kind", "host"):
+            known = ", ".join(k for k in options if k not in ("kind", "host", "tag"))
+            raise ValueError(f"target {kind} has no option -{key}; it takes {known}")
+        config[key] = _convert(value, options[key], key, kind) if sep else True
+    return config
+
+
+def _config_from_text(text: str) -> dict:
+    if text in TARGETS:
+        return TARGETS[text] or host_config()
+    if text.startswith(("{", "[")):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"target is not valid JSON ({err.msg}): {text}") from None
+    if text.endswith(".json"):
+        if not os.path.isfile(text):
+            raise ValueError(f"target file {text!r} does not exist")
+        try:
+            return json.loads(Path(text).read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"target file {text!r} is not valid JSON ({err.msg})") from None
+    if not text:
+        raise ValueError(f"empty target: use one of {', '.join(TARGETS)} or {_EXAMPLES}")
+    return parse_tvmc_string(text)
+
+
+def _check_mcpu(config: dict) -> dict:
+    """``mcpu=native`` resolved; any other ``mcpu`` checked against LLVM's CPUs for the triple."""
+    mcpu = config.get("mcpu")
+    if config.get("kind") != "llvm" or not mcpu:
+        return config
+    if mcpu == "native":
+        return {**config, "mcpu": str(codegen.llvm_get_system_cpu())}
+    triple = str(config.get("mtriple") or codegen.llvm_get_system_triple())
+    if codegen.llvm_is_valid_cpu(str(mcpu), triple):
+        return config
+    probe = tvm.target.Target({"kind": "llvm", "mtriple": triple})
+    known = [str(c) for c in codegen.llvm_get_cpu_archlist(probe)]
+    close = difflib.get_close_matches(str(mcpu), known, n=3)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    native = ""
+    if triple == str(codegen.llvm_get_system_triple()):
+        native = f"'native' for this machine ({codegen.llvm_get_system_cpu()}) or "
+    raise ValueError(
+        f"LLVM knows no CPU {mcpu!r} for {triple}: {hint}use {native}one of the {len(known)} "
+        "names of tvm.target.codegen.llvm_get_cpu_archlist"
+    )
+
+
+def parse_target(text=None) -> tvm.target.Target:
+    """A ``tvm.target.Target`` from a short name, a tvmc string, JSON text or file, or a dict.
+
+    ``None`` is :data:`DEFAULT_TARGET` (``native``). See the module docstring for the forms.
+
+    Raises
+    ------
+    ValueError
+        Unknown short name or kind, invalid JSON, an ``mcpu`` LLVM does not know, or a target TVM
+        does not accept.
     """
     if isinstance(text, tvm.target.Target):
         return text
-    if isinstance(text, dict):
-        config = text
-    else:
-        text = str(text).strip()
-        if text in TARGETS:
-            config = TARGETS[text]
-        elif text.startswith("{"):
-            try:
-                config = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"target is not valid JSON ({err.msg}): {text}") from None
-        elif text.endswith(".json") and os.path.isfile(text):
-            config = json.loads(Path(text).read_text())
-        else:
-            names = ", ".join(TARGETS)
-            raise ValueError(
-                f"unknown target {text!r}: use one of {names} or a JSON object such as "
-                '\'{"kind": "llvm", "mtriple": "aarch64-linux-gnu"}\''
-            )
+    if text is None:
+        text = DEFAULT_TARGET
+    config = text if isinstance(text, dict) else _config_from_text(str(text).strip())
     if not isinstance(config, dict) or "kind" not in config:
         raise ValueError(f"a JSON target must be an object with a 'kind', got {config!r}")
+    config = _check_mcpu(config)
     try:
         return tvm.target.Target(config)
     except Exception as err:  # noqa: BLE001 - TVM raises ValueError / TVMError
@@ -63,14 +180,36 @@ def parse_target(text) -> tvm.target.Target:
         raise ValueError(f"invalid target {json.dumps(config)}: {first}") from None
 
 
+_REPORTED = ("mtriple", "arch", "mcpu", "mattr", "num-cores")
+
+
 def target_config(target: tvm.target.Target) -> dict:
-    """The JSON-able essentials of ``target`` (kind, mtriple, arch, mcpu) for reports and metadata."""
-    config = {"kind": target.kind.name}
-    for key in ("mtriple", "arch", "mcpu"):
-        value = target.attrs.get(key) if hasattr(target, "attrs") else None
-        if value:
+    """The JSON-able essentials of ``target`` (kind, mtriple, arch, mcpu, mattr, num-cores)."""
+    config: dict = {"kind": target.kind.name}
+    for key in _REPORTED:
+        value = target.attrs.get(key)
+        if value is None or value == "" or (key == "mattr" and not list(value)):
+            continue
+        if key == "mattr":
+            config[key] = [str(v) for v in value]
+        elif key == "num-cores":
+            config[key] = int(value)
+        else:
             config[key] = str(value)
     return config
+
+
+def describe(target) -> str:
+    """tvmc-style one line (``llvm -mcpu=skylake -num-cores=2``); this machine's triple left out."""
+    config = target_config(target) if isinstance(target, tvm.target.Target) else dict(target)
+    host_triple = str(codegen.llvm_get_system_triple())
+    parts = [str(config.get("kind", "?"))]
+    for key, value in config.items():
+        if key == "kind" or (key == "mtriple" and value == host_triple):
+            continue
+        value = ",".join(value) if isinstance(value, list) else value
+        parts.append(f"-{key}={value}")
+    return " ".join(parts)
 
 
 def _host_machine() -> str:
@@ -116,4 +255,60 @@ def device_or_none(target: tvm.target.Target):
         return None
 
 
-__all__ = ["TARGETS", "device_for", "device_or_none", "is_cross", "parse_target", "target_config"]
+#: Device names for :func:`parse_device` -> the target kinds whose builds they run.
+DEVICES = {
+    "cpu": "llvm",
+    "cuda": "cuda",
+    "metal": "metal",
+    "rocm": "rocm",
+    "vulkan": "vulkan",
+    "opencl": "opencl",
+}
+
+
+def parse_device(text: str, target: tvm.target.Target | None = None):
+    """``"cpu"``, ``"cuda"``, ``"cuda:1"``... -> a ``tvm.runtime.Device`` that exists here.
+
+    With ``target``, the device must be of the kind the build is for.
+
+    Raises
+    ------
+    ValueError
+        Unknown device name, no such device here, or a device of another kind than ``target``.
+    """
+    name, _, index = str(text).strip().lower().partition(":")
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {text!r}: use {', '.join(DEVICES)} (optionally :INDEX)")
+    try:
+        number = int(index) if index else 0
+    except ValueError:
+        raise ValueError(f"device {text!r}: the index after ':' must be an integer") from None
+    if target is not None and DEVICES[name] != target.kind.name:
+        own = [d for d, k in DEVICES.items() if k == target.kind.name]
+        raise ValueError(
+            f"device {text!r} cannot run a build for {target.kind.name}"
+            + (f" (its device is {own[0]})" if own else "")
+        )
+    if target is not None and is_cross(target):
+        device_for(target)  # raises: a cross build runs nowhere here
+    dev = tvm.device(name, number)
+    if not dev.exist:
+        raise ValueError(f"no {name} device {number} on this machine")
+    return dev
+
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "DEVICES",
+    "TARGETS",
+    "describe",
+    "device_for",
+    "device_or_none",
+    "host_config",
+    "is_cross",
+    "num_cores",
+    "parse_device",
+    "parse_target",
+    "parse_tvmc_string",
+    "target_config",
+]

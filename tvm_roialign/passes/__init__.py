@@ -1,15 +1,29 @@
-"""Relax passes of tvm-roialign.
+"""Relax passes of tvm-roialign, one per file.
 
 * :mod:`.layout`: ``FRelaxInferLayout`` for ``relax.vision.roi_align`` (and RoIAlign-like ops,
   :func:`~.layout.infer_layout_roi_align_like`), registered on import of the package;
-* :class:`ConvertLayout`: Relay-style ``ConvertLayout`` (Relay op names, ``"default"``, no
-  conversion to layouts without legalization) followed by :class:`FoldPermuteDims` and
-  :class:`FoldFlattenPermute`.
+* :class:`ConvertLayout` (:mod:`.convert_layout`): Relay-style ``ConvertLayout`` (Relay op names,
+  ``"default"``, no conversion to layouts without legalization) followed by the two folds;
+* :class:`FoldPermuteDims` (:mod:`.fold_permute_dims`): ``permute_dims`` pairs that cancel or merge;
+* :class:`FoldFlattenPermute` (:mod:`.fold_flatten_permute`): a transpose feeding flatten + dense
+  moves into the dense weight;
+* :func:`desired_layouts` (:mod:`.desired_layouts`): the ConvertLayout dictionary for a whole model
+  in NHWC (or NCHW).
 """
 
 from . import layout
-from .convert_layout import ConvertLayout, FoldPermuteDims
+from .convert_layout import ConvertLayout
+from .desired_layouts import LAYOUT_OPS, desired_layouts
 from .fold_flatten_permute import FoldFlattenPermute
+from .fold_permute_dims import FoldPermuteDims
 from .layout import register
 
-__all__ = ["ConvertLayout", "FoldFlattenPermute", "FoldPermuteDims", "layout", "register"]
+__all__ = [
+    "LAYOUT_OPS",
+    "ConvertLayout",
+    "FoldFlattenPermute",
+    "FoldPermuteDims",
+    "desired_layouts",
+    "layout",
+    "register",
+]

@@ -25,11 +25,10 @@ import warnings
 
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import mutator
 
 from .._registry import op_exists
-from ._mutator import FunctionRewriter, rewrite_module
 from .fold_flatten_permute import FoldFlattenPermute
+from .fold_permute_dims import FoldPermuteDims
 from .layout import MULTISCALE_ROI_ALIGN_OP, ROI_ALIGN_OP, desired_target
 
 _DEFAULT = "default"
@@ -71,7 +70,6 @@ def relax_op_name(name: str) -> str:
     return name if name.startswith("relax.") else "relax." + name
 
 
-
 def normalize_desired_layouts(desired_layouts) -> dict[str, list[str]]:
     """Validate ``desired_layouts`` and key it by Relax op names.
 
@@ -101,7 +99,7 @@ def normalize_desired_layouts(desired_layouts) -> dict[str, list[str]]:
             raise ValueError(f"desired_layouts[{name!r}] is empty")
         op = relax_op_name(name)
         if not op_exists(op):
-            warnings.warn(f"ConvertLayout: no Relax op {op!r} (from {name!r}); ignored")
+            warnings.warn(f"ConvertLayout: no Relax op {op!r} (from {name!r}); ignored", stacklevel=3)
             continue
         if op in out and out[op] != layouts:
             raise ValueError(f"desired_layouts gives {op} twice: {out[op]} and {layouts}")
@@ -112,7 +110,8 @@ def normalize_desired_layouts(desired_layouts) -> dict[str, list[str]]:
         if op in PINNED_LAYOUTS and layouts[0] not in (_DEFAULT, PINNED_LAYOUTS[op][0]):
             warnings.warn(
                 f"ConvertLayout: {op} legalizes only in {PINNED_LAYOUTS[op][0]}; "
-                f"it stays there (asked for {layouts[0]})"
+                f"it stays there (asked for {layouts[0]})",
+                stacklevel=3,
             )
     return out
 
@@ -127,7 +126,8 @@ def _resolve_conv(call, layouts: list[str]) -> list[str]:
     if out not in (_DEFAULT, data):
         warnings.warn(
             f"ConvertLayout: {call.op.name} cannot legalize out_layout {out} != data layout "
-            f"{data}; using {data}"
+            f"{data}; using {data}",
+            stacklevel=2,
         )
     if len(data) != len(kernel) or sorted(data) != sorted(str(attrs.data_layout)):
         raise ValueError(
@@ -155,59 +155,6 @@ def resolve_layouts(call, desired: dict[str, list[str]]) -> dict[str, list[str]]
         return {name: [cur if layouts[0] == _DEFAULT else layouts[0]]}
     # roi_align and ops shaped like it read "default" themselves; other ops get what was given
     return {name: list(layouts)}
-
-
-@mutator
-class _PermuteDimsFolder(FunctionRewriter):
-    """Folds ``permute_dims(permute_dims(x, a), b)`` into ``x`` or one ``permute_dims``, and
-    ``permute_dims(x, identity)`` into ``x``."""
-
-    def visit_call_(self, call):  # pylint: disable=arguments-renamed
-        call = self.visit_expr_post_order(call)
-        if not _is_permute(call):
-            return call
-        ndim = int(call.ty.ndim)
-        if ndim < 0:
-            return call
-        if _axes(call, ndim) == list(range(ndim)):  # an identity permute_dims
-            self.changed = True
-            return call.args[0]
-        inner = self.lookup(call.args[0])
-        if inner is None or not _is_permute(inner):
-            return call
-        first, second = _axes(inner, ndim), _axes(call, ndim)
-        composed = [first[i] for i in second]
-        self.changed = True
-        if composed == list(range(ndim)):
-            return inner.args[0]
-        return relax.op.permute_dims(inner.args[0], composed)
-
-
-def _is_permute(expr) -> bool:
-    return (
-        isinstance(expr, relax.Call)
-        and isinstance(expr.op, tvm.ir.Op)
-        and expr.op.name == "relax.permute_dims"
-    )
-
-
-def _axes(call, ndim: int) -> list[int]:
-    axes = call.attrs.axes
-    if axes is None:
-        return list(range(ndim - 1, -1, -1))
-    return [int(a) % ndim for a in axes]
-
-
-@tvm.transform.module_pass(opt_level=0, name="FoldPermuteDims")
-class FoldPermuteDims:  # pylint: disable=too-few-public-methods
-    """Remove ``permute_dims`` pairs that cancel (and identity ``permute_dims``); merge the other
-    pairs into one ``permute_dims``.
-
-    The module is returned unchanged (the same object) when no pair is found.
-    """
-
-    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        return rewrite_module(_PermuteDimsFolder, mod)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.ConvertLayout")
@@ -247,7 +194,6 @@ __all__ = [
     "FOLLOW_ONLY_OPS",
     "PINNED_LAYOUTS",
     "ConvertLayout",
-    "FoldPermuteDims",
     "normalize_desired_layouts",
     "relax_op_name",
     "resolve_layouts",

@@ -1,0 +1,112 @@
+"""``tvm-roialign``: a tvmc-style command line (tvmc itself no longer ships with TVM).
+
+Subcommands, one module each (:data:`SUBCOMMANDS`; a module has ``register(subparsers, parents)``,
+which adds its parser and sets ``func``):
+
+``compile MODEL -o OUT.so`` (:mod:`.compile`)
+    Import a ``.pt2`` or ``.onnx`` model, ConvertLayout it (NHWC on CPU targets unless told
+    otherwise), build it for ``--target`` (default: this machine's CPU) and export the library.
+``run OUT.so`` (:mod:`.run`)
+    Run it on inputs from an ``.npz`` (or generated ones); ``--print-time``, ``--profile``,
+    ``--print-top``.
+``maskrcnn`` (:mod:`.maskrcnn`)
+    torchvision's Mask R-CNN through TVM on a photo, compared with PyTorch eager.
+
+Global options (``-q``) are accepted before or after the subcommand. Every failure the user can
+cause exits with status 1 (2 for command-line syntax) and one line ``tvm-roialign: error: ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import compile as compile_command
+from . import maskrcnn as maskrcnn_command
+from . import run as run_command
+from ._common import CLIError, seconds_since_process_start
+
+#: The subcommand modules, in the order ``--help`` lists them.
+SUBCOMMANDS = [compile_command, run_command, maskrcnn_command]
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's defaults in the help, except for options whose default is "not given"."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, argparse.SUPPRESS) or action.help is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _SubcommandParser(argparse.ArgumentParser):
+    """The subcommands' parsers: defaults shown in their help too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _global_options(suppress_defaults: bool) -> argparse.ArgumentParser:
+    # the subparsers' copy must not set a default, or it would undo `-q` given before the command
+    default = argparse.SUPPRESS if suppress_defaults else False
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=default,
+        help="no progress display and no TVM warnings",
+    )
+    return parent
+
+
+def _version() -> str:
+    import tvm
+
+    from .. import __version__
+
+    return f"tvm-roialign {__version__} (Apache TVM {tvm.__version__})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tvm-roialign",
+        description="Compile and run models with tvm-roialign's RoIAlign (a tvmc-style CLI).",
+        parents=[_global_options(False)],
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_SubcommandParser
+    )
+    parents = [_global_options(True)]
+    for module in SUBCOMMANDS:
+        module.register(sub, parents)
+    return parser
+
+
+def main(argv=None) -> int:
+    """The command line; ``argv`` None reads ``sys.argv`` (and counts the process's startup time)."""
+    startup_s = seconds_since_process_start() if argv is None else None
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.startup_s = startup_s
+    try:
+        return args.func(args)
+    except CLIError as err:
+        print(f"tvm-roialign: error: {err}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as err:  # an optional dependency of this subcommand
+        print(
+            f"tvm-roialign: error: {args.command} needs the Python package {err.name!r}; "
+            'install the extras: pip install "tvm-roialign[torch,onnx,cli]"',
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:
+        print("tvm-roialign: interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["SUBCOMMANDS", "CLIError", "build_parser", "main"]

@@ -1,0 +1,79 @@
+"""What ``maskrcnn`` prints: the TVM vs PyTorch table and one line per finding."""
+
+from __future__ import annotations
+
+
+def _seconds(value, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def print_summary(report, out, report_path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..target import describe
+
+    console = Console()
+    table = Table(title=f"Mask R-CNN: TVM ({describe(report.config.target)}) vs PyTorch eager")
+    for name in ("piece", "TVM import s", "TVM compile s", "TVM run s", "PyTorch run s"):
+        table.add_column(name, justify="left" if name == "piece" else "right")
+    for name, row in report.pieces.items():
+        table.add_row(
+            name,
+            _seconds(row.tvm_import_s, 1),
+            _seconds(row.tvm_compile_s, 1),
+            _seconds(row.tvm_run_s, 3),
+            _seconds(row.torch_run_s, 3),
+        )
+    totals = report.totals
+    table.add_row("glue (PyTorch)", "-", "-", _seconds(totals.tvm_glue_pytorch_s, 3), "-")
+    table.add_row(
+        "end to end",
+        _seconds(totals.tvm_import_s, 1),
+        _seconds(totals.tvm_compile_s, 1),
+        _seconds(totals.tvm_end_to_end_s, 3),
+        _seconds(totals.torch_eager_end_to_end_s, 3),
+        style="bold",
+    )
+    console.print(table)
+    cmp = report.comparison
+    console.print(
+        f"detections: TVM {cmp.num_detections_tvm}, PyTorch {cmp.num_detections_torch}; "
+        f"same labels: {cmp.same_labels}; max box diff {cmp.max_box_diff:.2e} px; "
+        f"mask pixels equal {100 * cmp.mask_pixel_agreement:.4f}% -> {'PASS' if cmp.passed else 'FAIL'}"
+        + (
+            " (no detections to compare: lower --score-thresh or use another --seed)"
+            if cmp.num_detections_tvm == 0
+            else ""
+        ),
+        highlight=False,
+    )
+    perm = report.transposes
+    console.print(
+        f"permute_dims before/after ConvertLayout: {perm.total_before} / {perm.total_after}; "
+        f"adjacent to roi_align after: {perm.adjacent_to_roi_align_after}",
+        highlight=False,
+    )
+    roi = report.roi_align
+    if roi:
+        share = (
+            "" if roi.share_of_heads is None else f"; share of TVM head time {100 * roi.share_of_heads:.1f}%"
+        )
+        console.print(
+            f"roi_align in the heads: ours (fused multiscale op) {roi.ours_s * 1e3:.2f} ms, "
+            f"stock TVM (per level) {roi.stock_s * 1e3:.2f} ms ({roi.speedup:.1f}x; ours per "
+            f"level {roi.ours_per_level_s * 1e3:.2f} ms, {roi.speedup_per_level:.1f}x){share}",
+            highlight=False,
+        )
+    console.print(f"wrote {out} and {report_path}", highlight=False)
+
+
+def print_compile_only(report, report_path) -> None:
+    from ..target import describe
+
+    total = sum(p.tvm_compile_s for p in report.pieces.values())
+    print(
+        f"compiled Mask R-CNN for {describe(report.config.target)} ({report.config.layout}) in "
+        f"{total:.1f} s (import {report.totals.tvm_import_s:.1f} s); permute_dims next to roi_align: "
+        f"{report.transposes.adjacent_to_roi_align_after}; wrote {report_path}"
+    )

@@ -1,0 +1,129 @@
+"""Model files for ``compile``: ``.pt2`` (``torch.export.save``) and ``.onnx``, and input shapes.
+
+:func:`parse_input_shapes` reads tvmc's ``--input-shapes "x:[1,3,224,224] rois:[6,5]"`` and the
+older ``--input-shape x:1,3,224,224``; :func:`load_model` imports a file with tvm-roialign's importers.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import zipfile
+from pathlib import Path
+
+from ._common import CLIError, first_line
+
+PT2_SUFFIXES = (".pt2", ".pt", ".ep")
+
+_TVMC_SHAPE = re.compile(r"\s*([^\s:\[\]]+(?::[^\s:\[\]]+)*)\s*:\s*\[([^\]]*)\]\s*,?")
+
+
+def _dims(text: str, item: str, flag: str, form: str) -> list[int]:
+    try:
+        dims = [int(d) for d in text.replace(" ", "").split(",") if d != ""]
+    except ValueError:
+        raise CLIError(f"{flag} {item!r}: dimensions must be integers, e.g. {form}") from None
+    if not dims or any(d <= 0 for d in dims):
+        raise CLIError(f"{flag} {item!r}: dimensions must be positive integers, e.g. {form}")
+    return dims
+
+
+def parse_input_shapes(tvmc_text: str | None, items: list[str] | None) -> dict[str, list[int]]:
+    """``{name: shape}`` from ``--input-shapes`` (tvmc: ``"x:[1,3,224,224] y:[2]"``) and the
+    repeatable ``--input-shape x:1,3,224,224``."""
+    shapes: dict[str, list[int]] = {}
+    if tvmc_text:
+        form = '"x:[1,3,224,224] rois:[6,5]"'
+        pos = 0
+        text = tvmc_text.strip()
+        while pos < len(text):
+            match = _TVMC_SHAPE.match(text, pos)
+            if match is None:
+                raise CLIError(f"--input-shapes {tvmc_text!r} must look like {form}")
+            shapes[match.group(1)] = _dims(match.group(2), tvmc_text, "--input-shapes", form)
+            pos = match.end()
+    for item in items or []:
+        name, sep, dims = item.rpartition(":")
+        if not sep or not name:
+            raise CLIError(f"--input-shape {item!r} must look like NAME:1,3,224,224")
+        shapes[name] = _dims(dims.strip("[]"), item, "--input-shape", "NAME:1,3,224,224")
+    return shapes
+
+
+def _load_pt2(path: Path, shapes: dict):
+    import torch
+
+    from ..frontend import from_exported_program
+
+    if shapes:
+        raise CLIError(
+            f"{str(path)!r} is a torch.export program, which fixes its own input shapes; "
+            "--input-shapes is for ONNX models"
+        )
+    if not zipfile.is_zipfile(path):
+        raise CLIError(
+            f"cannot read {str(path)!r} as a torch.export program (.pt2): not a zip archive "
+            "(write it with torch.export.save)"
+        )
+    logger = logging.getLogger("torch.export")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)  # torch logs a traceback before raising
+    try:
+        exported = torch.export.load(str(path))
+    except Exception as err:  # noqa: BLE001
+        raise CLIError(
+            f"cannot read {str(path)!r} as a torch.export program (.pt2): {first_line(err)}"
+        ) from None
+    finally:
+        logger.setLevel(level)
+    return from_exported_program(exported, keep_params_as_input=False)
+
+
+def _load_onnx(path: Path, shapes: dict):
+    import onnx
+
+    from ..frontend import from_onnx
+
+    try:
+        model = onnx.load(str(path))
+    except Exception as err:  # noqa: BLE001
+        raise CLIError(f"cannot read {str(path)!r} as an ONNX model: {first_line(err)}") from None
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in initializers]
+    unknown = [name for name in shapes if name not in inputs]
+    if unknown:
+        raise CLIError(
+            f"--input-shapes names {', '.join(unknown)}, but the inputs of {path.name} are "
+            f"{', '.join(inputs) or 'none'}"
+        )
+    try:
+        return from_onnx(model, shape_dict=shapes or None)
+    except Exception as err:  # noqa: BLE001 - the importer raises many kinds
+        raise CLIError(f"cannot import {str(path)!r} into TVM: {first_line(err)}") from None
+
+
+def load_model(path: Path, shapes: dict | None = None):
+    """Import ``path`` (.pt2 or .onnx) into a Relax IRModule with tvm-roialign's importers."""
+    if not path.is_file():
+        raise CLIError(f"model file {str(path)!r} does not exist")
+    suffix = path.suffix.lower()
+    if suffix in PT2_SUFFIXES:
+        return _load_pt2(path, shapes or {})
+    if suffix == ".onnx":
+        return _load_onnx(path, shapes or {})
+    raise CLIError(f"unknown model format {suffix!r} for {str(path)!r}: expected .pt2 or .onnx")
+
+
+def signature(mod) -> list[dict]:
+    """``[{"name", "shape", "dtype"}]`` of ``main``'s parameters (symbolic dims as text)."""
+    from tvm import relax
+
+    params = []
+    for var in mod["main"].params:
+        ty = var.ty
+        shape = None
+        if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+            shape = [int(v) if hasattr(v, "value") else str(v) for v in ty.shape.values]
+        dtype = str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+        params.append({"name": var.name, "shape": shape, "dtype": dtype})
+    return params

@@ -1,0 +1,238 @@
+"""``tvm-roialign compile MODEL -o OUT.so``: import, ConvertLayout, build, export (as ``tvmc compile``).
+
+Besides the library it writes ``OUT.so.json`` (target, layout, the inputs' names, shapes and
+dtypes for ``run``, and the time of each stage) and, with ``--dump-code``, ``OUT.so.relax`` (the
+module built), ``OUT.so.tir`` (its scheduled TIR), ``OUT.so.ll`` and ``OUT.so.asm`` (LLVM IR and
+assembly of the host code).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ._common import CLIError, first_line, output_path, resolve_target, tvm_messages
+from ._model_file import load_model, parse_input_shapes, signature
+from ._progress import Progress
+
+LIBRARY_SUFFIXES = (".so", ".tar", ".dylib")
+DUMP_FORMATS = ("relax", "tir", "ll", "asm")
+
+HELP_TARGET = (
+    "native (this machine's CPU), llvm or llvm-generic (portable: generic CPU, as tvmc's 'llvm'), "
+    "x86, aarch64, cuda, metal; a tvmc string such as 'llvm -mcpu=native' or "
+    "'llvm -mtriple=aarch64-linux-gnu'; or a JSON target"
+)
+
+
+DESCRIPTION = (
+    "Import a .pt2 (torch.export.save) or .onnx model, convert it to NHWC on CPU targets (--desired-"
+    "layout), build it for --target and export the library, with LIBRARY.json (target, inputs, stage "
+    "times) beside it."
+)
+
+
+def register(subparsers, parents) -> None:
+    p = subparsers.add_parser(
+        "compile",
+        parents=parents,
+        help="import a .pt2 / .onnx model, ConvertLayout it and build a library",
+        description=DESCRIPTION,
+    )
+    p.add_argument("model", help="a torch.export program (.pt2, torch.export.save) or an .onnx model")
+    p.add_argument("-o", "--output", required=True, help="the compiled library (.so; .tar for cross)")
+    p.add_argument("--target", default="native", help=HELP_TARGET)
+    p.add_argument(
+        "--desired-layout",
+        default="auto",
+        type=str.upper,
+        metavar="{NHWC,NCHW,none,auto}",
+        help="layout of the converted ops; auto: NHWC on CPU targets (the fast path), none elsewhere",
+    )
+    p.add_argument(
+        "--desired-layout-ops",
+        default="conv2d,roi_align",
+        help="comma-separated ops to convert (conv2d, roi_align, multiscale_roi_align, "
+        "max_pool2d, avg_pool2d, resize2d)",
+    )
+    p.add_argument(
+        "--input-shapes",
+        default=None,
+        metavar='"NAME:[D0,D1,...] ..."',
+        help='static shapes of ONNX inputs, as tvmc: "x:[1,3,224,224] rois:[6,4]"',
+    )
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        default=None,
+        metavar="NAME:D0,D1,...",
+        help="one static ONNX input shape (repeatable; older form of --input-shapes)",
+    )
+    p.add_argument(
+        "--dump-code",
+        default=None,
+        metavar="FORMATS",
+        help=f"also write OUTPUT.FORMAT for each of {','.join(DUMP_FORMATS)} (comma-separated)",
+    )
+    p.set_defaults(func=main)
+
+
+def _layouts(args, target):
+    """ConvertLayout's dictionary for ``--desired-layout`` (None: no conversion), and its name."""
+    from ..passes import desired_layouts
+
+    layout = args.desired_layout
+    if layout not in ("NCHW", "NHWC", "NONE", "AUTO"):
+        raise CLIError(f"--desired-layout must be NHWC, NCHW, none or auto, got {layout!r}")
+    if layout == "AUTO":
+        layout = "NHWC" if target.kind.name == "llvm" else "NONE"
+    if layout == "NONE":
+        return None, "none"
+    try:
+        return desired_layouts(layout, args.desired_layout_ops), layout
+    except ValueError as err:
+        raise CLIError(f"--desired-layout-ops: {err}") from None
+
+
+def _dump_formats(text):
+    if not text:
+        return []
+    formats = [f.strip().lower() for f in text.split(",") if f.strip()]
+    unknown = [f for f in formats if f not in DUMP_FORMATS]
+    if unknown or not formats:
+        raise CLIError(
+            f"--dump-code: unknown format {', '.join(unknown) or text!r}; use {','.join(DUMP_FORMATS)}"
+        )
+    return formats
+
+
+class _LastRelaxModule:
+    """A pass instrument keeping the last module that still had Relax functions: after the build
+    pipeline, its PrimFuncs are the scheduled TIR that is lowered and compiled."""
+
+    def __init__(self):
+        self.mod = None
+
+    def run_after_pass(self, mod, _info):
+        from tvm import relax
+
+        if any(isinstance(f, relax.Function) for f in mod.functions.values()):
+            self.mod = mod
+
+
+def _build(mod, target, capture_tir: bool):
+    import tvm
+
+    from ..pipeline import build
+
+    if not capture_tir:
+        return build(mod, target), None
+    instrument = tvm.ir.instrument.pass_instrument(_LastRelaxModule)()
+    ctx = tvm.transform.PassContext.current()
+    with tvm.transform.PassContext(
+        opt_level=ctx.opt_level,
+        required_pass=list(ctx.required_pass),
+        disabled_pass=list(ctx.disabled_pass),
+        config=dict(ctx.config),
+        instruments=[*ctx.instruments, instrument],
+    ):
+        executable = build(mod, target)
+    return executable, instrument.mod
+
+
+def _write_dumps(out: Path, formats, mod, tir_mod, executable) -> list[str]:
+    from tvm import tirx
+
+    written = []
+    for fmt in formats:
+        path = Path(f"{out}.{fmt}")
+        if fmt == "relax":
+            text = mod.script()
+        elif fmt == "tir":
+            if tir_mod is None:
+                raise CLIError("--dump-code tir: the build pipeline did not expose its TIR")
+            funcs = {gv: f for gv, f in tir_mod.functions_items() if isinstance(f, tirx.PrimFunc)}
+            text = "\n\n".join(f.script() for f in funcs.values())
+        else:
+            host = executable.mod.imports[0] if executable.mod.imports else None
+            try:
+                text = host.inspect_source(fmt)
+            except Exception as err:  # noqa: BLE001 - not an LLVM module (cross .tar, GPU host)
+                raise CLIError(
+                    f"--dump-code {fmt}: not available for this build ({first_line(err)})"
+                ) from None
+        path.write_text(text)
+        written.append(path.name)
+    return written
+
+
+def main(args) -> int:
+    from .. import __version__
+    from ..passes import ConvertLayout
+    from ..target import describe, target_config
+
+    t_start = time.perf_counter()
+    target = resolve_target(args.target)
+    layouts, layout_name = _layouts(args, target)
+    formats = _dump_formats(args.dump_code)
+    out = output_path(args.output, "-o", LIBRARY_SUFFIXES)
+    shapes = parse_input_shapes(args.input_shapes, args.input_shape)
+    times = {}
+    with Progress(args.quiet) as progress, tvm_messages(args.quiet):
+        progress(f"import {args.model}")
+        t0 = time.perf_counter()
+        mod = load_model(Path(args.model), shapes)
+        times["import_s"] = time.perf_counter() - t0
+        if layouts:
+            progress(f"ConvertLayout {args.desired_layout_ops} to {layout_name}")
+            t0 = time.perf_counter()
+            mod = ConvertLayout(layouts)(mod)
+            times["convert_layout_s"] = time.perf_counter() - t0
+        progress(f"build for {describe(target)}")
+        t0 = time.perf_counter()
+        try:
+            executable, tir_mod = _build(mod, target, "tir" in formats)
+        except Exception as err:  # noqa: BLE001
+            raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
+        times["build_s"] = time.perf_counter() - t0
+        progress(f"export {out}")
+        t0 = time.perf_counter()
+        try:
+            executable.export_library(str(out))
+        except Exception as err:  # noqa: BLE001
+            raise CLIError(
+                f"cannot link {str(out)!r} for {describe(target)}: {first_line(err)} "
+                "(use -o NAME.tar for a cross target without a cross compiler)"
+            ) from None
+        times["export_s"] = time.perf_counter() - t0
+        dumps = _write_dumps(out, formats, mod, tir_mod, executable)
+    times["total_s"] = time.perf_counter() - t_start
+    if args.startup_s is not None:  # Python and TVM starting, before main() (a real command line)
+        times = {"startup_s": args.startup_s, **times}
+        times["total_s"] += args.startup_s
+    meta = {
+        "target": target_config(target),
+        "layout": layout_name,
+        "inputs": signature(mod),
+        "times": times,
+        "versions": {"tvm-roialign": __version__, "tvm": _tvm_version()},
+    }
+    Path(f"{out}.json").write_text(json.dumps(meta, indent=2))
+    stages = ", ".join(
+        f"{name[:-2].replace('_', ' ')} {seconds:.1f} s"
+        for name, seconds in times.items()
+        if name != "total_s"
+    )
+    extra = f"; wrote {', '.join(dumps)}" if dumps else ""
+    print(
+        f"compiled {args.model} -> {out} ({describe(target)}, layout {layout_name}) in "
+        f"{times['total_s']:.1f} s ({stages}){extra}"
+    )
+    return 0
+
+
+def _tvm_version() -> str:
+    import tvm
+
+    return str(tvm.__version__)

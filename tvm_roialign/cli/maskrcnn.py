@@ -1,0 +1,122 @@
+"""``tvm-roialign maskrcnn``: torchvision's Mask R-CNN through TVM on a photo, against PyTorch eager.
+
+Its static graphs are built with TVM (:mod:`tvm_roialign.models.maskrcnn`), run on a photo
+(default: scikit-image's astronaut) and compared with PyTorch eager; the annotated picture and the
+JSON report (:class:`~tvm_roialign.models.maskrcnn.MaskRCNNReport`) are written.
+"""
+
+from __future__ import annotations
+
+from ._common import CLIError, device_for, first_line, output_path, resolve_target, tvm_messages
+from ._progress import Progress
+from .compile import HELP_TARGET
+
+PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+DESCRIPTION = (
+    "Build torchvision's Mask R-CNN with TVM (three static graphs, PyTorch glue), run it on a photo "
+    "next to PyTorch eager, compare the detections, and write the annotated picture and a JSON "
+    "report."
+)
+
+
+def register(subparsers, parents) -> None:
+    p = subparsers.add_parser(
+        "maskrcnn",
+        parents=parents,
+        help="Mask R-CNN through TVM on a photo, compared with PyTorch",
+        description=DESCRIPTION,
+    )
+    p.add_argument("--image", default=None, help="a photo (default: scikit-image's astronaut)")
+    p.add_argument(
+        "--weights", default=None, help="maskrcnn_resnet50_fpn state_dict (default: random, seeded)"
+    )
+    p.add_argument("--seed", type=int, default=3, help="seed of the random weights")
+    p.add_argument("--target", default="native", help=HELP_TARGET)
+    p.add_argument("--layout", default="NHWC", type=str.upper, help="NHWC (ConvertLayout) or NCHW")
+    p.add_argument("--out", default="result.png", help="annotated picture (.png/.jpg)")
+    p.add_argument("--report", default=None, help="JSON report (default: --out with .json)")
+    p.add_argument("--min-size", type=int, default=512, help="torchvision resize min_size")
+    p.add_argument(
+        "--max-size", type=int, default=None, help="torchvision resize max_size (default: --min-size)"
+    )
+    p.add_argument("--proposals", type=int, default=1000, help="RPN proposals kept")
+    p.add_argument("--detections", type=int, default=100, help="detections per image at most")
+    p.add_argument("--score-thresh", type=float, default=0.05, help="box score threshold")
+    p.add_argument("--repeat", type=int, default=2, help="timed runs per piece (the best is reported)")
+    p.add_argument("--draw-top", type=int, default=8, help="detections drawn on the picture")
+    p.add_argument("--no-roi-timing", action="store_true", help="skip ours-vs-stock roi_align timing")
+    p.add_argument("--check", action="store_true", help="exit 3 when TVM and PyTorch disagree")
+    p.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="only build the three graphs (any target, e.g. cuda or aarch64 here) and write the report",
+    )
+    p.set_defaults(func=main)
+
+
+def _inputs(args, mr):
+    """The photo and the torch model, with their errors naming the flag they came from."""
+    try:
+        image = mr.load_image(args.image)
+    except (FileNotFoundError, ValueError) as err:
+        raise CLIError(f"--image: {err}") from None
+    config = mr.MaskRCNNConfig(
+        seed=args.seed,
+        weights=args.weights,
+        min_size=args.min_size,
+        max_size=args.max_size or args.min_size,
+        rpn_pre_nms_top_n_test=args.proposals,
+        rpn_post_nms_top_n_test=args.proposals,
+        box_detections_per_img=args.detections,
+        box_score_thresh=args.score_thresh,
+    )
+    try:
+        model = mr.build_torch_model(config)
+    except (FileNotFoundError, ValueError) as err:
+        raise CLIError(f"--weights: {err}") from None
+    return image, config, model
+
+
+def main(args) -> int:
+    from ..models import maskrcnn as mr
+
+    target = resolve_target(args.target)
+    if args.layout not in ("NCHW", "NHWC"):
+        raise CLIError(f"--layout must be NCHW or NHWC, got {args.layout!r}")
+    out = output_path(args.out, "--out", PICTURE_SUFFIXES)
+    report_path = output_path(args.report, "--report") if args.report else out.with_suffix(".json")
+    if not args.compile_only:
+        device_for(target)
+    image, config, model = _inputs(args, mr)
+    with Progress(args.quiet) as progress, tvm_messages(args.quiet):
+        if args.compile_only:
+            try:
+                report = mr.compile_maskrcnn_report(
+                    model, image, target, args.layout, progress, config, args.image
+                )
+            except Exception as err:  # noqa: BLE001 - a build failure: one line
+                raise CLIError(f"build for target {target.kind.name} failed: {first_line(err)}") from None
+        else:
+            report = mr.run_maskrcnn_report(
+                model,
+                image,
+                target,
+                args.layout,
+                progress,
+                args.repeat,
+                not args.no_roi_timing,
+                config,
+                args.image,
+            )
+            progress(f"write {out}")
+            mr.draw_detections(image, report.detections, out, top=args.draw_top, caption=report.caption())
+    report.write_json(report_path)
+    from ._maskrcnn_summary import print_compile_only, print_summary
+
+    if args.compile_only:
+        print_compile_only(report, report_path)
+        return 0
+    print_summary(report, out, report_path)
+    return 0 if report.comparison.passed or not args.check else 3

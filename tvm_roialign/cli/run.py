@@ -1,0 +1,237 @@
+"""``tvm-roialign run LIB``: run a compiled library on inputs, time it, profile it (as ``tvmc run``).
+
+Inputs come from an ``.npz`` (``--inputs``), matched to the model's inputs by name (the names
+``compile`` recorded in ``LIB.json``), or by position with ``--inputs-by-order``; without
+``--inputs`` they are generated (``--fill-mode``). Outputs go to ``--outputs`` as ``output_0``,
+``output_1``, ...
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+from ._common import CLIError, first_line, output_path
+
+FILL_MODES = ("random", "zeros", "ones")
+
+
+DESCRIPTION = (
+    "Run a library written by `compile` on inputs from an .npz (matched by name), or generated ones "
+    "(--fill-mode); time it (--print-time, after a warm-up call), profile it per kernel (--profile), "
+    "print a classifier's top values (--print-top)."
+)
+
+
+def register(subparsers, parents) -> None:
+    p = subparsers.add_parser(
+        "run",
+        parents=parents,
+        help="run a compiled library; time (--print-time) or profile (--profile) it",
+        description=DESCRIPTION,
+    )
+    p.add_argument("library", help="a library written by `compile` (LIB.json beside it names the inputs)")
+    p.add_argument("--inputs", default=None, help=".npz with one array per model input, by name")
+    p.add_argument(
+        "--inputs-by-order",
+        action="store_true",
+        help="match the arrays of --inputs to the model's inputs by position, not name",
+    )
+    p.add_argument(
+        "--fill-mode",
+        choices=FILL_MODES,
+        default="random",
+        help="inputs without --inputs: uniform [0, 1) floats (integers 0), zeros or ones",
+    )
+    p.add_argument("--outputs", default=None, help=".npz to write (output_0, output_1, ...)")
+    p.add_argument("--device", default=None, help="cpu, cuda, metal... (:INDEX); default: the build's")
+    p.add_argument(
+        "--print-time",
+        action="store_true",
+        help="time the model: mean/median/max/min/std over --repeat x --number calls after a warm-up",
+    )
+    p.add_argument("--repeat", type=int, default=1, help="measurements for --print-time and --profile")
+    p.add_argument("--number", type=int, default=1, help="calls per measurement (their mean is one result)")
+    p.add_argument("--profile", action="store_true", help="time every kernel (one table, per run)")
+    p.add_argument(
+        "--print-top",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the N largest values of output 0 (classifiers)",
+    )
+    p.set_defaults(func=main)
+
+
+def _read_npz(text: str) -> dict:
+    import numpy as np
+
+    path = Path(text)
+    if not path.is_file():
+        raise CLIError(f"--inputs {text!r} does not exist")
+    how = "write one with numpy.savez(path, NAME=array, ...)"
+    if not zipfile.is_zipfile(path):
+        with open(path, "rb") as fh:
+            magic = fh.read(6)
+        if magic == b"\x93NUMPY":
+            raise CLIError(f"--inputs {text!r} is a .npy array, not an .npz archive of named arrays ({how})")
+        raise CLIError(f"--inputs {text!r} is not an .npz archive ({how})")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except Exception as err:  # noqa: BLE001
+        raise CLIError(f"--inputs {text!r} is not a readable .npz ({how}): {first_line(err)}") from None
+
+
+def _match(arrays: dict, specs: list | None, by_order: bool, source: str):
+    """The arrays in the model's input order, and the names of those left over."""
+    names = [s["name"] for s in specs] if specs else None
+    if by_order:
+        if names is not None and len(arrays) < len(names):
+            raise CLIError(
+                f"--inputs {source!r} has {len(arrays)} arrays, the model takes {len(names)} "
+                f"({', '.join(names)})"
+            )
+        count = len(names) if names is not None else len(arrays)
+        return list(arrays.values())[:count], list(arrays)[count:]
+    if names is None:
+        raise CLIError(
+            "the library has no .json beside it, so its input names are unknown; "
+            "add --inputs-by-order to pass the arrays in file order"
+        )
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        hint = " (add --inputs-by-order to match by position)" if len(arrays) >= len(names) else ""
+        raise CLIError(
+            f"--inputs {source!r} lacks {', '.join(missing)}: the model takes {', '.join(names)}; "
+            f"the file has {', '.join(arrays) or 'no arrays'}{hint}"
+        )
+    return [arrays[n] for n in names], [k for k in arrays if k not in names]
+
+
+def _check(specs, arrays) -> None:
+    for spec, array in zip(specs or [], arrays):
+        shape = spec.get("shape")
+        if shape and all(isinstance(d, int) for d in shape) and list(array.shape) != shape:
+            raise CLIError(f"input {spec['name']!r} has shape {list(array.shape)}, the model expects {shape}")
+        if spec.get("dtype") and str(array.dtype) != spec["dtype"]:
+            raise CLIError(
+                f"input {spec['name']!r} has dtype {array.dtype}, the model expects {spec['dtype']}"
+            )
+
+
+def _fill(specs, mode: str) -> list:
+    import numpy as np
+
+    if not specs:
+        raise CLIError("the library has no .json beside it, so its inputs are unknown; give --inputs")
+    rng = np.random.default_rng(0)
+    arrays = []
+    for spec in specs:
+        shape, dtype = spec.get("shape"), spec.get("dtype")
+        if not shape or not all(isinstance(d, int) for d in shape) or not dtype:
+            raise CLIError(f"input {spec['name']!r} has the symbolic shape {shape}; give --inputs")
+        if mode == "zeros":
+            arrays.append(np.zeros(shape, dtype))
+        elif mode == "ones":
+            arrays.append(np.ones(shape, dtype))
+        elif np.issubdtype(np.dtype(dtype), np.floating):
+            arrays.append(rng.random(shape).astype(dtype))
+        else:  # integers index things: 0 is always in range
+            arrays.append(np.zeros(shape, dtype))
+    return arrays
+
+
+def _flatten(result) -> list:
+    if hasattr(result, "numpy"):
+        return [result.numpy()]
+    out = []
+    for item in result:
+        out.extend(_flatten(item))
+    return out
+
+
+def _load(args):
+    import tvm
+    from tvm import relax
+
+    from ..target import device_for, parse_device, parse_target
+
+    lib_path = Path(args.library)
+    if not lib_path.is_file():
+        raise CLIError(f"compiled library {str(lib_path)!r} does not exist")
+    meta_path = Path(f"{lib_path}.json")
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    target = None
+    try:
+        target = parse_target(meta["target"]) if "target" in meta else None
+        if args.device is not None:
+            device = parse_device(args.device, target)
+        else:
+            device = device_for(target) if target is not None else tvm.cpu()
+    except ValueError as err:
+        raise CLIError(f"--device: {err}" if args.device is not None else str(err)) from None
+    try:
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib_path)), device)
+    except Exception as err:  # noqa: BLE001
+        raise CLIError(f"cannot load {str(lib_path)!r} as a compiled model: {first_line(err)}") from None
+    return lib_path, meta, device, vm
+
+
+def main(args) -> int:
+    import numpy as np
+    import tvm
+
+    for flag in ("repeat", "number"):
+        if getattr(args, flag) < 1:
+            raise CLIError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if args.print_top is not None and args.print_top < 1:
+        raise CLIError(f"--print-top must be at least 1, got {args.print_top}")
+    out_path = output_path(args.outputs, "--outputs", (".npz",)) if args.outputs else None
+    lib_path, meta, device, vm = _load(args)
+    specs = meta.get("inputs")
+    if args.inputs is not None:
+        arrays, ignored = _match(_read_npz(args.inputs), specs, args.inputs_by_order, args.inputs)
+        if ignored:
+            print(
+                f"note: ignored arrays of {args.inputs} that the model does not take: {', '.join(ignored)}",
+                file=sys.stderr,
+            )
+    else:
+        arrays = _fill(specs, args.fill_mode)
+    _check(specs, arrays)
+    inputs = [tvm.runtime.tensor(np.ascontiguousarray(a), device) for a in arrays]
+    try:
+        t0 = time.perf_counter()
+        outputs = _flatten(vm["main"](*inputs))
+        first_s = time.perf_counter() - t0
+    except Exception as err:  # noqa: BLE001
+        raise CLIError(f"running {lib_path.name} failed: {first_line(err)}") from None
+    if out_path is not None:
+        np.savez(out_path, **{f"output_{i}": o for i, o in enumerate(outputs)})
+    shapes = ", ".join(str(list(o.shape)) for o in outputs)
+    where = f" -> {out_path}" if out_path is not None else ""
+    hint = "" if args.print_time else "; --print-time for steady-state timing"
+    print(
+        f"ran {lib_path.name} on {device}: {len(outputs)} output(s) {shapes}{where} "
+        f"(first call {first_s * 1e3:.1f} ms, includes one-time setup{hint})"
+    )
+    from . import _report
+
+    if args.print_top is not None:
+        _report.print_top(outputs[0], args.print_top)
+    if args.print_time:
+        from ..profiling import time_vm
+
+        _report.print_time(time_vm(vm, device, inputs, args.number, args.repeat))
+    if args.profile:
+        from tvm import relax
+
+        from ..profiling import profile_vm
+
+        profiler = relax.VirtualMachine(tvm.runtime.load_module(str(lib_path)), device)
+        _report.print_profile(*profile_vm(profiler, device, inputs, args.repeat), args.repeat)
+    return 0

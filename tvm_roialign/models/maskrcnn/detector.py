@@ -1,0 +1,265 @@
+"""The detector: the three pieces built with TVM, and torchvision's own glue between them.
+
+:class:`TVMMaskRCNN` is called like the torchvision model in eval mode. :meth:`TVMMaskRCNN.run`
+returns a :class:`DetectionRun`: the detections together with what the pieces got (feature maps,
+proposals, detection boxes) and how long each step took, for reports and timings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import tvm
+from tvm import relax
+
+from ...passes import ConvertLayout, desired_layouts
+from ...pipeline import build
+from ...target import describe, device_or_none, parse_target
+from .pieces import count_permutes, export_piece, permutes_adjacent_to_roi_align, piece_modules
+
+#: ConvertLayout's desired layouts for the NHWC build (conv2d and both RoIAlign ops).
+DEFAULT_LAYOUTS = desired_layouts("NHWC")
+
+_NUM_LEVELS = 5  # FPN maps the backbone returns (P2-P6): the RPN sees all, the poolers P2-P5
+
+
+@dataclass
+class Piece:
+    """One compiled graph: its Relax modules before/after ConvertLayout, executable and build times.
+
+    Calling it runs ``main`` on NumPy arrays and returns a list of NumPy arrays; the virtual machine
+    is made on first call, so that a build for a device this machine lacks (cuda, metal, a cross
+    target) can still be made and inspected.
+    """
+
+    name: str
+    mod_imported: tvm.IRModule
+    mod: tvm.IRModule
+    executable: object
+    device: object
+    import_s: float
+    compile_s: float
+    _vm: object = None
+
+    @property
+    def vm(self) -> relax.VirtualMachine:
+        if self._vm is None:
+            if self.device is None:
+                raise RuntimeError(f"{self.name}: this machine cannot run the build's target")
+            self._vm = relax.VirtualMachine(self.executable, self.device)
+        return self._vm
+
+    def __call__(self, *arrays) -> list[np.ndarray]:
+        vm = self.vm
+        args = [tvm.runtime.tensor(np.ascontiguousarray(a), self.device) for a in arrays]
+        out = vm["main"](*args)
+        return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
+
+
+@dataclass
+class DetectionRun:
+    """One image through :class:`TVMMaskRCNN`.
+
+    ``detections`` is torchvision's output format (``boxes [D, 4]`` in input pixels, ``labels [D]``,
+    ``scores [D]``, ``masks [D, 1, H, W]`` probabilities); ``features`` the four FPN maps the
+    branches pooled from (io layout); ``proposals [K, 4]`` and ``detection_boxes [D, 4]`` the rois
+    of the box and mask branches (transformed-image pixels); ``image_size`` the transformed image's
+    ``(H, W)``; ``piece_s`` seconds per TVM piece; ``glue_s`` seconds of the PyTorch glue.
+    """
+
+    detections: dict
+    features: list = field(default_factory=list)
+    proposals: np.ndarray | None = None
+    detection_boxes: np.ndarray | None = None
+    image_size: tuple[int, int] = (0, 0)
+    piece_s: dict = field(default_factory=dict)
+    glue_s: float = 0.0
+
+
+def convert_layout(mod: tvm.IRModule, layout: str, layouts: dict | None = None) -> tvm.IRModule:
+    """``mod`` with tvm-roialign's ConvertLayout to ``layout`` (NCHW: unchanged)."""
+    if layout == "NCHW":
+        return mod
+    return ConvertLayout(layouts or desired_layouts(layout))(mod)
+
+
+class TVMMaskRCNN:
+    """torchvision Mask R-CNN with its static graphs compiled by TVM.
+
+    Call it like the torchvision model in eval mode: ``detector([image])`` with images ``[3, H, W]``
+    float tensors in [0, 1] returns one dict per image with ``boxes [D, 4]`` (x1, y1, x2, y2 in
+    input pixels), ``labels [D]`` (int64), ``scores [D]`` and ``masks [D, 1, H, W]`` (probabilities).
+
+    Parameters
+    ----------
+    model : torchvision MaskRCNN
+        In eval mode (see :func:`~.torch_model.build_torch_model`).
+    target : str | dict | tvm.target.Target | None
+        Anything :func:`tvm_roialign.target.parse_target` takes: a short name (``"native"``,
+        ``"llvm-generic"``, ``"aarch64"``, ``"cuda"``...), a tvmc string, a JSON/dict target or a
+        Target; parsed once, here. Default (None): ``native``, this machine's CPU.
+    layout : str
+        ``"NHWC"`` (ConvertLayout of conv2d and RoIAlign) or ``"NCHW"`` (as imported).
+    progress : callable(str) or None
+        Called with a line of text before each step (compile, run).
+
+    Graphs are compiled on first use for each padded image size (``compile(image_shape)`` to do it
+    ahead). Building for a target that this machine cannot run (aarch64 cross, CUDA without a GPU)
+    is possible with :meth:`compile`, running is not.
+    """
+
+    def __init__(self, model, target=None, layout: str = "NHWC", progress: Callable | None = None):
+        if layout not in ("NCHW", "NHWC"):
+            raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+        self.model = model
+        self.target = parse_target(target)
+        self.layout = layout
+        self.device = device_or_none(self.target)
+        self.progress = progress or (lambda _msg: None)
+        self.pieces: dict[tuple, dict[str, Piece]] = {}
+
+    # ---------------------------------------------------------------------------------------------
+    def compile(self, padded_shape: Sequence[int]) -> dict[str, Piece]:
+        """Export, import, ConvertLayout and build the three graphs for a padded ``[1, 3, H, W]``."""
+        from ...frontend import from_exported_program
+
+        key = tuple(int(s) for s in padded_shape)
+        if key in self.pieces:
+            return self.pieces[key]
+        backbone, box_branch, mask_branch = piece_modules(self.model, self.layout, key[-2:])
+        images = torch.zeros(key)
+        with torch.no_grad():
+            feats = backbone(images)[:4]
+        boxes = torch.tensor([[10.0, 12.0, 200.0, 180.0], [0.0, 0.0, 60.0, 40.0]])
+        max_proposals = int(self.model.rpn._post_nms_top_n["testing"])
+        max_detections = int(self.model.roi_heads.detections_per_img)
+        pieces = {}
+        for name, module, args, max_rois in (
+            ("backbone", backbone, (images,), None),
+            ("box_branch", box_branch, (*feats, boxes), max_proposals),
+            ("mask_branch", mask_branch, (*feats, boxes), max_detections),
+        ):
+            self.progress(f"import {name}")
+            t0 = time.perf_counter()
+            exported = export_piece(module, args, max_rois)
+            # constants folded first, so that the counts of permute_dims (before/after) are those
+            # of activations, not of weights
+            fold = relax.transform.FoldConstant()
+            imported = fold(from_exported_program(exported, keep_params_as_input=False))
+            mod = fold(convert_layout(imported, self.layout))
+            import_s = time.perf_counter() - t0
+            self.progress(f"compile {name} for {describe(self.target)} ({self.layout})")
+            t0 = time.perf_counter()
+            executable = build(mod, self.target)
+            compile_s = time.perf_counter() - t0
+            pieces[name] = Piece(name, imported, mod, executable, self.device, import_s, compile_s)
+        self.pieces[key] = pieces
+        return pieces
+
+    # ---------------------------------------------------------------------------------------------
+    def __call__(self, images) -> list[dict]:
+        return [self.run(image).detections for image in images]
+
+    def _piece(self, run: DetectionRun, pieces, name: str, *arrays) -> list[np.ndarray]:
+        self.progress(f"run {name.replace('_', ' ')}")
+        t0 = time.perf_counter()
+        outs = pieces[name](*arrays)
+        run.piece_s[name] = time.perf_counter() - t0
+        return outs
+
+    def _nchw(self, array: np.ndarray):
+        tensor = torch.from_numpy(array)
+        return tensor.permute(0, 3, 1, 2) if self.layout == "NHWC" else tensor
+
+    def run(self, image) -> DetectionRun:
+        """Detect on one image ``[3, H, W]``; the detections and what the pieces got."""
+        from torchvision.models.detection.roi_heads import maskrcnn_inference
+        from torchvision.models.detection.rpn import concat_box_prediction_layers
+
+        model = self.model
+        run = DetectionRun(detections={})
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            image_list, _ = model.transform([image])
+        run.glue_s += time.perf_counter() - t0
+        run.image_size = tuple(image_list.image_sizes[0])
+        pieces = self.compile(image_list.tensors.shape)
+
+        outs = self._piece(run, pieces, "backbone", image_list.tensors.numpy())
+        feats_io = outs[:_NUM_LEVELS]
+        run.features = feats_io[:4]
+        objectness = [self._nchw(o) for o in outs[_NUM_LEVELS : 2 * _NUM_LEVELS]]
+        deltas = [self._nchw(o) for o in outs[2 * _NUM_LEVELS :]]
+
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            rpn = model.rpn
+            anchors = rpn.anchor_generator(image_list, [self._nchw(f) for f in feats_io])
+            num_anchors_per_level = [o[0].numel() for o in objectness]
+            obj_flat, deltas_flat = concat_box_prediction_layers(objectness, deltas)
+            proposals = rpn.box_coder.decode(deltas_flat, anchors).view(1, -1, 4)
+            proposals, _scores = rpn.filter_proposals(
+                proposals, obj_flat, image_list.image_sizes, num_anchors_per_level
+            )
+        run.glue_s += time.perf_counter() - t0
+        run.proposals = proposals[0].numpy()
+        if run.proposals.shape[0] == 0:
+            run.detection_boxes = np.zeros((0, 4), "float32")
+            run.detections = {
+                "boxes": torch.zeros((0, 4)),
+                "labels": torch.zeros((0,), dtype=torch.int64),
+                "scores": torch.zeros((0,)),
+                "masks": torch.zeros((0, 1, *image.shape[1:])),
+            }
+            return run
+
+        class_logits, box_regression = self._piece(run, pieces, "box_branch", *run.features, run.proposals)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            boxes, scores, labels = model.roi_heads.postprocess_detections(
+                torch.from_numpy(class_logits),
+                torch.from_numpy(box_regression),
+                proposals,
+                image_list.image_sizes,
+            )
+        run.glue_s += time.perf_counter() - t0
+        run.detection_boxes = boxes[0].numpy()
+        result = {"boxes": boxes[0], "labels": labels[0], "scores": scores[0]}
+
+        if boxes[0].shape[0] > 0:
+            (mask_logits,) = self._piece(run, pieces, "mask_branch", *run.features, run.detection_boxes)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                (mask_probs,) = maskrcnn_inference(torch.from_numpy(mask_logits), labels)
+        else:
+            t0 = time.perf_counter()
+            mask_probs = torch.zeros((0, 1, 28, 28))
+        with torch.no_grad():
+            result["masks"] = mask_probs
+            (result,) = model.transform.postprocess(
+                [result], image_list.image_sizes, [tuple(image.shape[-2:])]
+            )
+        run.glue_s += time.perf_counter() - t0
+        run.detections = result
+        return run
+
+    # ---------------------------------------------------------------------------------------------
+    def permute_counts(self) -> dict:
+        """Per piece: permute_dims before/after ConvertLayout and next to RoIAlign after it."""
+        out = {}
+        for pieces in self.pieces.values():
+            for name, piece in pieces.items():
+                out[name] = {
+                    "before": count_permutes(piece.mod_imported),
+                    "after": count_permutes(piece.mod),
+                    "adjacent_to_roi_align_before": permutes_adjacent_to_roi_align(piece.mod_imported),
+                    "adjacent_to_roi_align_after": permutes_adjacent_to_roi_align(piece.mod),
+                }
+        return out
+
+
+__all__ = ["DEFAULT_LAYOUTS", "DetectionRun", "Piece", "TVMMaskRCNN", "convert_layout"]
