@@ -268,7 +268,7 @@ def _call(data_shape, rois_shape, dtype="float32", rois_dtype=None, **kwargs):
     bb = relax.BlockBuilder()
     data = relax.Var("data", relax.TensorType(list(data_shape), dtype))
     rois = relax.Var("rois", relax.TensorType(list(rois_shape), rois_dtype or dtype))
-    args = dict(pooled_size=(2, 2), spatial_scale=1.0, sample_ratio=-1, layout="NCHW", mode="avg")
+    args = {"pooled_size": (2, 2), "spatial_scale": 1.0, "sample_ratio": -1, "layout": "NCHW", "mode": "avg"}
     args.update(kwargs)
     with bb.function("main", [data, rois]):
         out = bb.emit(relax.op.vision.roi_align(data, rois, **args))
@@ -278,17 +278,17 @@ def _call(data_shape, rois_shape, dtype="float32", rois_dtype=None, **kwargs):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(data_shape=(1, 4, 8), rois_shape=(3, 5)), r"data must be 4-D \[N, C, H, W\]"),
-        (dict(data_shape=(1, 4, 8, 8), rois_shape=(3, 4)), r"rois must be \[K, 5\]"),
-        (dict(data_shape=(1, 4, 8, 8), rois_shape=(3, 5, 1)), r"rois must be \[K, 5\]"),
-        (dict(data_shape=(1, 4, 8, 8), rois_shape=(3, 5), layout="HWCN"), "layout must be one of"),
-        (dict(data_shape=(1, 4, 8, 8), rois_shape=(3, 5), mode="min"), "mode must be one of"),
-        (dict(data_shape=(1, 4, 8, 8), rois_shape=(3, 5), pooled_size=(0, 2)), "pooled_size"),
+        ({"data_shape": (1, 4, 8), "rois_shape": (3, 5)}, r"data must be 4-D \[N, C, H, W\]"),
+        ({"data_shape": (1, 4, 8, 8), "rois_shape": (3, 4)}, r"rois must be \[K, 5\]"),
+        ({"data_shape": (1, 4, 8, 8), "rois_shape": (3, 5, 1)}, r"rois must be \[K, 5\]"),
+        ({"data_shape": (1, 4, 8, 8), "rois_shape": (3, 5), "layout": "HWCN"}, "layout must be one of"),
+        ({"data_shape": (1, 4, 8, 8), "rois_shape": (3, 5), "mode": "min"}, "mode must be one of"),
+        ({"data_shape": (1, 4, 8, 8), "rois_shape": (3, 5), "pooled_size": (0, 2)}, "pooled_size"),
         (
-            dict(data_shape=(1, 4, 8, 8), rois_shape=(3, 5), rois_dtype="float16"),
+            {"data_shape": (1, 4, 8, 8), "rois_shape": (3, 5), "rois_dtype": "float16"},
             r"rois dtype \(float16\) must equal data dtype \(float32\)",
         ),
-        (dict(data_shape=(1, 4, 8, 8), rois_shape=(3, 5), dtype="int32"), "data dtype must be"),
+        ({"data_shape": (1, 4, 8, 8), "rois_shape": (3, 5), "dtype": "int32"}, "data dtype must be"),
     ],
 )
 def test_bad_input_raises_clear_error(kwargs, match):

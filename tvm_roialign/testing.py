@@ -101,8 +101,8 @@ def roi_align_ref(
     scale = real(spatial_scale)
     for k, roi in enumerate(rois):
         batch = roi[0]
-        if not (batch > -1 and batch < num_batch):
-            continue
+        if not (batch > -1 and batch < num_batch and np.isfinite(roi[1:]).all()):
+            continue  # a batch index outside [0, N) or a non-finite coordinate: a row of zeros
         plane = maps[int(batch)]
         x1, y1, x2, y2 = (real(v) * scale - offset for v in roi[1:])
         roi_w, roi_h = x2 - x1, y2 - y1
@@ -207,3 +207,36 @@ def run_roi_align_vm(vm, data_nchw, rois, layout, func_name="main"):
     ).numpy()
     return out if layout == "NCHW" else out.transpose(0, 3, 1, 2)
 
+
+
+def guarded_array(values, guard="after"):
+    """A copy of ``values`` placed right before (``guard="after"``) or right after
+    (``guard="before"``) an inaccessible memory page, so that a kernel reading one element past
+    its end (or before its start) crashes instead of reading whatever lies there.
+
+    Returns ``(array, keep)``: the array (C-contiguous, 64-byte aligned, so that
+    ``tvm.runtime.from_dlpack`` takes it without a copy) and the mapping that must stay alive as
+    long as the array is used. ``values.nbytes`` must be a multiple of 64 for ``"after"``
+    (TVM's alignment); Linux only.
+    """
+    import ctypes
+    import mmap
+
+    values = np.ascontiguousarray(values)
+    page = mmap.PAGESIZE
+    if guard not in ("after", "before"):
+        raise ValueError(f"guard must be 'after' or 'before', got {guard!r}")
+    if guard == "after" and values.nbytes % 64:
+        raise ValueError(f"values.nbytes must be a multiple of 64, got {values.nbytes}")
+    pages = max(-(-values.nbytes // page), 1)
+    mapping = mmap.mmap(-1, (pages + 2) * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    mprotect = ctypes.CDLL(None, use_errno=True).mprotect
+    mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for start in (base, base + (pages + 1) * page):  # PROT_NONE around the data pages
+        if mprotect(start, page, 0) != 0:
+            raise OSError(ctypes.get_errno(), "mprotect failed")
+    offset = page + (pages * page - values.nbytes if guard == "after" else 0)
+    array = np.frombuffer(mapping, values.dtype, values.size, offset).reshape(values.shape)
+    array[...] = values
+    return array, mapping

@@ -6,7 +6,8 @@ Calling convention
 (``[N, C, H_l, W_l]`` NCHW or ``[N, H_l, W_l, C]`` NHWC) and ``rois [K, 5]`` of
 ``(batch_index, x1, y1, x2, y2)`` in input-image pixels, last. ``call.attrs`` is an ``ir.DictAttrs``
 with keys ``pooled_size`` ``[PH, PW]``, ``spatial_scales`` (one float per level),
-``sampling_ratio``, ``aligned`` (torchvision's meaning: shift by -0.5 after scaling, per level),
+``sampling_ratio``, ``aligned`` (stock TVM's meaning: no >= 1 clamp of the roi size),
+``half_pixel`` (subtract 0.5 after scaling, per level; torchvision's ``aligned=True`` is both),
 ``layout`` (``"NCHW"``/``"NHWC"``), ``canonical_scale`` (224), ``canonical_level`` (4) and ``mode``
 (``"avg"``). Output ``[K, C, PH, PW]`` (NCHW) or ``[K, PH, PW, C]`` (NHWC) in the features' dtype.
 
@@ -24,6 +25,7 @@ from tvm import relax, te
 
 from .. import _registry
 from ..strategies import select_strategy
+from ..strategies.base import without_global_symbol
 from ..topi.multiscale_roi_align import check_multiscale_roi_align_args
 from ..topi.multiscale_roi_align import (
     multiscale_roi_align as topi_multiscale_roi_align,
@@ -45,6 +47,7 @@ class MultiscaleRoiAlignAttrs:
     canonical_scale: int = 224
     canonical_level: int = 4
     mode: str = "avg"
+    half_pixel: bool = False
 
     @classmethod
     def from_attrs(cls, attrs) -> MultiscaleRoiAlignAttrs:
@@ -69,6 +72,7 @@ class MultiscaleRoiAlignAttrs:
             canonical_scale=int(values.get("canonical_scale", 224)),
             canonical_level=int(values.get("canonical_level", 4)),
             mode=str(values.get("mode", "avg")),
+            half_pixel=bool(values.get("half_pixel", False)),
         )
 
     @classmethod
@@ -86,6 +90,7 @@ class MultiscaleRoiAlignAttrs:
             "canonical_scale": int(self.canonical_scale),
             "canonical_level": int(self.canonical_level),
             "mode": str(self.mode),
+            "half_pixel": bool(self.half_pixel),
         }
         values.update(changes)
         return tvm.ir.make_node("ir.DictAttrs", **values)
@@ -175,10 +180,11 @@ def legalize(bb: relax.BlockBuilder, call):
             attrs.canonical_scale,
             attrs.canonical_level,
             attrs.mode,
+            attrs.half_pixel,
         )
 
     func = strategy.build(compute, inputs, target, attrs.layout)
-    gvar = bb.add_func(func, f"multiscale_roi_align_{attrs.layout.lower()}")
+    gvar = bb.add_func(without_global_symbol(func), f"multiscale_roi_align_{attrs.layout.lower()}")
     return relax.call_tir(gvar, list(call.args), call.ty)
 
 
@@ -228,7 +234,8 @@ def make_multiscale_roi_align(
     sampling_ratio : int
         Samples per bin side; ``<= 0`` is adaptive. torchvision's Mask R-CNN uses 2.
     aligned : bool
-        torchvision's ``aligned`` (MultiScaleRoIAlign always uses False).
+        torchvision's ``aligned`` (MultiScaleRoIAlign always uses False): the call gets
+        ``aligned=half_pixel=aligned`` (shift by 0.5 after scaling, no >= 1 clamp).
     layout : str
         ``"NCHW"`` or ``"NHWC"`` (of the features and the output).
     canonical_scale, canonical_level : int
@@ -261,6 +268,7 @@ def make_multiscale_roi_align(
         canonical_scale=int(canonical_scale),
         canonical_level=int(canonical_level),
         mode=str(mode),
+        half_pixel=bool(aligned),
     )
     return relax.Call(tvm.ir.Op.get(OP_NAME), [*features, rois], attrs.to_attrs())
 

@@ -6,6 +6,7 @@ known faults (see the README). :func:`register` replaces both, above TVM's own l
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import tvm
@@ -13,6 +14,7 @@ from tvm import relax, te, tirx
 
 from .. import _registry
 from ..strategies import select_strategy
+from ..strategies.base import without_global_symbol
 from ..topi import roi_align as topi_roi_align
 from ..topi.roi_align import check_roi_align_args
 
@@ -21,7 +23,13 @@ OP_NAME = "relax.vision.roi_align"
 
 @dataclass(frozen=True)
 class RoiAlignAttrs:
-    """The attributes of a ``relax.vision.roi_align`` call, as plain Python values."""
+    """The attributes of a ``relax.vision.roi_align`` call, as plain Python values.
+
+    A call carries either TVM's typed ``relax.attrs.ROIAlignAttrs`` (stock importers, the plain
+    op; ``half_pixel`` is then False) or an ``ir.DictAttrs`` with the same keys plus
+    ``half_pixel`` (built by :func:`make_roi_align` for torchvision's ``aligned=True`` / ONNX's
+    ``half_pixel``: the typed attributes have no field for the shift).
+    """
 
     pooled_size: tuple[int, int]
     spatial_scale: float
@@ -29,10 +37,14 @@ class RoiAlignAttrs:
     aligned: bool
     layout: str
     mode: str
+    half_pixel: bool = False
 
     @classmethod
     def from_call(cls, call) -> RoiAlignAttrs:
         a = call.attrs
+        half_pixel = bool(a["half_pixel"]) if isinstance(a, tvm.ir.DictAttrs) and (
+            "half_pixel" in a
+        ) else False
         return cls(
             pooled_size=tuple(int(p) for p in a.pooled_size),
             spatial_scale=float(a.spatial_scale),
@@ -40,6 +52,20 @@ class RoiAlignAttrs:
             aligned=bool(a.aligned),
             layout=str(a.layout),
             mode=str(a.mode),
+            half_pixel=half_pixel,
+        )
+
+    def to_attrs(self) -> tvm.ir.Attrs:
+        """An ``ir.DictAttrs`` holding these values (``half_pixel`` included)."""
+        return tvm.ir.make_node(
+            "ir.DictAttrs",
+            pooled_size=[int(p) for p in self.pooled_size],
+            spatial_scale=float(self.spatial_scale),
+            sample_ratio=int(self.sampling_ratio),
+            aligned=bool(self.aligned),
+            layout=str(self.layout),
+            mode=str(self.mode),
+            half_pixel=bool(self.half_pixel),
         )
 
 
@@ -131,10 +157,11 @@ def legalize(bb: relax.BlockBuilder, call):
             attrs.sampling_ratio,
             attrs.aligned,
             attrs.layout,
+            attrs.half_pixel,
         )
 
     func = strategy.build(compute, inputs, target, attrs.layout, attrs)
-    gvar = bb.add_func(func, f"roi_align_{attrs.layout.lower()}")
+    gvar = bb.add_func(without_global_symbol(func), f"roi_align_{attrs.layout.lower()}")
     return relax.call_tir(gvar, list(call.args), call.ty)
 
 
@@ -169,9 +196,10 @@ def make_roi_align(
     sampling_ratio : int
         Samples per bin side; ``<= 0`` is adaptive.
     aligned : bool
-        torchvision's ``aligned``: shift the scaled box by -0.5 pixel and drop the >= 1 size clamp.
-        Implemented by shifting the roi coordinates (never the batch index) by
-        ``-0.5 / spatial_scale`` and calling ``relax.vision.roi_align`` with ``aligned=True``.
+        torchvision's ``aligned``: subtract 0.5 after scaling (``x * spatial_scale - 0.5``, in this
+        float order) and drop the >= 1 size clamp. ``False`` builds the stock call (typed
+        attributes); ``True`` builds the call with ``ir.DictAttrs`` ``aligned=True,
+        half_pixel=True`` (see :class:`RoiAlignAttrs`), the shift done in the kernel.
     layout, mode : str
         ``"NCHW"``/``"NHWC"``; ``"avg"``/``"max"`` (max of interpolated samples).
 
@@ -180,21 +208,13 @@ def make_roi_align(
     relax.Expr
         ``[K, C, PH, PW]`` or ``[K, PH, PW, C]`` in data's dtype.
     """
-    if aligned:
-        dtype = str(rois.ty.dtype) if isinstance(rois.ty, relax.TensorType) else "float32"
-        shift = 0.5 / float(spatial_scale)
-        offset = relax.const([0.0, shift, shift, shift, shift], dtype)
-        rois = relax.op.subtract(rois, offset)
-    return relax.op.vision.roi_align(
-        data,
-        rois,
-        output_size,
-        spatial_scale,
-        sampling_ratio,
-        bool(aligned),
-        layout,
-        mode,
+    call = relax.op.vision.roi_align(
+        data, rois, output_size, spatial_scale, sampling_ratio, bool(aligned), layout, mode
     )
+    if not aligned:
+        return call
+    attrs = dataclasses.replace(RoiAlignAttrs.from_call(call), half_pixel=True)
+    return relax.Call(call.op, list(call.args), attrs.to_attrs())
 
 
 __all__ = ["OP_NAME", "FreshDims", "RoiAlignAttrs", "infer_struct_info", "legalize", "make_roi_align", "register"]

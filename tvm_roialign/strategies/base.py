@@ -73,6 +73,16 @@ def largest_divisor_lanes(extent: int | None, max_lanes: int) -> int:
     return lanes
 
 
+def without_global_symbol(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """``func`` without the ``global_symbol`` (``"main"``) that ``te.create_prim_func`` and a
+    schedule's module give it, for adding it to a Relax module under a name of its own: a second
+    ``"main"`` symbol breaks ``tvm.compile`` after an explicit ``relax.transform.LegalizeOps()``
+    (``IRModule contains duplicate global symbol: main``)."""
+    if func.attrs is not None and "global_symbol" in func.attrs:
+        return func.without_attr("global_symbol")
+    return func
+
+
 def mark_scheduled(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """Mark a PrimFunc so that dlight leaves its schedule alone and FuseOps never fuses it."""
     return func.with_attrs({"tirx.is_scheduled": True, "op_pattern": OPAQUE, "tirx.noalias": True})
@@ -100,11 +110,12 @@ class Strategy:
         of the inputs and the output (int64 past 2**31 - 1 elements or for symbolic sizes).
         ``attrs`` (the op's attributes) are passed to the strategy's ``kernel`` if it has one.
         """
-        out = None
-        if self.kernel is not None and attrs is not None:
-            out = self.kernel(inputs, attrs, target)
-        if out is None:
-            out = compute(*inputs)
+        with target:  # the compute fences its geometry for the target (topi.exact_product)
+            out = None
+            if self.kernel is not None and attrs is not None:
+                out = self.kernel(inputs, attrs, target)
+            if out is None:
+                out = compute(*inputs)
         shapes = [t.shape for t in inputs if isinstance(t, te.Tensor)] + [out.shape]
         func = te.create_prim_func(
             [*inputs, out], index_dtype_override=index_dtype_for(*shapes)

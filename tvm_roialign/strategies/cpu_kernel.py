@@ -38,11 +38,14 @@ from tvm.script import tirx as T
 from ..topi.roi_align import (
     FLOAT_DTYPES,
     LAYOUTS,
-    MAX_ADAPTIVE_GRID,
     MODES,
     accumulate_dtype,
+    adaptive_grid,
     check_roi_align_args,
+    exact_product,
     index_dtype_for,
+    roi_box,
+    roi_is_valid,
 )
 from .x86 import vector_bits
 
@@ -98,6 +101,7 @@ def roi_align_adaptive_cpu(
     layout: str,
     lanes: int,
     channel_block: int | None = None,
+    half_pixel: bool = False,
 ) -> tirx.PrimFunc:
     """The scheduled PrimFunc ``(data, rois, out)`` of RoIAlign with an adaptive grid.
 
@@ -109,7 +113,7 @@ def roi_align_adaptive_cpu(
     pooled_size : (int, int)
     spatial_scale : float
         Positive and finite.
-    mode, aligned, layout
+    mode, aligned, layout, half_pixel
         As :func:`tvm_roialign.topi.roi_align.roi_align`.
     lanes : int
         Vector lanes of the channel loop; must divide ``C``.
@@ -149,7 +153,7 @@ def roi_align_adaptive_cpu(
 
     # --- closure constants (PrimExprs of the right dtypes) ---
     N_I, H_I, W_I = ival(num_batch), ival(height), ival(width)
-    N_F, H_F, W_F = fval(num_batch), fval(height), fval(width)
+    H_F, W_F = fval(height), fval(width)
     H_LAST, W_LAST = H_I - tirx.const(1, idx), W_I - tirx.const(1, idx)
     H_LAST_F = H_F - tirx.const(1.0, acc)
     W_LAST_F = W_F - tirx.const(1.0, acc)
@@ -157,20 +161,16 @@ def roi_align_adaptive_cpu(
     ROWS = ival(num_rois) * PH_I  # parallel (roi, bin row) iterations
     PH_F = tirx.const(float(pooled_h), acc)
     PW_F = tirx.const(float(pooled_w), acc)
-    SCALE = tirx.const(float(spatial_scale), acc)
     ZERO = tirx.const(0.0, acc)
     ONE = tirx.const(1.0, acc)
     HALF = tirx.const(0.5, acc)
     MINUS_ONE = tirx.const(-1.0, acc)
-    HUGE = tirx.const(1e30, acc)
-    GRID_CAP = tirx.const(float(MAX_ADAPTIVE_GRID), acc)
     I_ZERO = tirx.const(0, idx)
     I_ONE = tirx.const(1, idx)
     INIT = ZERO if mode == "avg" else tirx.min_value(acc)
     IS_AVG = mode == "avg"
     IS_ONNX_MAX = mode == "onnx_max"
     NCHW = layout == "NCHW"
-    CLAMP_SIZE = not aligned
     FEAT_SHAPE = [num_batch, height, width, channels]
     DATA_SHAPE = data.shape
     ROIS_SHAPE = rois.shape
@@ -188,17 +188,15 @@ def roi_align_adaptive_cpu(
         # inside a vectorized loop is not vectorized correctly by this TVM)
         return cb * CB_I + co * L_I + ci
 
-    def grid_of(size_over_pooled):
-        # NaN and +-inf fail one of the comparisons and give an empty grid (as the TE compute)
-        finite = tirx.all(size_over_pooled > ZERO, size_over_pooled < HUGE)
-        grid = tirx.min(tirx.ceil(size_over_pooled), GRID_CAP)
-        return tirx.Cast(idx, tirx.Select(finite, grid, ZERO))
-
-    def clamp_size(size):
-        return tirx.max(size, ONE) if CLAMP_SIZE else size
-
     def to_acc(value):
         return tirx.Cast(acc, value)
+
+    # the roi's geometry and validity: the TE compute's own helpers (same float operations)
+    def box_of(buf, k):
+        return roi_box(lambda j: to_acc(buf[k, j]), spatial_scale, aligned, half_pixel, acc)
+
+    def valid_of(buf, k):
+        return roi_is_valid(lambda j: to_acc(buf[k, j]), num_batch, acc)
 
     # torchvision: value = w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4, left to right
     def sample_avg(w1, w2, w3, w4, v1, v2, v3, v4):
@@ -245,24 +243,20 @@ def roi_align_adaptive_cpu(
                 k = row // PH_I
                 ph = row % PH_I
                 # --- the roi's geometry ---
-                b = to_acc(rois_buf[k, 0])
-                start_w = to_acc(rois_buf[k, 1]) * SCALE
-                start_h = to_acc(rois_buf[k, 2]) * SCALE
-                roi_w = clamp_size(to_acc(rois_buf[k, 3]) * SCALE - start_w)
-                roi_h = clamp_size(to_acc(rois_buf[k, 4]) * SCALE - start_h)
+                start_h, start_w, roi_h, roi_w = box_of(rois_buf, k)
                 bin_h = roi_h / PH_F
                 bin_w = roi_w / PW_F
-                grid_h = grid_of(roi_h / PH_F)
-                grid_w = grid_of(roi_w / PW_F)
+                grid_h = adaptive_grid(roi_h / PH_F, acc, idx)
+                grid_w = adaptive_grid(roi_w / PW_F, acc, idx)
                 grid_h_f = to_acc(grid_h)
                 grid_w_f = to_acc(grid_w)
-                batch_ok = T.And(b > MINUS_ONE, b < N_F)
-                batch = T.Cast(idx, T.Select(batch_ok, b, ZERO))
+                roi_ok = valid_of(rois_buf, k)
+                batch = T.Cast(idx, T.Select(roi_ok, to_acc(rois_buf[k, 0]), ZERO))
                 nonempty = T.And(grid_h > I_ZERO, grid_w > I_ZERO)
                 count = to_acc(T.max(grid_h * grid_w, I_ONE))
-                y_base = start_h + to_acc(ph) * bin_h
+                y_base = start_h + exact_product(to_acc(ph), bin_h)
                 for pw in range(PW_EXT):
-                    x_base = start_w + to_acc(pw) * bin_w
+                    x_base = start_w + exact_product(to_acc(pw), bin_w)
                     acc_buf = T.alloc_buffer((CB,), acc, scope="local")
                     for co in range(CBO_I):
                         for ci in T.vectorized(L_I):
@@ -270,7 +264,7 @@ def roi_align_adaptive_cpu(
                     for iy in range(grid_h):
                         # --- the sample row's terms, shared by the row's samples and channels ---
                         y = y_base + (to_acc(iy) + HALF) * bin_h / grid_h_f
-                        y_ok = T.And(batch_ok, T.And(y >= MINUS_ONE, y <= H_F))
+                        y_ok = T.And(roi_ok, T.And(y >= MINUS_ONE, y <= H_F))
                         y_c = T.min(T.max(y, ZERO), H_LAST_F)  # compare-and-select: NaN -> 0
                         y_low = T.Cast(idx, y_c)
                         y_high = T.min(y_low + I_ONE, H_LAST)
@@ -368,6 +362,7 @@ def cpu_adaptive_kernel(te_inputs, attrs, target):
         layout,
         lanes,
         channel_block_for(int(channels), lanes, acc),
+        bool(getattr(attrs, "half_pixel", False)),
     )
     return te.extern_primfunc(
         [data, rois], func, name="roi_align_adaptive", tag=f"roi_align_{layout.lower()}"

@@ -27,8 +27,9 @@ directly then).
 
 The chosen level is then pooled exactly as :func:`tvm_roialign.topi.roi_align` with that level's
 ``spatial_scale`` (same sampling grid, bilinear rule, averaging and safety guarantees; see that
-module's docstring). ``aligned`` has torchvision's meaning here: the scaled box is shifted by
-``-0.5`` feature-map pixel (``x * spatial_scale - 0.5``) and the size is not clamped to >= 1.
+module's docstring). ``aligned`` and ``half_pixel`` mean what they mean there: ``aligned`` drops the
+>= 1 clamp of the roi size, ``half_pixel`` subtracts 0.5 after scaling (``x * spatial_scale_l -
+0.5``); torchvision's ``aligned=True`` is both.
 
 Only the chosen level is read and sampled: the level is computed once per sample (a Let; LLVM
 hoists it out of the channel loop), and the sample is an ``if_then_else`` chain over the levels
@@ -208,6 +209,7 @@ def _multiscale_roi_align(
     canonical_scale,
     canonical_level,
     mode,
+    half_pixel,
 ):
     features = list(features)
     pooled = check_multiscale_roi_align_args(
@@ -225,6 +227,7 @@ def _multiscale_roi_align(
     scales = [float(s) for s in spatial_scales]
     sampling_ratio = int(sampling_ratio)
     aligned = bool(aligned)
+    half_pixel = bool(half_pixel)
     num_levels = len(features)
     k_min, k_max = level_range(scales)
     dtype = features[0].dtype
@@ -245,7 +248,6 @@ def _multiscale_roi_align(
         out_shape = (num_rois, pooled_h, pooled_w, channels)
     acc = accumulate_dtype(dtype)
     idx = index_dtype_for(*[f.shape for f in features], out_shape)
-    half = tirx.const(0.5, acc)
 
     def compute_level(k):
         return _level_of(
@@ -279,17 +281,16 @@ def _multiscale_roi_align(
 
     def geometry(k, index):
         """RoIAlign geometry of roi ``k`` on level ``index`` (its own constant scale)."""
-        scale = tirx.const(scales[index], acc)
-
-        def scaled(j):  # torchvision: x * spatial_scale - offset
-            value = rois[k, j].astype(acc)
-            if j == 0:
-                return value
-            value = value * scale
-            return value - half if aligned else value
-
         return roi_geometry(
-            scaled, num_batch, pooled, 1.0, sampling_ratio, aligned, acc, idx
+            lambda j: rois[k, j].astype(acc),
+            num_batch,
+            pooled,
+            scales[index],
+            sampling_ratio,
+            aligned,
+            acc,
+            idx,
+            half_pixel,
         )
 
     def select_level(level, values):
@@ -316,7 +317,7 @@ def _multiscale_roi_align(
             so that no index or weight depends on a level chosen at run time."""
             geo = geometry(k, index)
             y, x = sample_point(geo, ph, pw, iy, ix, acc)
-            ok = tirx.all(geo.batch_ok, level_ok)
+            ok = tirx.all(geo.roi_ok, level_ok)
             co = bilinear_coeffs(y, x, heights[index], widths[index], ok, acc, idx)
             feature = features[index]
             if layout == "NCHW":
@@ -364,6 +365,7 @@ def multiscale_roi_align_nchw(
     canonical_scale=224,
     canonical_level=4,
     mode="avg",
+    half_pixel=False,
 ):
     """Multi-level RoIAlign on NCHW feature maps (torchvision's ``MultiScaleRoIAlign``).
 
@@ -380,11 +382,14 @@ def multiscale_roi_align_nchw(
     sampling_ratio : int
         Samples per bin side; ``<= 0`` is adaptive.
     aligned : bool
-        torchvision's ``aligned`` (shift after scaling, per level; no >= 1 clamp).
+        Stock TVM's meaning, as :func:`tvm_roialign.topi.roi_align`: no >= 1 clamp of the roi size.
     canonical_scale, canonical_level : int
         ``s0`` and ``k0`` of the FPN level formula (224 and 4 in torchvision).
     mode : str
         ``"avg"`` (torchvision); ``"max"`` and ``"onnx_max"`` as in RoIAlign.
+    half_pixel : bool
+        Subtract 0.5 after scaling, per level. torchvision's ``aligned=True`` is
+        ``aligned=True, half_pixel=True``.
 
     Returns
     -------
@@ -408,6 +413,7 @@ def multiscale_roi_align_nchw(
         canonical_scale,
         canonical_level,
         mode,
+        half_pixel,
     )
 
 
@@ -421,6 +427,7 @@ def multiscale_roi_align_nhwc(
     canonical_scale=224,
     canonical_level=4,
     mode="avg",
+    half_pixel=False,
 ):
     """Multi-level RoIAlign on NHWC maps ``[N, H_l, W_l, C]`` -> ``[K, PH, PW, C]``.
 
@@ -437,6 +444,7 @@ def multiscale_roi_align_nhwc(
         canonical_scale,
         canonical_level,
         mode,
+        half_pixel,
     )
 
 
@@ -451,6 +459,7 @@ def multiscale_roi_align(
     canonical_scale=224,
     canonical_level=4,
     mode="avg",
+    half_pixel=False,
 ):
     """Dispatcher over ``layout`` (``"NCHW"`` or ``"NHWC"``); raises ValueError otherwise."""
     if layout == "NCHW":
@@ -469,4 +478,5 @@ def multiscale_roi_align(
         canonical_scale,
         canonical_level,
         mode,
+        half_pixel,
     )

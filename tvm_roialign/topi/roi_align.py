@@ -12,12 +12,24 @@ Output
 
 Per roi (``spatial_scale`` maps input-image pixels to feature-map pixels):
 
-* ``roi_start = x1 * spatial_scale``, ``roi_end = x2 * spatial_scale`` (same for y). The op itself
-  applies **no** half-pixel shift: this keeps the meaning of the attribute of TVM's
-  ``relax.vision.roi_align``. ``aligned=False`` clamps the roi width and height to at least 1,
-  ``aligned=True`` does not. torchvision's ``aligned=True`` (shift by 0.5 *after* scaling) is obtained
-  by shifting the roi coordinates by ``-0.5 / spatial_scale`` before the op, which is what
-  :func:`tvm_roialign.roi_align` and the importers do.
+* ``roi_start = x1 * spatial_scale - offset``, ``roi_end = x2 * spatial_scale - offset`` (same for
+  y), in the accumulate dtype and in this order, the product rounded on its own (never fused into a
+  multiply-add, see :func:`exact_product`), so that the roi size and an adaptive grid are exactly
+  torchvision's at every scale. ``offset`` is 0.5 with ``half_pixel=True``, else 0.
+  ``aligned=False`` clamps the roi width and height to at least 1 (a NaN size stays NaN),
+  ``aligned=True`` does not.
+
+  ========================  ===============================  ========================================
+  name                      where                            meaning
+  ========================  ===============================  ========================================
+  ``aligned``               ``relax.vision.roi_align``       stock TVM: no >= 1 clamp of the roi size;
+                            attribute, this module           no shift
+  ``half_pixel``            this module, the ops' attributes subtract 0.5 after scaling
+                            (``DictAttrs``)
+  torchvision ``aligned``,  :func:`tvm_roialign.roi_align`,  ``aligned=True, half_pixel=True``
+  ONNX ``half_pixel``       the importers
+  ========================  ===============================  ========================================
+
 * The roi is cut into ``PH x PW`` bins; each bin is sampled on a regular grid of
   ``grid_h x grid_w`` points, ``grid = sampling_ratio`` when ``sampling_ratio > 0`` and
   ``ceil(roi_size / pooled_size)`` otherwise (adaptive; a non-finite size gives an empty grid and the
@@ -30,9 +42,10 @@ Per roi (``spatial_scale`` maps input-image pixels to feature-map pixels):
   ``mode="onnx_max"``: the maximum over samples of the largest of the four weighted corner terms
   ``w_i * v_i`` (the ONNX ``RoiAlign`` specification, onnx.reference and onnxruntime).
   An empty grid gives 0 in every mode.
-* A NaN coordinate gives 0 for the samples it touches, and a batch index outside ``[0, N)``
-  (after truncation toward zero, as torchvision's ``int`` cast) gives a row of zeros; no memory
-  outside ``data`` is ever read, because every index is clamped before it is used.
+* A NaN or infinite coordinate (x1, y1, x2 or y2) makes every sample of the roi invalid, and a batch
+  index outside ``[0, N)`` (after truncation toward zero, as torchvision's ``int`` cast; NaN and
+  infinities included) is invalid too: the roi's row is 0. No memory outside ``data`` is ever read,
+  because every index is clamped before it is used.
 * float16 data are accumulated in float32 (float64 for float64) and returned as float16.
 * Index arithmetic is int64 when ``data`` or the output has more than ``2**31 - 1`` elements (or a
   symbolic dimension), int32 otherwise.
@@ -46,6 +59,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import tvm
 from tvm import te, tirx
 
 __all__ = [
@@ -143,7 +157,7 @@ class RoiGeometry:
     """Per-roi scalars of the sampling grid (TIR expressions in the accumulate dtype)."""
 
     batch: tirx.PrimExpr  # safe batch index (0 when invalid)
-    batch_ok: tirx.PrimExpr  # bool
+    roi_ok: tirx.PrimExpr  # bool: batch index in [0, N) and finite coordinates
     start_h: tirx.PrimExpr
     start_w: tirx.PrimExpr
     bin_h: tirx.PrimExpr
@@ -193,7 +207,8 @@ class _Lets:
         return var
 
 
-def _adaptive_grid(size_over_pooled, acc, idx):
+def adaptive_grid(size_over_pooled, acc, idx):
+    """``ceil(size / pooled)`` capped at :data:`MAX_ADAPTIVE_GRID`; 0 (empty) unless in ``(0, 1e30)``."""
     cap = tirx.const(float(MAX_ADAPTIVE_GRID), acc)
     zero = tirx.const(0.0, acc)
     # NaN and +-inf fail one of the comparisons and give an empty grid.
@@ -202,31 +217,89 @@ def _adaptive_grid(size_over_pooled, acc, idx):
     return tirx.Select(finite, grid, zero).astype(idx)
 
 
-def roi_geometry(roi, num_batch, pooled, spatial_scale, sampling_ratio, aligned, acc, idx):
+def exact_product(a, b):
+    """``a * b`` rounded once, as a separate multiplication (never fused into a multiply-add).
+
+    With a target whose CPU has fused multiply-add (x86 with FMA, every aarch64), LLVM contracts
+    ``x * s - 0.5`` into one ``fma`` rounded once, while torchvision's CPU kernel rounds the product
+    first; the roi size and with it an adaptive sampling grid can then differ. The product is fenced
+    for the current target (``tvm.target.Target.current()``): ``llvm.arithmetic.fence`` for llvm
+    targets, ``__fmul_rn`` / ``__dmul_rn`` for CUDA; other targets (Metal, which compiles with fast
+    math) and no current target get the plain product.
+    """
+    product = a * b
+    target = tvm.target.Target.current(allow_none=True)
+    kind = target.kind.name if target is not None else None
+    dtype = str(product.ty.dtype)
+    if kind == "llvm":
+        return tirx.call_llvm_pure_intrin(dtype, "llvm.arithmetic.fence", product)
+    if kind == "cuda" and dtype in _CUDA_MUL_RN:
+        return tirx.call_pure_extern(dtype, _CUDA_MUL_RN[dtype], a, b)
+    return product
+
+
+_CUDA_MUL_RN = {"float32": "__fmul_rn", "float64": "__dmul_rn"}
+
+
+def clamp_roi_size(size, acc):
+    """``max(size, 1)`` (torchvision's clamp of a malformed roi to 1 x 1).
+
+    ``te.max`` lowers to compare-and-select, so a NaN size becomes 1; a NaN size only comes from a
+    non-finite coordinate, and :func:`roi_is_valid` makes such a roi a row of zeros before any of
+    its samples is taken.
+    """
+    return te.max(size, tirx.const(1.0, acc))
+
+
+def roi_box(roi, spatial_scale, aligned, half_pixel, acc):
+    """``(start_h, start_w, roi_h, roi_w)`` of one roi in feature-map pixels, rounded as
+    torchvision's kernel: ``start = x1 * spatial_scale - offset`` (offset 0.5 with ``half_pixel``,
+    else 0), ``size = end - start``, clamped to >= 1 unless ``aligned``."""
+    scale = tirx.const(float(spatial_scale), acc)
+    half = tirx.const(0.5, acc)
+
+    def coordinate(j):
+        value = exact_product(roi(j), scale)
+        return value - half if half_pixel else value
+
+    start_w, start_h, end_w, end_h = (coordinate(j) for j in (1, 2, 3, 4))
+    roi_w = end_w - start_w
+    roi_h = end_h - start_h
+    if not aligned:
+        roi_w = clamp_roi_size(roi_w, acc)
+        roi_h = clamp_roi_size(roi_h, acc)
+    return start_h, start_w, roi_h, roi_w
+
+
+def roi_is_valid(roi, num_batch, acc):
+    """Whether a roi is pooled at all: batch index in ``(-1, N)`` (torchvision truncates it toward
+    zero) and four finite coordinates. NaN and infinities fail, so the index is safe to use."""
+    b = roi(0)
+    return tirx.all(
+        b > tirx.const(-1.0, acc),
+        b < tirx.Cast(acc, num_batch),
+        *(tirx.isfinite(roi(j)) for j in (1, 2, 3, 4)),
+    )
+
+
+def roi_geometry(
+    roi, num_batch, pooled, spatial_scale, sampling_ratio, aligned, acc, idx, half_pixel=False
+):
     """Per-roi geometry from ``roi(j)`` (column ``j`` of the roi row, in the accumulate dtype)."""
     ph, pw = pooled
-    scale = tirx.const(spatial_scale, acc)
-    start_w = roi(1) * scale
-    start_h = roi(2) * scale
-    roi_w = roi(3) * scale - start_w
-    roi_h = roi(4) * scale - start_h
-    if not aligned:
-        one = tirx.const(1.0, acc)
-        roi_w = te.max(roi_w, one)
-        roi_h = te.max(roi_h, one)
+    start_h, start_w, roi_h, roi_w = roi_box(roi, spatial_scale, aligned, half_pixel, acc)
     pooled_h = tirx.const(float(ph), acc)
     pooled_w = tirx.const(float(pw), acc)
     if sampling_ratio > 0:
         grid_h = grid_w = tirx.const(int(sampling_ratio), idx)
     else:
-        grid_h = _adaptive_grid(roi_h / pooled_h, acc, idx)
-        grid_w = _adaptive_grid(roi_w / pooled_w, acc, idx)
-    b = roi(0)
-    batch_ok = tirx.all(b > tirx.const(-1.0, acc), b < tirx.Cast(acc, num_batch))
-    batch = tirx.Select(batch_ok, b, tirx.const(0.0, acc)).astype(idx)
+        grid_h = adaptive_grid(roi_h / pooled_h, acc, idx)
+        grid_w = adaptive_grid(roi_w / pooled_w, acc, idx)
+    roi_ok = roi_is_valid(roi, num_batch, acc)
+    batch = tirx.Select(roi_ok, roi(0), tirx.const(0.0, acc)).astype(idx)
     return RoiGeometry(
         batch=batch,
-        batch_ok=batch_ok,
+        roi_ok=roi_ok,
         start_h=start_h,
         start_w=start_w,
         bin_h=roi_h / pooled_h,
@@ -261,13 +334,13 @@ def _axis_coeffs(lets, coord, size, acc, idx, axis):
     return low, high, frac
 
 
-def bilinear_coeffs(y, x, height, width, batch_ok, acc, idx):
+def bilinear_coeffs(y, x, height, width, roi_ok, acc, idx):
     """Positions and weights of the sample at feature-map coordinates ``(y, x)``."""
     lets = _Lets()
     valid = lets.bind(
         "valid",
         tirx.all(
-            batch_ok,
+            roi_ok,
             y >= tirx.const(-1.0, acc),
             y <= tirx.Cast(acc, height),
             x >= tirx.const(-1.0, acc),
@@ -299,12 +372,12 @@ def sample_point(geo: RoiGeometry, ph, pw, iy, ix, acc):
     half = tirx.const(0.5, acc)
     y = (
         geo.start_h
-        + ph.astype(acc) * geo.bin_h
+        + exact_product(ph.astype(acc), geo.bin_h)
         + (iy.astype(acc) + half) * geo.bin_h / geo.grid_h.astype(acc)
     )
     x = (
         geo.start_w
-        + pw.astype(acc) * geo.bin_w
+        + exact_product(pw.astype(acc), geo.bin_w)
         + (ix.astype(acc) + half) * geo.bin_w / geo.grid_w.astype(acc)
     )
     return y, x
@@ -370,7 +443,9 @@ def accumulate_then_finalize(out_shape, layout, body, final, tag):
     )
 
 
-def _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned, layout):
+def _roi_align(
+    data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned, layout, half_pixel
+):
     pooled = check_roi_align_args(
         data.shape, data.dtype, rois.shape, rois.dtype, pooled_size, layout, mode
     )
@@ -401,6 +476,7 @@ def _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, ali
             aligned,
             acc,
             idx,
+            half_pixel,
         )
 
     def body(k, c, ph, pw):
@@ -408,7 +484,7 @@ def _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, ali
 
         def value(iy, ix):
             y, x = sample_point(geo, ph, pw, iy, ix, acc)
-            co = bilinear_coeffs(y, x, height, width, geo.batch_ok, acc, idx)
+            co = bilinear_coeffs(y, x, height, width, geo.roi_ok, acc, idx)
             if layout == "NCHW":
                 load = lambda yy, xx: data[geo.batch, c, yy, xx].astype(acc)
             else:
@@ -427,7 +503,7 @@ def _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, ali
 
 
 def roi_align_nchw(data, rois, pooled_size, spatial_scale=1.0, mode="avg", sampling_ratio=-1,
-                   aligned=False):
+                   aligned=False, half_pixel=False):
     """RoIAlign on NCHW data.
 
     Parameters
@@ -445,7 +521,10 @@ def roi_align_nchw(data, rois, pooled_size, spatial_scale=1.0, mode="avg", sampl
     sampling_ratio : int
         Samples per bin side; ``<= 0`` is adaptive ``ceil(roi_size / pooled_size)``.
     aligned : bool
-        ``False`` clamps the roi size to at least 1; no half-pixel shift either way (module doc).
+        Stock TVM's meaning: ``False`` clamps the roi size to at least 1; no shift (module doc).
+    half_pixel : bool
+        Subtract 0.5 from the scaled coordinates (``x * spatial_scale - 0.5``). torchvision's
+        ``aligned=True`` and ONNX's ``half_pixel`` are ``aligned=True, half_pixel=True``.
 
     Returns
     -------
@@ -458,23 +537,28 @@ def roi_align_nchw(data, rois, pooled_size, spatial_scale=1.0, mode="avg", sampl
         On a wrong rank, rois not ``[K, 5]``, unknown mode, non-positive pooled size or
         spatial_scale, non-float or mismatched dtypes.
     """
-    return _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned, "NCHW")
+    return _roi_align(
+        data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned, "NCHW", half_pixel
+    )
 
 
 def roi_align_nhwc(data, rois, pooled_size, spatial_scale=1.0, mode="avg", sampling_ratio=-1,
-                   aligned=False):
+                   aligned=False, half_pixel=False):
     """RoIAlign on NHWC data: ``data [N, H, W, C]`` -> ``[K, PH, PW, C]``.
 
     Arguments, semantics and errors as :func:`roi_align_nchw`.
     """
-    return _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned, "NHWC")
+    return _roi_align(
+        data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned, "NHWC", half_pixel
+    )
 
 
 def roi_align(data, rois, pooled_size, spatial_scale=1.0, mode="avg", sampling_ratio=-1,
-              aligned=False, layout="NCHW"):
+              aligned=False, layout="NCHW", half_pixel=False):
     """RoIAlign dispatcher over ``layout`` (``"NCHW"`` or ``"NHWC"``); raises ValueError otherwise."""
+    args = (data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned, half_pixel)
     if layout == "NCHW":
-        return roi_align_nchw(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned)
+        return roi_align_nchw(*args)
     if layout == "NHWC":
-        return roi_align_nhwc(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, aligned)
+        return roi_align_nhwc(*args)
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
