@@ -33,7 +33,6 @@ HOST = tvm.target.Target({"kind": "llvm"})
 POOLED = 5
 CHANNELS = 2 * POOLED**2
 BOXES = [[0, 0, 0, 9, 9], [0, 0, 5, 4, 9], [0, 5, 5, 9, 9], [1, 0, 0, 9, 9]]
-TOL = {"float16": 4e-3, "float32": 1e-5, "float64": 1e-5}
 LAYOUTS = ("NCHW", "NHWC")
 
 
@@ -109,16 +108,16 @@ def _ours(x, rois, aligned, layout, sampling_ratio=-1, pooled=POOLED):
 @pytest.mark.parametrize("aligned", [False, True])
 @pytest.mark.parametrize("contiguous", [True, False])
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_forward(dtype, contiguous, aligned, layout):
+def test_forward(dtype, contiguous, aligned, layout, tol):
     x = _input(dtype, contiguous)
     rois = np.array(BOXES, dtype)
     got = _ours(x, rois, aligned, layout)
     assert got.dtype == np.dtype(dtype)  # the output keeps the input dtype
     want = expected_roi_align(x.double().numpy(), rois, POOLED, 1.0, -1, aligned)
-    np.testing.assert_allclose(got.astype(np.float64), want, rtol=TOL[dtype], atol=TOL[dtype])
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol[dtype], atol=tol[dtype])
     theirs = torchvision.ops.roi_align(x, torch.from_numpy(rois), POOLED, 1.0, -1, aligned)
     np.testing.assert_allclose(got.astype(np.float64), theirs.double().numpy(),
-                               rtol=TOL[dtype], atol=TOL[dtype])
+                               rtol=tol[dtype], atol=tol[dtype])
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -150,7 +149,7 @@ def test_rois_dtype_must_match():
 
 
 @pytest.mark.parametrize("aligned", [False, True])
-def test_boxes_as_a_list_through_torch_export(aligned):
+def test_boxes_as_a_list_through_torch_export(aligned, tol):
     """Boxes as a list of per-image [L, 4] tensors (torchvision converts them to [K, 5]), on a
     non-contiguous map, through the torch.export importer."""
 
@@ -165,13 +164,13 @@ def test_boxes_as_a_list_through_torch_export(aligned):
     want = Model()(x, b0, b1).numpy()
     mod = from_exported_program(torch.export.export(Model(), (x, b0, b1)))
     got = compile_and_run(mod, [x.numpy(), b0.numpy(), b1.numpy()])
-    np.testing.assert_allclose(got[0] if isinstance(got, list) else got, want, rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(got[0] if isinstance(got, list) else got, want,
+                               rtol=tol["float32"], atol=tol["float32"])
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("aligned", [False, True])
-def test_many_random_integer_boxes(layout, aligned):
+def test_many_random_integer_boxes(layout, aligned, tol):
     """torchvision's quantization test boxes: 1000 integer boxes (origin in [0, 5), size in
     [0, 5)) on two 10 x 10 images, some of zero size."""
     g = torch.Generator().manual_seed(0)
@@ -181,4 +180,4 @@ def test_many_random_integer_boxes(layout, aligned):
     x = torch.randint(50, 100, (2, 2, 10, 10), generator=g).float()
     got = _ours(x, rois.numpy(), aligned, layout)
     want = torchvision.ops.roi_align(x, rois, POOLED, 1.0, -1, aligned).numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got, want, rtol=tol["float32"], atol=tol["float32"])

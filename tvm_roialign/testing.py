@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .topi.roi_align import MAX_ADAPTIVE_GRID
+from .topi._sampling import MAX_ADAPTIVE_GRID
 
 
 def _bilinear_terms(plane, y, x):
@@ -134,6 +134,35 @@ def roi_align_ref(
     return out if layout == "NHWC" else out.transpose(0, 3, 1, 2)
 
 
+def single_op_module(build, **inputs):
+    """An IRModule ``main(**inputs)`` whose one dataflow block emits ``build(*params)``.
+
+    ``inputs`` map parameter names, in order, to ``(shape, dtype)`` or a ``relax.TensorType``;
+    ``build`` takes the parameters (``relax.Var``) and returns a Relax expression, or a list of them
+    (the function then returns a tuple).
+
+    Example::
+
+        mod = single_op_module(lambda d, r: relax.op.vision.roi_align(d, r, (2, 2), 1.0),
+                               data=([1, 4, 8, 8], "float32"), rois=([3, 5], "float32"))
+    """
+    from tvm import relax
+
+    params = []
+    for name, spec in inputs.items():
+        ty = spec if isinstance(spec, relax.TensorType) else relax.TensorType(list(spec[0]), spec[1])
+        params.append(relax.Var(name, ty))
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            result = build(*params)
+            if isinstance(result, (list, tuple)):
+                result = relax.Tuple([bb.emit(r) for r in result])
+            out = bb.emit_output(bb.emit(result) if isinstance(result, relax.Call) else result)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def build_roi_align_module(
     data_shape,
     num_rois,
@@ -155,22 +184,14 @@ def build_roi_align_module(
 
     from .ops.roi_align import make_roi_align
 
-    bb = relax.BlockBuilder()
-    data = relax.Var("data", relax.TensorType(list(data_shape), dtype))
-    rois = relax.Var("rois", relax.TensorType([num_rois, 5], dtype))
-    with bb.function("main", [data, rois]):
-        with bb.dataflow():
-            if torchvision_aligned:
-                out = make_roi_align(
-                    data, rois, pooled_size, spatial_scale, sampling_ratio, aligned, layout, mode
-                )
-            else:
-                out = relax.op.vision.roi_align(
-                    data, rois, pooled_size, spatial_scale, sampling_ratio, aligned, layout, mode
-                )
-            out = bb.emit_output(bb.emit(out))
-        bb.emit_func_output(out)
-    return bb.get()
+    make = make_roi_align if torchvision_aligned else relax.op.vision.roi_align
+    return single_op_module(
+        lambda data, rois: make(
+            data, rois, pooled_size, spatial_scale, sampling_ratio, aligned, layout, mode
+        ),
+        data=(data_shape, dtype),
+        rois=([num_rois, 5], dtype),
+    )
 
 
 def compile_and_run(mod, inputs, target=None, func_name="main"):

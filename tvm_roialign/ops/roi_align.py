@@ -2,6 +2,9 @@
 
 Stock TVM 0.27 infers float32 for float16 data and legalizes to an unscheduled TE compute with
 known faults (see the README). :func:`register` replaces both, above TVM's own level, reversibly.
+The op's typed attributes keep stock TVM's meaning; torchvision's ``aligned`` (a shift after
+scaling) travels as ``half_pixel`` in ``ir.DictAttrs`` (:class:`RoiAlignAttrs`; the names are
+tabled in :mod:`tvm_roialign.topi.roi_align`).
 """
 
 from __future__ import annotations
@@ -10,13 +13,13 @@ import dataclasses
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax, te, tirx
+from tvm import relax
 
 from .. import _registry
-from ..strategies import select_strategy
-from ..strategies.base import without_global_symbol
 from ..topi import roi_align as topi_roi_align
+from ..topi._sampling import data_dims, output_shape
 from ..topi.roi_align import check_roi_align_args
+from ._legalize import FreshDims, legalize_with_strategy, tensor_info
 
 OP_NAME = "relax.vision.roi_align"
 
@@ -69,49 +72,6 @@ class RoiAlignAttrs:
         )
 
 
-def tensor_info(expr, name: str):
-    """``(shape values or None, ndim, dtype)`` of a tensor-typed Relax expression."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType):
-        raise TypeError(f"{name} must be a tensor, got {ty}")
-    shape = None if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr) else list(
-        ty.shape.values
-    )
-    return shape, int(ty.ndim), str(ty.dtype)
-
-
-class FreshDims:
-    """Replace composite symbolic dimensions (``K0 + K1``) by fresh variables.
-
-    A PrimFunc can only take its symbolic sizes from buffer shapes; a dimension such as
-    ``K0 + K1`` (rois concatenated from two inputs) defines neither variable. A fresh variable
-    per distinct composite dimension is bound from the buffer's shape at run time instead.
-    """
-
-    def __init__(self):
-        self._seen: list[tuple[tirx.PrimExpr, tirx.Var]] = []
-
-    def __call__(self, shape):
-        return [self._dim(d) for d in shape]
-
-    def _dim(self, dim):
-        if isinstance(dim, (int, tirx.IntImm, tirx.Var)):
-            return dim
-        for expr, var in self._seen:
-            if tvm.ir.structural_equal(expr, dim):
-                return var
-        var = tirx.Var(f"dim{len(self._seen)}", "int64")
-        self._seen.append((dim, var))
-        return var
-
-
-def _output_shape(data_shape, rois_shape, pooled, layout):
-    ph, pw = pooled
-    if layout == "NCHW":
-        return [rois_shape[0], data_shape[1], ph, pw]
-    return [rois_shape[0], ph, pw, data_shape[3]]
-
-
 def infer_struct_info(call, _ctx=None):
     """Output ``[K, C, PH, PW]`` (NCHW) or ``[K, PH, PW, C]`` (NHWC) in the data dtype."""
     attrs = RoiAlignAttrs.from_call(call)
@@ -126,26 +86,18 @@ def infer_struct_info(call, _ctx=None):
     check_roi_align_args(
         check_shape, data_dtype, check_rois, rois_dtype, attrs.pooled_size, attrs.layout, attrs.mode
     )
+    vdevice = call.args[0].ty.vdevice
     if data_shape is None or rois_shape is None:
-        return relax.TensorType(ndim=4, dtype=data_dtype)
-    return relax.TensorType(
-        _output_shape(data_shape, rois_shape, attrs.pooled_size, attrs.layout), data_dtype
-    )
+        return relax.TensorType(ndim=4, dtype=data_dtype, vdevice=vdevice)
+    channels = data_dims(data_shape, attrs.layout)[1]
+    shape = output_shape(rois_shape[0], channels, attrs.pooled_size, attrs.layout)
+    return relax.TensorType(list(shape), data_dtype, vdevice=vdevice)
 
 
 def legalize(bb: relax.BlockBuilder, call):
-    """Lower a call to ``call_tir`` of a PrimFunc scheduled by the current target's strategy."""
+    """Lower a call to ``call_tir`` of a PrimFunc scheduled by the strategy of the call's target
+    (:func:`~._legalize.legalize_with_strategy`)."""
     attrs = RoiAlignAttrs.from_call(call)
-    data_shape, _, dtype = tensor_info(call.args[0], "data")
-    rois_shape, _, _ = tensor_info(call.args[1], "rois")
-    if data_shape is None or rois_shape is None:
-        raise ValueError("roi_align needs data and rois of known rank and shape to legalize")
-    strategy, target = select_strategy(None)
-    fresh = FreshDims()
-    inputs = [
-        te.placeholder(fresh(data_shape), dtype, "data"),
-        te.placeholder(fresh(rois_shape), dtype, "rois"),
-    ]
 
     def compute(data, rois):
         return topi_roi_align(
@@ -160,9 +112,15 @@ def legalize(bb: relax.BlockBuilder, call):
             attrs.half_pixel,
         )
 
-    func = strategy.build(compute, inputs, target, attrs.layout, attrs)
-    gvar = bb.add_func(without_global_symbol(func), f"roi_align_{attrs.layout.lower()}")
-    return relax.call_tir(gvar, list(call.args), call.ty)
+    return legalize_with_strategy(
+        bb,
+        call,
+        name=f"roi_align_{attrs.layout.lower()}",
+        inputs=[(call.args[0], "data"), (call.args[1], "rois")],
+        compute=compute,
+        layout=attrs.layout,
+        attrs=attrs,
+    )
 
 
 def register() -> None:

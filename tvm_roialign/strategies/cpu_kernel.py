@@ -9,8 +9,9 @@ move them outside the channel loop. This kernel is written in TVMScript already 
 * each bin has a channel accumulator (``C`` elements of the accumulate dtype, on the worker's
   stack; past :data:`MAX_ACC_BYTES` the channels are processed in blocks);
 * for each sample the four corner positions and weights are computed once, as scalars (the row
-  terms once per sample row), and then applied to all channels in an inner loop, vectorized by the
-  target's vector width when it divides ``C``;
+  terms once per sample row), and then applied to all channels in an inner loop, vectorized by
+  :func:`~tvm_roialign.strategies.cpu.vector_lanes` (the largest power of two up to it that
+  divides ``C``; the TE schedule's policy);
 * the bin's output is written once, after the grid (divided by ``max(grid_h * grid_w, 1)`` in
   ``avg`` mode; 0 for an empty grid in every mode).
 
@@ -18,64 +19,45 @@ NHWC reads the channel vectors of the feature map directly. NCHW first copies th
 channels-last (``[N, H, W, C]``, a workspace the size of ``data``, in parallel over rows) so that
 the channel loop reads contiguous vectors, as the TE path's NCHW schedule does.
 
-The semantics are those of the TE compute (module docstring of :mod:`tvm_roialign.topi.roi_align`),
-with the same float operation order (torchvision's CPU kernel), the same clamping of every index
-before it is used, the same handling of NaN / infinite coordinates and out-of-range batch indices,
-and the same reduction identity. :func:`cpu_adaptive_kernel` returns None (the TE path is used) for
+The semantics are those of the TE compute (module docstring of :mod:`tvm_roialign.topi.roi_align`):
+the roi's geometry, validity and grid come from the same helpers (:mod:`tvm_roialign.topi._sampling`),
+the samples follow the same float operation order (torchvision's CPU kernel), every index is
+clamped before it is used, and the reduction identity is the same. :func:`cpu_adaptive_kernel` returns None (the TE path is used) for
 a static grid (``sampling_ratio > 0``), a symbolic channel count, or arguments the TE compute would
 reject (so that it raises its own error). Index arithmetic is int32 or int64 as
-:func:`~tvm_roialign.topi.roi_align.index_dtype_for` decides (int64 for a symbolic number of rois).
+:func:`~tvm_roialign.topi._sampling.index_dtype_for` decides (int64 for a symbolic number of rois).
 """
 
 from __future__ import annotations
 
-import math
-
-import tvm
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ..topi.roi_align import (
-    FLOAT_DTYPES,
-    LAYOUTS,
-    MODES,
+from ..topi._sampling import (
     accumulate_dtype,
     adaptive_grid,
-    check_roi_align_args,
+    data_dims,
     exact_product,
     index_dtype_for,
+    is_static,
+    output_shape,
     roi_box,
     roi_is_valid,
 )
-from .x86 import vector_bits
+from ..topi.roi_align import check_roi_align_args, check_spatial_scale
+from .base import largest_divisor_lanes
+from .cpu import vector_lanes
 
 __all__ = [
     "MAX_ACC_BYTES",
     "channel_block_for",
     "cpu_adaptive_kernel",
     "roi_align_adaptive_cpu",
-    "vector_lanes",
 ]
 
 #: Largest per-bin channel accumulator (bytes, on the stack of each worker); with more channels the
 #: channels are processed in blocks that fit (the sampling positions are then computed per block).
 MAX_ACC_BYTES = 64 * 1024
-
-
-def _vector_bits(target: tvm.target.Target) -> int:
-    if "arm_cpu" in [str(key) for key in target.keys]:
-        return 128  # NEON (SVE's width is not known at compile time)
-    return vector_bits(target)
-
-
-def vector_lanes(channels: int, acc: str, target: tvm.target.Target) -> int:
-    """Lanes of the channel loop: the largest power of two <= vector bits / accumulator bits that
-    divides ``channels`` (1: scalar)."""
-    max_lanes = max(_vector_bits(target) // (64 if acc == "float64" else 32), 1)
-    lanes = 1
-    while lanes * 2 <= max_lanes and channels % (lanes * 2) == 0:
-        lanes *= 2
-    return lanes
 
 
 def channel_block_for(channels: int, lanes: int, acc: str) -> int:
@@ -85,10 +67,6 @@ def channel_block_for(channels: int, lanes: int, acc: str) -> int:
     if channels <= limit:
         return channels
     return max(b for b in range(lanes, limit + 1, lanes) if channels % b == 0)
-
-
-def _is_static(dim) -> bool:
-    return isinstance(dim, (int, tirx.IntImm))
 
 
 def roi_align_adaptive_cpu(
@@ -128,16 +106,10 @@ def roi_align_adaptive_cpu(
     """
     dtype = str(data.dtype)
     acc = accumulate_dtype(dtype)
-    if layout == "NCHW":
-        num_batch, channels, height, width = data.shape
-    else:
-        num_batch, height, width, channels = data.shape
+    num_batch, channels, height, width = data_dims(data.shape, layout)
     num_rois = rois.shape[0]
     pooled_h, pooled_w = pooled_size
-    if layout == "NCHW":
-        out_shape = [num_rois, channels, pooled_h, pooled_w]
-    else:
-        out_shape = [num_rois, pooled_h, pooled_w, channels]
+    out_shape = list(output_shape(num_rois, channels, pooled_size, layout))
     idx = index_dtype_for(data.shape, out_shape)
     C = int(channels)
     channel_block = channel_block or C
@@ -146,10 +118,10 @@ def roi_align_adaptive_cpu(
     L = lanes
 
     def ival(dim):
-        return tirx.const(int(dim), idx) if _is_static(dim) else tirx.Cast(idx, dim)
+        return tirx.const(int(dim), idx) if is_static(dim) else tirx.Cast(idx, dim)
 
     def fval(dim):
-        return tirx.const(float(int(dim)), acc) if _is_static(dim) else tirx.Cast(acc, dim)
+        return tirx.const(float(int(dim)), acc) if is_static(dim) else tirx.Cast(acc, dim)
 
     # --- closure constants (PrimExprs of the right dtypes) ---
     N_I, H_I, W_I = ival(num_batch), ival(height), ival(width)
@@ -340,18 +312,14 @@ def cpu_adaptive_kernel(te_inputs, attrs, target):
         pooled = check_roi_align_args(
             data.shape, data.dtype, rois.shape, rois.dtype, attrs.pooled_size, layout, mode
         )
+        spatial_scale = check_spatial_scale(attrs.spatial_scale)
     except (ValueError, TypeError):
         return None
-    spatial_scale = float(attrs.spatial_scale)
-    if not (math.isfinite(spatial_scale) and spatial_scale > 0):
-        return None
-    if layout not in LAYOUTS or mode not in MODES or str(data.dtype) not in FLOAT_DTYPES:
-        return None
-    channels = data.shape[1] if layout == "NCHW" else data.shape[3]
-    if not _is_static(channels) or int(channels) <= 0:
+    channels = data_dims(data.shape, layout)[1]
+    if not is_static(channels) or int(channels) <= 0:
         return None
     acc = accumulate_dtype(data.dtype)
-    lanes = vector_lanes(int(channels), acc, target)
+    lanes = largest_divisor_lanes(int(channels), vector_lanes(target, data.dtype))
     func = roi_align_adaptive_cpu(
         data,
         rois,
