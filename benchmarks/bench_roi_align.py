@@ -6,7 +6,7 @@ Shapes (fp32, aligned=False, random rois inside the image):
   C: features 1x256x50x68, spatial_scale 1/16, 1000 rois, 7x7
 
 Both layouts; torchvision has NCHW only, so its NCHW time is the reference for both. Stock TVM is
-measured through ``tvm_roialign.unregister()``. Each time is the median of ``--repeat`` runs after one
+measured inside ``tvm_roialign.stock_tvm()``. Each time is the median of ``--repeat`` runs after one
 warm-up. Prints a table of ratios, writes JSON and a PNG bar chart to ``--out`` (a folder).
 
     python benchmarks/bench_roi_align.py [--repeat 7] [--shapes A,B,C] [--out benchmarks/results]
@@ -126,12 +126,9 @@ def main(argv=None):
             stock_ms = None
             if not args.no_stock:
                 console.print(f"[bold]shape {shape} {layout}[/]: compiling stock TVM ...")
-                tvm_roialign.unregister()
-                try:
+                with tvm_roialign.stock_tvm():
                     stock_run, _ = tvm_runner(shape, layout, target, data, rois)
                     stock_ms = median_ms(stock_run, max(3, args.repeat // 2))
-                finally:
-                    tvm_roialign.register()
             rows.append(
                 dict(
                     shape=shape,

@@ -2,7 +2,7 @@
 
 For each case and dtype (float32, float16) it builds our RoIAlign (NCHW and NHWC) through
 ``tvm.compile`` of a Relax module, compares it with ``torchvision.ops.roi_align`` on the GPU, and
-times ours, torchvision and stock TVM (``tvm_roialign.unregister()``; stock TVM 0.27 fails to build
+times ours, torchvision and stock TVM (``tvm_roialign.stock_tvm()``; stock TVM 0.27 fails to build
 roi_align for CUDA, which is reported as "fails").
 
 Cases (sampling_ratio 2, aligned=False as in torchvision's Faster R-CNN box head):
@@ -168,10 +168,10 @@ def run_case(case: Case, dtype: str, target, repeat: int) -> dict:
         row[layout] = time_tvm(vm, args, repeat)
         del vm
     # stock TVM 0.27: expected to fail in dlight's Reduction rule
-    tvm_roialign.unregister()
     try:
-        vm = build(case, dtype, "NCHW", target)
-        row["stock"] = time_tvm(vm, [to_tvm(data), to_tvm(rois)], repeat)
+        with tvm_roialign.stock_tvm():
+            vm = build(case, dtype, "NCHW", target)
+            row["stock"] = time_tvm(vm, [to_tvm(data), to_tvm(rois)], repeat)
     except Exception as err:  # noqa: BLE001 - report, do not crash
         row["stock"] = None
         lines = str(err).strip().splitlines()
@@ -179,8 +179,6 @@ def run_case(case: Case, dtype: str, target, repeat: int) -> dict:
         where = f" at {'/'.join(frames[-1].filename.split('/')[-3:])}:{frames[-1].lineno}" \
             if frames else ""
         row["stock_error"] = f"{type(err).__name__}{where}: {lines[-1][:80] if lines else ''}"
-    finally:
-        tvm_roialign.register()
     row["bytes"] = traffic_bytes(case, dtype)
     return row
 

@@ -23,7 +23,6 @@ from tvm_roialign.frontend import from_onnx
 from tvm_roialign.frontend.onnx import RoiAlignConverter
 from tvm_roialign.testing import compile_and_run, roi_align_ref
 
-ATOL = 1e-5
 # the graphs leave output shapes to inference; onnx's checker (run by TVM's importer) warns
 pytestmark = pytest.mark.filterwarnings("ignore:Field 'shape' of 'type':UserWarning")
 DATA_SHAPE = (2, 3, 10, 12)
@@ -121,18 +120,18 @@ def _reference_model(opset, combos):
 
 
 @pytest.mark.parametrize("opset", [10, 16, 22])
-def test_against_onnx_reference(opset):
+def test_against_onnx_reference(opset, tol):
     _, combos, inputs, outputs = _case(opset)
     expected = ReferenceEvaluator(_reference_model(opset, combos)).run(
         None, dict(zip(["X", "rois", "batch_indices"], inputs))
     )
     assert len(outputs) == len(expected) == len(combos)
     for attrs, got, want in zip(combos, outputs, expected):
-        np.testing.assert_allclose(got, want, rtol=0, atol=ATOL, err_msg=str(attrs))
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol["float32"], err_msg=str(attrs))
 
 
 @pytest.mark.parametrize("opset", [10, 16, 22])
-def test_avg_against_onnxruntime(opset):
+def test_avg_against_onnxruntime(opset, tol):
     ort = pytest.importorskip("onnxruntime")
     model, combos, inputs, outputs = _case(opset)
     if opset >= 22:  # onnxruntime has no RoiAlign-22 kernel; 22 only adds types to 16
@@ -144,13 +143,13 @@ def test_avg_against_onnxruntime(opset):
     checked = 0
     for attrs, got, want in zip(combos, outputs, expected):
         if attrs["mode"] == "avg":
-            np.testing.assert_allclose(got, want, rtol=0, atol=ATOL, err_msg=str(attrs))
+            np.testing.assert_allclose(got, want, rtol=0, atol=tol["float32"], err_msg=str(attrs))
             checked += 1
     assert checked == len(combos) // 2
 
 
 @pytest.mark.parametrize("opset", [16, 22])
-def test_half_pixel_is_default_and_shifts_after_scaling(opset):
+def test_half_pixel_is_default_and_shifts_after_scaling(opset, tol):
     """Absent attribute == half_pixel at opset 16+, and half_pixel is torchvision's aligned=True
     (shift by 0.5 after scaling), checked against the float64 reference too."""
     _, combos, inputs, outputs = _case(opset)
@@ -172,7 +171,7 @@ def test_half_pixel_is_default_and_shifts_after_scaling(opset):
                 mode="onnx_max" if mode == "max" else "avg",
                 half_pixel=half,
             )
-            np.testing.assert_allclose(outs[transform], want, rtol=0, atol=ATOL)
+            np.testing.assert_allclose(outs[transform], want, rtol=0, atol=tol["float32"])
 
 
 def _single(opset, attrs, data, rois, batch, index_type=TensorProto.INT64):
@@ -181,7 +180,7 @@ def _single(opset, attrs, data, rois, batch, index_type=TensorProto.INT64):
     return out[0] if isinstance(out, list) else out
 
 
-def test_issue_examples():
+def test_issue_examples(tol):
     """data arange(16) 4x4, roi (0,0,8,8), scale 0.5, 1x1, sampling 1: 7.5 with half_pixel
     (torchvision aligned=True; stock TVM gives 8.75), 10 at opset 10. ONNX max of [[1,2],[3,4]]
     over (0,0,1,1) is 1.0 (stock TVM: 2.5)."""
@@ -194,8 +193,8 @@ def test_issue_examples():
         "sampling_ratio": 1,
         "spatial_scale": 0.5,
     }
-    assert _single(16, attrs, data, rois, batch).item() == pytest.approx(7.5, abs=ATOL)
-    assert _single(10, attrs, data, rois, batch).item() == pytest.approx(10.0, abs=ATOL)
+    assert _single(16, attrs, data, rois, batch).item() == pytest.approx(7.5, abs=tol["float32"])
+    assert _single(10, attrs, data, rois, batch).item() == pytest.approx(10.0, abs=tol["float32"])
     small = np.array([[1, 2], [3, 4]], np.float32).reshape(1, 1, 2, 2)
     attrs = {"output_height": 1, "output_width": 1, "sampling_ratio": 1, "mode": "max"}
     box = np.array([[0, 0, 1, 1]], np.float32)
@@ -203,11 +202,11 @@ def test_issue_examples():
     want = ReferenceEvaluator(
         _model(16, [attrs], data_shape=(1, 1, 2, 2), num_rois=1)
     ).run(None, {"X": small, "rois": box, "batch_indices": batch})[0]
-    assert got.item() == pytest.approx(1.0, abs=ATOL)
-    np.testing.assert_allclose(got, want, atol=ATOL)
+    assert got.item() == pytest.approx(1.0, abs=tol["float32"])
+    np.testing.assert_allclose(got, want, atol=tol["float32"])
 
 
-def test_int32_batch_indices():
+def test_int32_batch_indices(tol):
     rng = np.random.default_rng(3)
     data = rng.standard_normal(DATA_SHAPE).astype(np.float32)
     attrs = {
@@ -220,7 +219,7 @@ def test_int32_batch_indices():
     want = ReferenceEvaluator(_model(16, [attrs])).run(
         None, {"X": data, "rois": ROIS, "batch_indices": BATCH}
     )[0]
-    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol["float32"])
 
 
 def test_mode_override_for_unlabelled_models():
@@ -320,7 +319,7 @@ def test_unlabelled_model_warns():
     assert isinstance(model, onnx.ModelProto)
 
 
-def test_symbolic_number_of_rois():
+def test_symbolic_number_of_rois(tol):
     attrs = {"output_height": 2, "output_width": 2, "spatial_scale": 0.25}
     model = _model(16, [attrs])
     for value_info in model.graph.input[1:]:  # rois [K, 4] and batch_indices [K]
@@ -332,4 +331,4 @@ def test_symbolic_number_of_rois():
         feeds = {"X": data, "rois": ROIS[:count], "batch_indices": BATCH[:count]}
         got = compile_and_run(mod, list(feeds.values()))
         want = ReferenceEvaluator(model).run(None, feeds)[0]
-        np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol["float32"])

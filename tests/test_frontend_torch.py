@@ -1,7 +1,8 @@
 """torch.export import (issue 4): torchvision roi_align over aligned x spatial_scale x
 sampling_ratio vs eager (the issue's smallest case included), MultiScaleRoIAlign as the fused op
 (boxes on all four levels, symbolic number of rois, no nonzero / scatter, NCHW and NHWC) vs eager,
-and torchvision's Mask R-CNN poolers.
+and torchvision's Mask R-CNN poolers; a plain ``torch.export.export`` of the pooler (issue 9),
+and the one-line error for a per-level form that is not torchvision's.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from tvm_roialign.frontend import (
     from_exported_program,
     fuse_multiscale_roi_align,
 )
+from tvm_roialign.passes import ConvertLayout
 from tvm_roialign.testing import compile_and_run
 
-ATOL = 1e-5
 SCALES = (1.0, 0.25, 1.0 / 16)
 SAMPLING = (1, 2, 0)
 FORBIDDEN = ("nonzero", "scatter", "index_put", "where")
@@ -62,7 +63,7 @@ class RoiAlignGrid(torch.nn.Module):
         return tuple(outs)
 
 
-def test_roi_align_grid_vs_eager():
+def test_roi_align_grid_vs_eager(tol):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 12, 10, generator=g)
     rois = torch.tensor(
@@ -86,11 +87,11 @@ def test_roi_align_grid_vs_eager():
         want = model(x, rois[:count])
         for combo, out, ref in zip(RoiAlignGrid.combos, got, want):
             np.testing.assert_allclose(
-                out, ref.numpy(), rtol=0, atol=ATOL, err_msg=str(combo)
+                out, ref.numpy(), rtol=0, atol=tol["float32"], err_msg=str(combo)
             )
 
 
-def test_issue_smallest_case():
+def test_issue_smallest_case(tol):
     """spatial_scale 0.5, aligned: torchvision 7.5 (stock TVM importer: 8.75)."""
 
     class Model(torch.nn.Module):
@@ -103,7 +104,7 @@ def test_issue_smallest_case():
     out = _as_list(
         compile_and_run(from_exported_program(ep), [x.numpy(), rois.numpy()])
     )[0]
-    np.testing.assert_allclose(out.ravel(), [7.5, 7.5], atol=ATOL)
+    np.testing.assert_allclose(out.ravel(), [7.5, 7.5], atol=tol["float32"])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -171,26 +172,25 @@ def test_multiscale_graph_is_fused(pooler_case):
     assert "forward" not in model.pool.__dict__
 
 
-def test_multiscale_nchw_vs_eager(pooler_case):
+def test_multiscale_nchw_vs_eager(pooler_case, tol):
     _, ep, mod, features, boxes, ref = pooler_case
     inputs = [f.numpy() for f in features] + [b.numpy() for b in boxes]
     out = _as_list(compile_and_run(mod, inputs))[0]
-    np.testing.assert_allclose(out, ref.numpy(), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(out, ref.numpy(), rtol=0, atol=tol["float32"])
     # the exported program runs eagerly through the custom op's kernel
     np.testing.assert_allclose(
-        ep.module()(*features, *boxes).numpy(), ref.numpy(), atol=ATOL
+        ep.module()(*features, *boxes).numpy(), ref.numpy(), atol=tol["float32"]
     )
     # fewer rois than exported with
     fewer = [b[:4] for b in boxes]
     want = Pooler().eval()(*features, *fewer)
     got = _as_list(compile_and_run(mod, inputs[:4] + [b.numpy() for b in fewer]))[0]
-    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=tol["float32"])
 
 
-def test_multiscale_nhwc_vs_eager(pooler_case):
-    passes = pytest.importorskip("tvm_roialign.passes")
+def test_multiscale_nhwc_vs_eager(pooler_case, tol):
     _, _, mod, features, boxes, ref = pooler_case
-    mod = passes.ConvertLayout({"vision.multiscale_roi_align": ["NHWC", "default"]})(
+    mod = ConvertLayout({"vision.multiscale_roi_align": ["NHWC", "default"]})(
         mod
     )
     calls = []
@@ -206,11 +206,87 @@ def test_multiscale_nhwc_vs_eager(pooler_case):
     assert [str(c.attrs["layout"]) for c in calls] == ["NHWC"]
     inputs = [f.numpy() for f in features] + [b.numpy() for b in boxes]
     out = _as_list(compile_and_run(mod, inputs))[0]
-    np.testing.assert_allclose(out, ref.numpy(), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(out, ref.numpy(), rtol=0, atol=tol["float32"])
 
 
-def test_mask_rcnn_poolers():
-    """torchvision's Mask R-CNN box and mask poolers, unmodified, export as the fused op."""
+def test_plain_export_multiscale_vs_eager(pooler_case, tol):
+    """A plain ``torch.export.export`` (torchvision's per-level nonzero / index / roi_align /
+    index_put) imports as one fused op and matches eager; the caller's program is unchanged."""
+    model, _, _, features, boxes, ref = pooler_case
+    ep = torch.export.export(model, (*features, *boxes))
+    before = [str(n.target) for n in ep.graph.nodes]
+    mod = from_exported_program(ep)
+    assert [str(n.target) for n in ep.graph.nodes] == before
+    names = _op_names(mod)
+    assert names.count("relax.vision.multiscale_roi_align") == 1
+    assert "relax.vision.roi_align" not in names
+    assert not [n for n in names if any(f in n for f in FORBIDDEN)], names
+    inputs = [f.numpy() for f in features] + [b.numpy() for b in boxes]
+    out = _as_list(compile_and_run(mod, inputs))[0]
+    np.testing.assert_allclose(out, ref.numpy(), rtol=0, atol=tol["float32"])
+
+
+class _ConvPooler(torch.nn.Module):
+    """The issue's model: a conv, a pooled level, and a two-level MultiScaleRoIAlign."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.pool = torchvision.ops.MultiScaleRoIAlign(["0", "1"], 3, 2)
+
+    def forward(self, x, boxes):
+        f0 = self.conv(x)
+        f1 = torch.nn.functional.max_pool2d(f0, 2)
+        return self.pool(OrderedDict([("0", f0), ("1", f1)]), [boxes], [(64, 64)])
+
+
+def test_plain_export_conv_and_pooler_vs_eager(tol):
+    torch.manual_seed(0)
+    model = _ConvPooler().eval()
+    x = torch.randn(1, 3, 32, 32)
+    boxes = torch.tensor([[0, 0, 30, 40.0], [5, 5, 60, 60], [10, 10, 12, 14], [2, 3, 63, 50]])
+    ref = model(x, boxes)
+    mod = from_exported_program(torch.export.export(model, (x, boxes)))
+    assert _op_names(mod).count("relax.vision.multiscale_roi_align") == 1
+    out = _as_list(compile_and_run(mod, [x.numpy(), boxes.numpy()]))[0]
+    np.testing.assert_allclose(out, ref.detach().numpy(), rtol=0, atol=tol["float32"])
+
+
+class _NotAPooler(torch.nn.Module):
+    """A roi_align of rois selected data-dependently, but not by torchvision's LevelMapper."""
+
+    def forward(self, x, rois):
+        keep = torch.where(rois[:, 3] > 8)[0]
+        out = torch.zeros(rois.shape[0], x.shape[1], 2, 2)
+        out[keep] = torchvision.ops.roi_align(x, rois[keep], (2, 2), 0.5, 2)
+        return out
+
+
+def test_unrecognised_per_level_form_is_one_line_naming_export():
+    x = torch.randn(1, 3, 8, 8)
+    rois = torch.tensor([[0, 0, 0, 10, 10.0], [0, 1, 1, 4, 4]])
+    ep = torch.export.export(_NotAPooler(), (x, rois))
+    with pytest.raises(NotImplementedError) as info:
+        from_exported_program(ep)
+    message = str(info.value)
+    assert "\n" not in message and "tvm_roialign.frontend.export" in message, message
+
+
+def test_plain_export_mask_rcnn_poolers(tol):
+    """torchvision's Mask R-CNN poolers, exported plainly, import as two fused ops."""
+    heads, features, pool, boxes = _mask_rcnn_heads()
+    ref_box, ref_mask = heads(*features, pool, boxes)
+    mod = from_exported_program(torch.export.export(heads, (*features, pool, boxes)))
+    assert _op_names(mod).count("relax.vision.multiscale_roi_align") == 2
+    box, mask = compile_and_run(
+        mod, [f.numpy() for f in features] + [pool.numpy(), boxes.numpy()]
+    )
+    np.testing.assert_allclose(box, ref_box.numpy(), rtol=0, atol=tol["float32"])
+    np.testing.assert_allclose(mask, ref_mask.numpy(), rtol=0, atol=tol["float32"])
+
+
+def _mask_rcnn_heads():
+    """torchvision's Mask R-CNN box and mask poolers in one module, with inputs."""
     from torchvision.models.detection import maskrcnn_resnet50_fpn
 
     torch.manual_seed(0)
@@ -248,6 +324,12 @@ def test_mask_rcnn_poolers():
         ],
         dtype=torch.float32,
     )
+    return heads, features, pool, boxes
+
+
+def test_mask_rcnn_poolers(tol):
+    """torchvision's Mask R-CNN box and mask poolers, unmodified, export as the fused op."""
+    heads, features, pool, boxes = _mask_rcnn_heads()
     ref_box, ref_mask = heads(*features, pool, boxes)
     ep = export(
         heads,
@@ -259,8 +341,8 @@ def test_mask_rcnn_poolers():
     box, mask = compile_and_run(
         mod, [f.numpy() for f in features] + [pool.numpy(), boxes.numpy()]
     )
-    np.testing.assert_allclose(box, ref_box.numpy(), rtol=0, atol=ATOL)
-    np.testing.assert_allclose(mask, ref_mask.numpy(), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(box, ref_box.numpy(), rtol=0, atol=tol["float32"])
+    np.testing.assert_allclose(mask, ref_mask.numpy(), rtol=0, atol=tol["float32"])
     assert box.shape == (5, 16, 7, 7) and mask.shape == (5, 16, 14, 14)
 
 

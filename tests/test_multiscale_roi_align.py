@@ -18,11 +18,10 @@ from tvm import relax, te
 import tvm_roialign
 from tvm_roialign.ops.multiscale_roi_align import OP_NAME, MultiscaleRoiAlignAttrs
 from tvm_roialign.strategies import STRATEGIES
-from tvm_roialign.testing import compile_and_run
+from tvm_roialign.testing import compile_and_run, single_op_module
 from tvm_roialign.topi import multiscale_roi_align as topi_multiscale
 from tvm_roialign.topi.multiscale_roi_align import level_range
 
-ATOL = 1e-5
 IMAGE = (200, 232)  # (height, width)
 SCALES = [1 / 4, 1 / 8, 1 / 16, 1 / 32]
 CHANNELS = 8
@@ -80,26 +79,12 @@ def _module(
     aligned=False,
     scales=None,
 ):
-    bb = relax.BlockBuilder()
-    features = [
-        relax.Var(f"f{i}", relax.TensorType(list(s), "float32"))
-        for i, s in enumerate(feature_shapes)
-    ]
-    rois = relax.Var("rois", relax.TensorType([num_rois, 5], "float32"))
-    with bb.function("main", [*features, rois]):
-        with bb.dataflow():
-            call = tvm_roialign.multiscale_roi_align(
-                features,
-                rois,
-                output_size,
-                scales or SCALES[: len(features)],
-                sampling_ratio=sampling_ratio,
-                aligned=aligned,
-                layout=layout,
-            )
-            out = bb.emit_output(bb.emit(call))
-        bb.emit_func_output(out)
-    return bb.get()
+    inputs = {f"f{i}": (s, "float32") for i, s in enumerate(feature_shapes)}
+    return single_op_module(
+        lambda *args: tvm_roialign.multiscale_roi_align(
+            list(args[:-1]), args[-1], output_size, scales or SCALES[: len(feature_shapes)],
+            sampling_ratio=sampling_ratio, aligned=aligned, layout=layout),
+        **inputs, rois=([num_rois, 5], "float32"))
 
 
 def _nhwc(x):
@@ -122,7 +107,7 @@ def test_rois_cover_every_level(case):
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_vs_torchvision(case, layout):
+def test_vs_torchvision(case, layout, tol):
     features, rois = case
     want, _, _ = _torchvision(features, rois, (7, 6), 2)
     shapes = [f.shape if layout == "NCHW" else _nhwc(f).shape for f in features]
@@ -131,23 +116,23 @@ def test_vs_torchvision(case, layout):
     got = compile_and_run(mod, [*inputs, rois])
     if layout == "NHWC":
         got = got.transpose(0, 3, 1, 2)
-    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol["float32"])
     negative_area = np.nonzero(
         (rois[:, 3] - rois[:, 1]) * (rois[:, 4] - rois[:, 2]) < 0
     )[0]
     assert len(negative_area) == 1 and np.all(got[negative_area] == 0)
 
 
-def test_adaptive_grid_vs_torchvision(case):
+def test_adaptive_grid_vs_torchvision(case, tol):
     features, rois = case
     want, _, _ = _torchvision(features, rois, 3, 0)
     mod = _module([f.shape for f in features], len(rois), 3, 0)
     np.testing.assert_allclose(
-        compile_and_run(mod, [*features, rois]), want, rtol=0, atol=ATOL
+        compile_and_run(mod, [*features, rois]), want, rtol=0, atol=tol["float32"]
     )
 
 
-def test_aligned_vs_torchvision_per_level(case):
+def test_aligned_vs_torchvision_per_level(case, tol):
     """aligned=True: each roi is torchvision.ops.roi_align(aligned=True) on its own level."""
     features, rois = case
     _, pooler, boxes = _torchvision(features, rois, 2, 2)
@@ -165,16 +150,16 @@ def test_aligned_vs_torchvision_per_level(case):
         ).numpy()
     mod = _module([f.shape for f in features], len(rois), 4, 2, aligned=True)
     np.testing.assert_allclose(
-        compile_and_run(mod, [*features, rois]), want, rtol=0, atol=ATOL
+        compile_and_run(mod, [*features, rois]), want, rtol=0, atol=tol["float32"]
     )
 
 
-def test_single_level_is_roi_align(case):
+def test_single_level_is_roi_align(case, tol):
     features, rois = case
     want, _, _ = _torchvision(features[:1], rois, 5, 2, num_levels=1)
     mod = _module([features[0].shape], len(rois), 5, 2)
     np.testing.assert_allclose(
-        compile_and_run(mod, [features[0], rois]), want, rtol=0, atol=ATOL
+        compile_and_run(mod, [features[0], rois]), want, rtol=0, atol=tol["float32"]
     )
 
 
@@ -199,7 +184,7 @@ def test_roi_align_schedule_rules_apply(layout):
     target = tvm.target.Target(
         {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"}
     )
-    sch = STRATEGIES["x86"].schedule(func, target)
+    sch = STRATEGIES["x86"].schedule.apply(func, target, False)
     assert sch is not None
     kinds = [
         int(sch.get(loop).kind) for loop in sch.get_loops(sch.get_sblock("roi_align"))
@@ -232,17 +217,11 @@ def _normalize(
     rois_dtype="float32",
     layout="NCHW",
 ):
-    bb = relax.BlockBuilder()
-    features = [
-        relax.Var(f"f{i}", relax.TensorType(list(s), dtype))
-        for i, s in enumerate(shapes)
-    ]
-    rois = relax.Var("rois", relax.TensorType(list(rois_shape), rois_dtype))
-    with bb.function("main", [*features, rois]):
-        call = tvm_roialign.multiscale_roi_align(
-            features, rois, 2, list(scales), layout=layout
-        )
-        bb.emit_func_output(bb.emit(call))
+    inputs = {f"f{i}": (s, dtype) for i, s in enumerate(shapes)}
+    single_op_module(
+        lambda *args: tvm_roialign.multiscale_roi_align(
+            list(args[:-1]), args[-1], 2, list(scales), layout=layout),
+        **inputs, rois=(rois_shape, rois_dtype))
 
 
 @pytest.mark.parametrize(
@@ -294,7 +273,7 @@ def test_empty_features_rejected():
 
 def _gpu_prim_func(layout, sampling_ratio, bind_threads, shapes, num_rois):
     from tvm_roialign.strategies.base import mark_scheduled
-    from tvm_roialign.strategies.gpu import schedule_gpu
+    from tvm_roialign.strategies.cuda import RoIAlignCUDA
 
     if layout == "NHWC":
         shapes = [(n, h, w, c) for n, c, h, w in shapes]
@@ -307,13 +286,13 @@ def _gpu_prim_func(layout, sampling_ratio, bind_threads, shapes, num_rois):
         "roi_align.layout", layout
     )
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"})
-    sch = schedule_gpu(func, target, 256, bind_threads=bind_threads)
+    sch = RoIAlignCUDA(bind_threads=bind_threads).apply(func, target)
     assert sch is not None
     return tvm.IRModule({"main": mark_scheduled(sch.mod["main"])}), target
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_gpu_schedule_rule_applies(case, layout):
+def test_gpu_schedule_rule_applies(case, layout, tol):
     """The GPU rule (one thread per output) schedules the fused op: its loop nest, run on the
     host without thread binding, matches torchvision; bound to threads, it lowers for CUDA to
     two kernels (levels, then RoIAlign)."""
@@ -332,7 +311,7 @@ def test_gpu_schedule_rule_applies(case, layout):
     got = args[-1].numpy()
     if layout == "NHWC":
         got = got.transpose(0, 3, 1, 2)
-    np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol["float32"])
 
     from tvm.tirx.build import split_host_device_mods
 

@@ -19,12 +19,12 @@ import tvm
 from tvm import relax
 
 from tvm_roialign.frontend import from_onnx
+from tvm_roialign.passes import ConvertLayout
 from tvm_roialign.testing import compile_and_run
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 ONNX_PATH = os.path.join(DATA, "mxnet_roialign.onnx")
 NPZ_PATH = os.path.join(DATA, "mxnet_roialign.npz")
-ATOL = 1e-5
 MXNET_MODE = "output_half_pixel"
 
 pytestmark = pytest.mark.filterwarnings("ignore:Field 'shape' of 'type':UserWarning")
@@ -68,31 +68,30 @@ def test_fixture_is_mxnet_export(fixture):
     ), notes
 
 
-def test_nchw_matches_mxnet(fixture):
+def test_nchw_matches_mxnet(fixture, tol):
     model, arrays = fixture
     mod = _import(model)
     (call,) = _calls(mod, "relax.vision.roi_align")
     assert str(call.attrs.layout) == "NCHW"
     out = compile_and_run(mod, [arrays["data"], arrays["rois"]])
-    np.testing.assert_allclose(out, arrays["output"], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(out, arrays["output"], rtol=0, atol=tol["float32"])
 
 
-def test_nhwc_matches_mxnet(fixture):
-    passes = pytest.importorskip("tvm_roialign.passes")
+def test_nhwc_matches_mxnet(fixture, tol):
     model, arrays = fixture
     mod = _import(model)
     desired = {
         "nn.conv2d": ["NHWC", "default"],
         "vision.roi_align": ["NHWC", "default"],
     }
-    mod = passes.ConvertLayout(desired)(mod)
+    mod = ConvertLayout(desired)(mod)
     (call,) = _calls(mod, "relax.vision.roi_align")
     assert str(call.attrs.layout) == "NHWC"
     assert all(
         str(c.attrs.data_layout) == "NHWC" for c in _calls(mod, "relax.nn.conv2d")
     )
     out = compile_and_run(mod, [arrays["data"], arrays["rois"]])
-    np.testing.assert_allclose(out, arrays["output"], rtol=0, atol=ATOL)
+    np.testing.assert_allclose(out, arrays["output"], rtol=0, atol=tol["float32"])
 
 
 def test_spec_reading_differs_from_mxnet(fixture):

@@ -8,7 +8,8 @@ Importing the package registers, idempotently and above TVM's own level:
 * ``FRelaxInferLayout`` for ``relax.vision.roi_align`` (layout inference for ``ConvertLayout``);
 * the fused op ``relax.vision.multiscale_roi_align`` (FPN level chosen inside the kernel).
 
-:func:`unregister` restores stock TVM exactly; :func:`register` registers again.
+:func:`unregister` restores stock TVM exactly; :func:`register` registers again; ``with
+stock_tvm():`` runs a block with stock TVM.
 
 TVM's CPU thread pool defaults to half of the logical cores on x86 (it assumes SMT). Unless
 ``TVM_NUM_THREADS`` is already set, importing the package sets it to the number of cores this process
@@ -17,6 +18,7 @@ may run on, before TVM's pool starts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 if "TVM_NUM_THREADS" not in os.environ:  # must precede the first parallel launch of TVM's pool
@@ -61,6 +63,25 @@ def is_registered() -> bool:
     return _registry.is_set(_roi_align_op.OP_NAME, "FLegalize")
 
 
+@contextlib.contextmanager
+def stock_tvm():
+    """Run the block with stock TVM: every attribute tvm-roialign registered is restored for its
+    duration and registered again afterwards (if it was registered before), also when it raises.
+
+    Example::
+
+        with tvm_roialign.stock_tvm():
+            executable = tvm.compile(mod, target="llvm")  # stock TVM's roi_align
+    """
+    was_registered = is_registered()
+    unregister()
+    try:
+        yield
+    finally:
+        if was_registered:
+            register()
+
+
 register()
 
 __all__ = [
@@ -70,6 +91,7 @@ __all__ = [
     "passes",
     "register",
     "roi_align",
+    "stock_tvm",
     "strategies",
     "topi",
     "unregister",

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from .topi.roi_align import MAX_ADAPTIVE_GRID
+from .topi._sampling import MAX_ADAPTIVE_GRID
 
 
 def _bilinear_terms(plane, y, x):
@@ -101,8 +101,8 @@ def roi_align_ref(
     scale = real(spatial_scale)
     for k, roi in enumerate(rois):
         batch = roi[0]
-        if not (batch > -1 and batch < num_batch):
-            continue
+        if not (batch > -1 and batch < num_batch and np.isfinite(roi[1:]).all()):
+            continue  # a batch index outside [0, N) or a non-finite coordinate: a row of zeros
         plane = maps[int(batch)]
         x1, y1, x2, y2 = (real(v) * scale - offset for v in roi[1:])
         roi_w, roi_h = x2 - x1, y2 - y1
@@ -134,6 +134,35 @@ def roi_align_ref(
     return out if layout == "NHWC" else out.transpose(0, 3, 1, 2)
 
 
+def single_op_module(build, **inputs):
+    """An IRModule ``main(**inputs)`` whose one dataflow block emits ``build(*params)``.
+
+    ``inputs`` map parameter names, in order, to ``(shape, dtype)`` or a ``relax.TensorType``;
+    ``build`` takes the parameters (``relax.Var``) and returns a Relax expression, or a list of them
+    (the function then returns a tuple).
+
+    Example::
+
+        mod = single_op_module(lambda d, r: relax.op.vision.roi_align(d, r, (2, 2), 1.0),
+                               data=([1, 4, 8, 8], "float32"), rois=([3, 5], "float32"))
+    """
+    from tvm import relax
+
+    params = []
+    for name, spec in inputs.items():
+        ty = spec if isinstance(spec, relax.TensorType) else relax.TensorType(list(spec[0]), spec[1])
+        params.append(relax.Var(name, ty))
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            result = build(*params)
+            if isinstance(result, (list, tuple)):
+                result = relax.Tuple([bb.emit(r) for r in result])
+            out = bb.emit_output(bb.emit(result) if isinstance(result, relax.Call) else result)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
 def build_roi_align_module(
     data_shape,
     num_rois,
@@ -155,22 +184,14 @@ def build_roi_align_module(
 
     from .ops.roi_align import make_roi_align
 
-    bb = relax.BlockBuilder()
-    data = relax.Var("data", relax.TensorType(list(data_shape), dtype))
-    rois = relax.Var("rois", relax.TensorType([num_rois, 5], dtype))
-    with bb.function("main", [data, rois]):
-        with bb.dataflow():
-            if torchvision_aligned:
-                out = make_roi_align(
-                    data, rois, pooled_size, spatial_scale, sampling_ratio, aligned, layout, mode
-                )
-            else:
-                out = relax.op.vision.roi_align(
-                    data, rois, pooled_size, spatial_scale, sampling_ratio, aligned, layout, mode
-                )
-            out = bb.emit_output(bb.emit(out))
-        bb.emit_func_output(out)
-    return bb.get()
+    make = make_roi_align if torchvision_aligned else relax.op.vision.roi_align
+    return single_op_module(
+        lambda data, rois: make(
+            data, rois, pooled_size, spatial_scale, sampling_ratio, aligned, layout, mode
+        ),
+        data=(data_shape, dtype),
+        rois=([num_rois, 5], dtype),
+    )
 
 
 def compile_and_run(mod, inputs, target=None, func_name="main"):
@@ -207,3 +228,36 @@ def run_roi_align_vm(vm, data_nchw, rois, layout, func_name="main"):
     ).numpy()
     return out if layout == "NCHW" else out.transpose(0, 3, 1, 2)
 
+
+
+def guarded_array(values, guard="after"):
+    """A copy of ``values`` placed right before (``guard="after"``) or right after
+    (``guard="before"``) an inaccessible memory page, so that a kernel reading one element past
+    its end (or before its start) crashes instead of reading whatever lies there.
+
+    Returns ``(array, keep)``: the array (C-contiguous, 64-byte aligned, so that
+    ``tvm.runtime.from_dlpack`` takes it without a copy) and the mapping that must stay alive as
+    long as the array is used. ``values.nbytes`` must be a multiple of 64 for ``"after"``
+    (TVM's alignment); Linux only.
+    """
+    import ctypes
+    import mmap
+
+    values = np.ascontiguousarray(values)
+    page = mmap.PAGESIZE
+    if guard not in ("after", "before"):
+        raise ValueError(f"guard must be 'after' or 'before', got {guard!r}")
+    if guard == "after" and values.nbytes % 64:
+        raise ValueError(f"values.nbytes must be a multiple of 64, got {values.nbytes}")
+    pages = max(-(-values.nbytes // page), 1)
+    mapping = mmap.mmap(-1, (pages + 2) * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    mprotect = ctypes.CDLL(None, use_errno=True).mprotect
+    mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for start in (base, base + (pages + 1) * page):  # PROT_NONE around the data pages
+        if mprotect(start, page, 0) != 0:
+            raise OSError(ctypes.get_errno(), "mprotect failed")
+    offset = page + (pages * page - values.nbytes if guard == "after" else 0)
+    array = np.frombuffer(mapping, values.dtype, values.size, offset).reshape(values.shape)
+    array[...] = values
+    return array, mapping

@@ -4,9 +4,9 @@
 
 * ``torchvision.roi_align`` (the graph op ``torch.ops.torchvision.roi_align.default``): torchvision's
   ``aligned=True`` shifts the box by -0.5 *after* scaling (``x * spatial_scale - 0.5``); it is
-  imported by :func:`tvm_roialign.roi_align`, which shifts the roi coordinates (never the batch
-  index) by ``-0.5 / spatial_scale`` and calls ``relax.vision.roi_align`` with ``aligned=True``.
-  TVM's stock converter subtracts 0.5 before scaling, wrong whenever ``spatial_scale != 1``.
+  imported by :func:`tvm_roialign.roi_align`, whose call carries ``half_pixel=True`` to the kernel
+  (exact at every scale). TVM's stock converter subtracts 0.5 before scaling, wrong whenever
+  ``spatial_scale != 1``.
 * ``torch.ops.tvm_roialign.multiscale_roi_align.default`` (below) -> the fused op
   ``relax.vision.multiscale_roi_align``.
 
@@ -26,6 +26,10 @@ program then holds ``cat`` ops for the rois and one ``multiscale_roi_align`` nod
 too (``ep.module()(...)`` gives torchvision's result), and :func:`from_exported_program` maps it to
 ``relax.vision.multiscale_roi_align``. This works on torchvision's Mask R-CNN poolers
 (``roi_heads.box_roi_pool``, ``roi_heads.mask_roi_pool``).
+
+A model exported plainly (``torch.export.export``) imports too: :func:`from_exported_program`
+recognises the pooler's per-level graph and fuses it (:mod:`._torch_levels`); :func:`export`
+remains the way for a symbolic number of rois (a plain export specialises the count).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from tvm.relax.frontend.torch import (
 from ..ops.multiscale_roi_align import make_multiscale_roi_align
 from ..ops.roi_align import make_roi_align
 from ..topi.multiscale_roi_align import LEVEL_EPS
+from ._torch_levels import fuse_per_level_pooling, has_per_level_pooling
 
 __all__ = [
     "convert_map",
@@ -278,7 +283,10 @@ def from_exported_program(exported_program, *, custom_convert_map=None, **kwargs
     Parameters
     ----------
     exported_program : torch.export.ExportedProgram
-        Best exported with :func:`export` when the model has ``MultiScaleRoIAlign`` poolers.
+        A model exported with :func:`export` or plainly with ``torch.export.export``: a
+        multi-level ``MultiScaleRoIAlign`` exported plainly (per-level ``nonzero`` / ``index`` /
+        ``roi_align`` / ``index_put``) is recognised and imported as the fused op
+        (:mod:`._torch_levels`); the given program is not modified.
     custom_convert_map : dict, optional
         More converters (name -> ``(node, importer) -> relax.Var``); they take precedence.
     **kwargs
@@ -288,12 +296,25 @@ def from_exported_program(exported_program, *, custom_convert_map=None, **kwargs
     Returns
     -------
     tvm.IRModule
-        ``main``: torchvision ``roi_align`` as ``relax.vision.roi_align`` (rois shifted by
-        ``-0.5 / spatial_scale`` when ``aligned``), ``multiscale_roi_align`` as
+        ``main``: torchvision ``roi_align`` as ``relax.vision.roi_align`` (with ``aligned``,
+        ``aligned=half_pixel=True``: shift after scaling), ``multiscale_roi_align`` as
         ``relax.vision.multiscale_roi_align`` (NCHW).
+
+    Raises
+    ------
+    NotImplementedError
+        (``UnsupportedPooling``) A ``roi_align`` of rois selected data-dependently that is not
+        torchvision's MultiScaleRoIAlign: one line naming :func:`export`.
     """
     table = convert_map()
     table.update(custom_convert_map or {})
+    if has_per_level_pooling(exported_program.graph):
+        # a plain torch.export of MultiScaleRoIAlign: decompose here (a new program, so the
+        # caller's is not modified) and fuse the per-level pooling before TVM's importer sees it
+        decompose = kwargs.pop("run_ep_decomposition", True)
+        exported_program = exported_program.run_decompositions(None if decompose else {})
+        fuse_per_level_pooling(exported_program)
+        kwargs["run_ep_decomposition"] = False
     return _stock_from_exported_program(
         exported_program, custom_convert_map=table, **kwargs
     )

@@ -6,13 +6,15 @@ Calling convention
 (``[N, C, H_l, W_l]`` NCHW or ``[N, H_l, W_l, C]`` NHWC) and ``rois [K, 5]`` of
 ``(batch_index, x1, y1, x2, y2)`` in input-image pixels, last. ``call.attrs`` is an ``ir.DictAttrs``
 with keys ``pooled_size`` ``[PH, PW]``, ``spatial_scales`` (one float per level),
-``sampling_ratio``, ``aligned`` (torchvision's meaning: shift by -0.5 after scaling, per level),
+``sampling_ratio``, ``aligned`` (stock TVM's meaning: no >= 1 clamp of the roi size),
+``half_pixel`` (subtract 0.5 after scaling, per level; torchvision's ``aligned=True`` is both),
 ``layout`` (``"NCHW"``/``"NHWC"``), ``canonical_scale`` (224), ``canonical_level`` (4) and ``mode``
 (``"avg"``). Output ``[K, C, PH, PW]`` (NCHW) or ``[K, PH, PW, C]`` (NHWC) in the features' dtype.
 
 The FPN level of each roi is chosen inside the kernel exactly as torchvision's ``LevelMapper``
 (see :mod:`tvm_roialign.topi.multiscale_roi_align`). :func:`register` registers the op (global
-``ir.RegisterOp``) and its ``FInferType``, ``FPurity``, ``FLegalize`` and ``FRelaxInferLayout``.
+``ir.RegisterOp``) and its ``FInferType``, ``FPurity`` and ``FLegalize``; its ``FRelaxInferLayout``
+is the layout pass's (:mod:`tvm_roialign.passes.layout`).
 """
 
 from __future__ import annotations
@@ -20,15 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax, te
+from tvm import relax
 
 from .. import _registry
-from ..strategies import select_strategy
+from ..topi._sampling import data_dims, normalize_pooled_size, output_shape
 from ..topi.multiscale_roi_align import check_multiscale_roi_align_args
 from ..topi.multiscale_roi_align import (
     multiscale_roi_align as topi_multiscale_roi_align,
 )
-from .roi_align import FreshDims, tensor_info
+from ._legalize import legalize_with_strategy, tensor_info
 
 OP_NAME = "relax.vision.multiscale_roi_align"
 
@@ -45,6 +47,7 @@ class MultiscaleRoiAlignAttrs:
     canonical_scale: int = 224
     canonical_level: int = 4
     mode: str = "avg"
+    half_pixel: bool = False
 
     @classmethod
     def from_attrs(cls, attrs) -> MultiscaleRoiAlignAttrs:
@@ -69,6 +72,7 @@ class MultiscaleRoiAlignAttrs:
             canonical_scale=int(values.get("canonical_scale", 224)),
             canonical_level=int(values.get("canonical_level", 4)),
             mode=str(values.get("mode", "avg")),
+            half_pixel=bool(values.get("half_pixel", False)),
         )
 
     @classmethod
@@ -86,6 +90,7 @@ class MultiscaleRoiAlignAttrs:
             "canonical_scale": int(self.canonical_scale),
             "canonical_level": int(self.canonical_level),
             "mode": str(self.mode),
+            "half_pixel": bool(self.half_pixel),
         }
         values.update(changes)
         return tvm.ir.make_node("ir.DictAttrs", **values)
@@ -131,37 +136,19 @@ def infer_struct_info(call, _ctx=None):
     )
     dtype = feature_infos[0][2]
     first = feature_infos[0][0]
+    vdevice = features[0].ty.vdevice
     if first is None or rois_shape is None:
-        return relax.TensorType(ndim=4, dtype=dtype)
-    ph, pw = attrs.pooled_size
-    if attrs.layout == "NCHW":
-        shape = [rois_shape[0], first[1], ph, pw]
-    else:
-        shape = [rois_shape[0], ph, pw, first[3]]
-    return relax.TensorType(shape, dtype)
+        return relax.TensorType(ndim=4, dtype=dtype, vdevice=vdevice)
+    channels = data_dims(first, attrs.layout)[1]
+    shape = output_shape(rois_shape[0], channels, attrs.pooled_size, attrs.layout)
+    return relax.TensorType(list(shape), dtype, vdevice=vdevice)
 
 
 def legalize(bb: relax.BlockBuilder, call):
-    """Lower a call to ``call_tir`` of a PrimFunc scheduled by the current target's strategy."""
+    """Lower a call to ``call_tir`` of a PrimFunc scheduled by the strategy of the call's target
+    (:func:`~._legalize.legalize_with_strategy`)."""
     attrs = MultiscaleRoiAlignAttrs.from_call(call)
     features, rois = _split_args(call)
-    shapes = []
-    for i, expr in enumerate([*features, rois]):
-        shape, _, dtype = tensor_info(
-            expr, "rois" if i == len(features) else f"features[{i}]"
-        )
-        if shape is None:
-            raise ValueError(
-                "multiscale_roi_align needs features and rois of known rank and shape to legalize"
-            )
-        shapes.append((shape, dtype))
-    strategy, target = select_strategy(None)
-    fresh = FreshDims()
-    inputs = [
-        te.placeholder(fresh(shape), dtype, f"feature_{i}")
-        for i, (shape, dtype) in enumerate(shapes[:-1])
-    ]
-    inputs.append(te.placeholder(fresh(shapes[-1][0]), shapes[-1][1], "rois"))
 
     def compute(*tensors):
         return topi_multiscale_roi_align(
@@ -175,29 +162,27 @@ def legalize(bb: relax.BlockBuilder, call):
             attrs.canonical_scale,
             attrs.canonical_level,
             attrs.mode,
+            attrs.half_pixel,
         )
 
-    func = strategy.build(compute, inputs, target, attrs.layout)
-    gvar = bb.add_func(func, f"multiscale_roi_align_{attrs.layout.lower()}")
-    return relax.call_tir(gvar, list(call.args), call.ty)
-
-
-def _register_layout_rule() -> None:
-    """``FRelaxInferLayout``: the RoIAlign-like rule of the layout pass
-    (:func:`tvm_roialign.passes.layout.infer_layout_multiscale_roi_align`: every feature map in the
-    chosen layout, rois untouched, the output in the features' layout)."""
-    from ..passes import layout as layout_pass
-
-    layout_pass.register_roi_align_like(OP_NAME, None)
+    inputs = [(f, f"features[{i}]") for i, f in enumerate(features)] + [(rois, "rois")]
+    return legalize_with_strategy(
+        bb,
+        call,
+        name=f"multiscale_roi_align_{attrs.layout.lower()}",
+        inputs=inputs,
+        compute=compute,
+        layout=attrs.layout,
+    )
 
 
 def register() -> None:
-    """Register the op and its attributes (idempotent)."""
+    """Register the op and its attributes (idempotent). Its layout rule (``FRelaxInferLayout``)
+    is registered with roi_align's by :func:`tvm_roialign.passes.layout.register`."""
     _registry.get_or_register_op(OP_NAME)
     _registry.set_op_attr(OP_NAME, "FInferType", infer_struct_info)
     _registry.set_op_attr(OP_NAME, "FPurity", True)
     _registry.set_op_attr(OP_NAME, "FLegalize", legalize)
-    _register_layout_rule()
 
 
 def make_multiscale_roi_align(
@@ -228,7 +213,8 @@ def make_multiscale_roi_align(
     sampling_ratio : int
         Samples per bin side; ``<= 0`` is adaptive. torchvision's Mask R-CNN uses 2.
     aligned : bool
-        torchvision's ``aligned`` (MultiScaleRoIAlign always uses False).
+        torchvision's ``aligned`` (MultiScaleRoIAlign always uses False): the call gets
+        ``aligned=half_pixel=aligned`` (shift by 0.5 after scaling, no >= 1 clamp).
     layout : str
         ``"NCHW"`` or ``"NHWC"`` (of the features and the output).
     canonical_scale, canonical_level : int
@@ -247,8 +233,6 @@ def make_multiscale_roi_align(
         As :func:`tvm_roialign.topi.multiscale_roi_align.check_multiscale_roi_align_args`
         (raised when the call is normalized by a BlockBuilder).
     """
-    from ..topi.roi_align import normalize_pooled_size
-
     features = list(features)
     if not features:
         raise ValueError("features must be a non-empty list of feature maps, got none")
@@ -261,13 +245,13 @@ def make_multiscale_roi_align(
         canonical_scale=int(canonical_scale),
         canonical_level=int(canonical_level),
         mode=str(mode),
+        half_pixel=bool(aligned),
     )
     return relax.Call(tvm.ir.Op.get(OP_NAME), [*features, rois], attrs.to_attrs())
 
 
 __all__ = [
     "OP_NAME",
-    "FreshDims",
     "MultiscaleRoiAlignAttrs",
     "infer_struct_info",
     "legalize",

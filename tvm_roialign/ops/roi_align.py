@@ -2,26 +2,37 @@
 
 Stock TVM 0.27 infers float32 for float16 data and legalizes to an unscheduled TE compute with
 known faults (see the README). :func:`register` replaces both, above TVM's own level, reversibly.
+The op's typed attributes keep stock TVM's meaning; torchvision's ``aligned`` (a shift after
+scaling) travels as ``half_pixel`` in ``ir.DictAttrs`` (:class:`RoiAlignAttrs`; the names are
+tabled in :mod:`tvm_roialign.topi.roi_align`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import tvm
-from tvm import relax, te, tirx
+from tvm import relax
 
 from .. import _registry
-from ..strategies import select_strategy
 from ..topi import roi_align as topi_roi_align
+from ..topi._sampling import data_dims, output_shape
 from ..topi.roi_align import check_roi_align_args
+from ._legalize import FreshDims, legalize_with_strategy, tensor_info
 
 OP_NAME = "relax.vision.roi_align"
 
 
 @dataclass(frozen=True)
 class RoiAlignAttrs:
-    """The attributes of a ``relax.vision.roi_align`` call, as plain Python values."""
+    """The attributes of a ``relax.vision.roi_align`` call, as plain Python values.
+
+    A call carries either TVM's typed ``relax.attrs.ROIAlignAttrs`` (stock importers, the plain
+    op; ``half_pixel`` is then False) or an ``ir.DictAttrs`` with the same keys plus
+    ``half_pixel`` (built by :func:`make_roi_align` for torchvision's ``aligned=True`` / ONNX's
+    ``half_pixel``: the typed attributes have no field for the shift).
+    """
 
     pooled_size: tuple[int, int]
     spatial_scale: float
@@ -29,10 +40,14 @@ class RoiAlignAttrs:
     aligned: bool
     layout: str
     mode: str
+    half_pixel: bool = False
 
     @classmethod
     def from_call(cls, call) -> RoiAlignAttrs:
         a = call.attrs
+        half_pixel = bool(a["half_pixel"]) if isinstance(a, tvm.ir.DictAttrs) and (
+            "half_pixel" in a
+        ) else False
         return cls(
             pooled_size=tuple(int(p) for p in a.pooled_size),
             spatial_scale=float(a.spatial_scale),
@@ -40,50 +55,21 @@ class RoiAlignAttrs:
             aligned=bool(a.aligned),
             layout=str(a.layout),
             mode=str(a.mode),
+            half_pixel=half_pixel,
         )
 
-
-def tensor_info(expr, name: str):
-    """``(shape values or None, ndim, dtype)`` of a tensor-typed Relax expression."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType):
-        raise TypeError(f"{name} must be a tensor, got {ty}")
-    shape = None if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr) else list(
-        ty.shape.values
-    )
-    return shape, int(ty.ndim), str(ty.dtype)
-
-
-class FreshDims:
-    """Replace composite symbolic dimensions (``K0 + K1``) by fresh variables.
-
-    A PrimFunc can only take its symbolic sizes from buffer shapes; a dimension such as
-    ``K0 + K1`` (rois concatenated from two inputs) defines neither variable. A fresh variable
-    per distinct composite dimension is bound from the buffer's shape at run time instead.
-    """
-
-    def __init__(self):
-        self._seen: list[tuple[tirx.PrimExpr, tirx.Var]] = []
-
-    def __call__(self, shape):
-        return [self._dim(d) for d in shape]
-
-    def _dim(self, dim):
-        if isinstance(dim, (int, tirx.IntImm, tirx.Var)):
-            return dim
-        for expr, var in self._seen:
-            if tvm.ir.structural_equal(expr, dim):
-                return var
-        var = tirx.Var(f"dim{len(self._seen)}", "int64")
-        self._seen.append((dim, var))
-        return var
-
-
-def _output_shape(data_shape, rois_shape, pooled, layout):
-    ph, pw = pooled
-    if layout == "NCHW":
-        return [rois_shape[0], data_shape[1], ph, pw]
-    return [rois_shape[0], ph, pw, data_shape[3]]
+    def to_attrs(self) -> tvm.ir.Attrs:
+        """An ``ir.DictAttrs`` holding these values (``half_pixel`` included)."""
+        return tvm.ir.make_node(
+            "ir.DictAttrs",
+            pooled_size=[int(p) for p in self.pooled_size],
+            spatial_scale=float(self.spatial_scale),
+            sample_ratio=int(self.sampling_ratio),
+            aligned=bool(self.aligned),
+            layout=str(self.layout),
+            mode=str(self.mode),
+            half_pixel=bool(self.half_pixel),
+        )
 
 
 def infer_struct_info(call, _ctx=None):
@@ -100,26 +86,18 @@ def infer_struct_info(call, _ctx=None):
     check_roi_align_args(
         check_shape, data_dtype, check_rois, rois_dtype, attrs.pooled_size, attrs.layout, attrs.mode
     )
+    vdevice = call.args[0].ty.vdevice
     if data_shape is None or rois_shape is None:
-        return relax.TensorType(ndim=4, dtype=data_dtype)
-    return relax.TensorType(
-        _output_shape(data_shape, rois_shape, attrs.pooled_size, attrs.layout), data_dtype
-    )
+        return relax.TensorType(ndim=4, dtype=data_dtype, vdevice=vdevice)
+    channels = data_dims(data_shape, attrs.layout)[1]
+    shape = output_shape(rois_shape[0], channels, attrs.pooled_size, attrs.layout)
+    return relax.TensorType(list(shape), data_dtype, vdevice=vdevice)
 
 
 def legalize(bb: relax.BlockBuilder, call):
-    """Lower a call to ``call_tir`` of a PrimFunc scheduled by the current target's strategy."""
+    """Lower a call to ``call_tir`` of a PrimFunc scheduled by the strategy of the call's target
+    (:func:`~._legalize.legalize_with_strategy`)."""
     attrs = RoiAlignAttrs.from_call(call)
-    data_shape, _, dtype = tensor_info(call.args[0], "data")
-    rois_shape, _, _ = tensor_info(call.args[1], "rois")
-    if data_shape is None or rois_shape is None:
-        raise ValueError("roi_align needs data and rois of known rank and shape to legalize")
-    strategy, target = select_strategy(None)
-    fresh = FreshDims()
-    inputs = [
-        te.placeholder(fresh(data_shape), dtype, "data"),
-        te.placeholder(fresh(rois_shape), dtype, "rois"),
-    ]
 
     def compute(data, rois):
         return topi_roi_align(
@@ -131,11 +109,18 @@ def legalize(bb: relax.BlockBuilder, call):
             attrs.sampling_ratio,
             attrs.aligned,
             attrs.layout,
+            attrs.half_pixel,
         )
 
-    func = strategy.build(compute, inputs, target, attrs.layout, attrs)
-    gvar = bb.add_func(func, f"roi_align_{attrs.layout.lower()}")
-    return relax.call_tir(gvar, list(call.args), call.ty)
+    return legalize_with_strategy(
+        bb,
+        call,
+        name=f"roi_align_{attrs.layout.lower()}",
+        inputs=[(call.args[0], "data"), (call.args[1], "rois")],
+        compute=compute,
+        layout=attrs.layout,
+        attrs=attrs,
+    )
 
 
 def register() -> None:
@@ -169,9 +154,10 @@ def make_roi_align(
     sampling_ratio : int
         Samples per bin side; ``<= 0`` is adaptive.
     aligned : bool
-        torchvision's ``aligned``: shift the scaled box by -0.5 pixel and drop the >= 1 size clamp.
-        Implemented by shifting the roi coordinates (never the batch index) by
-        ``-0.5 / spatial_scale`` and calling ``relax.vision.roi_align`` with ``aligned=True``.
+        torchvision's ``aligned``: subtract 0.5 after scaling (``x * spatial_scale - 0.5``, in this
+        float order) and drop the >= 1 size clamp. ``False`` builds the stock call (typed
+        attributes); ``True`` builds the call with ``ir.DictAttrs`` ``aligned=True,
+        half_pixel=True`` (see :class:`RoiAlignAttrs`), the shift done in the kernel.
     layout, mode : str
         ``"NCHW"``/``"NHWC"``; ``"avg"``/``"max"`` (max of interpolated samples).
 
@@ -180,21 +166,13 @@ def make_roi_align(
     relax.Expr
         ``[K, C, PH, PW]`` or ``[K, PH, PW, C]`` in data's dtype.
     """
-    if aligned:
-        dtype = str(rois.ty.dtype) if isinstance(rois.ty, relax.TensorType) else "float32"
-        shift = 0.5 / float(spatial_scale)
-        offset = relax.const([0.0, shift, shift, shift, shift], dtype)
-        rois = relax.op.subtract(rois, offset)
-    return relax.op.vision.roi_align(
-        data,
-        rois,
-        output_size,
-        spatial_scale,
-        sampling_ratio,
-        bool(aligned),
-        layout,
-        mode,
+    call = relax.op.vision.roi_align(
+        data, rois, output_size, spatial_scale, sampling_ratio, bool(aligned), layout, mode
     )
+    if not aligned:
+        return call
+    attrs = dataclasses.replace(RoiAlignAttrs.from_call(call), half_pixel=True)
+    return relax.Call(call.op, list(call.args), attrs.to_attrs())
 
 
 __all__ = ["OP_NAME", "FreshDims", "RoiAlignAttrs", "infer_struct_info", "legalize", "make_roi_align", "register"]

@@ -34,10 +34,8 @@ from tvm import relax
 from tvm.s_tir import slayout
 
 from .. import _registry
-from .._registry import op_exists
-
-ROI_ALIGN_OP = "relax.vision.roi_align"
-MULTISCALE_ROI_ALIGN_OP = "relax.vision.multiscale_roi_align"
+from ..ops.multiscale_roi_align import OP_NAME as MULTISCALE_ROI_ALIGN_OP
+from ..ops.roi_align import OP_NAME as ROI_ALIGN_OP
 
 #: Layouts the RoIAlign kernels (and so the legalization) support.
 SUPPORTED_LAYOUTS = ("NCHW", "NHWC")
@@ -246,36 +244,26 @@ def infer_layout_multiscale_roi_align(call, desired_layouts, var_layout_map):
     return infer_layout_roi_align_like(call, desired_layouts, var_layout_map, None)
 
 
-def register_roi_align_like(op_name: str, num_feature_inputs: int | None = None) -> None:
-    """Register the RoIAlign-like layout rule as ``FRelaxInferLayout`` of ``op_name``.
-
-    ``num_feature_inputs``: the number of leading feature-map arguments (None: all but the
-    last argument, which is rois). Reversible through :func:`tvm_roialign.unregister`.
-    """
-    if num_feature_inputs == 1:
-        rule = infer_layout_roi_align
-    elif num_feature_inputs is None:
-        rule = infer_layout_multiscale_roi_align
-    else:
-        count = int(num_feature_inputs)
-
-        def rule(call, desired_layouts, var_layout_map):
-            return infer_layout_roi_align_like(call, desired_layouts, var_layout_map, count)
-
-    _registry.set_op_attr(op_name, "FRelaxInferLayout", rule)
-
+#: The layout rule of each RoIAlign-like op (registered once, by :func:`register`).
+RULES = {
+    ROI_ALIGN_OP: infer_layout_roi_align,
+    MULTISCALE_ROI_ALIGN_OP: infer_layout_multiscale_roi_align,
+}
 
 
 def register() -> None:
-    """Register the layout rules (idempotent): roi_align, and multiscale_roi_align if it exists."""
-    register_roi_align_like(ROI_ALIGN_OP, 1)
-    if op_exists(MULTISCALE_ROI_ALIGN_OP):
-        register_roi_align_like(MULTISCALE_ROI_ALIGN_OP, None)
+    """Register the layout rules of roi_align and multiscale_roi_align as their
+    ``FRelaxInferLayout`` (idempotent; reversible through :func:`tvm_roialign.unregister`). The ops
+    are registered first (:mod:`tvm_roialign.ops`)."""
+    for op_name, rule in RULES.items():
+        _registry.get_or_register_op(op_name)
+        _registry.set_op_attr(op_name, "FRelaxInferLayout", rule)
 
 
 __all__ = [
     "MULTISCALE_ROI_ALIGN_OP",
     "ROI_ALIGN_OP",
+    "RULES",
     "SUPPORTED_LAYOUTS",
     "current_layout",
     "desired_target",
@@ -287,7 +275,6 @@ __all__ = [
     "initial_layout",
     "layout_decision",
     "register",
-    "register_roi_align_like",
     "replace_layout_attr",
     "transpose_like",
 ]

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import tvm
 
-from .arm import is_arm, schedule_arm
+from .arm import is_arm
 from .base import Strategy
-from .cpu import schedule_generic
+from .cpu import RoIAlignCPU
 from .cpu_kernel import cpu_adaptive_kernel
-from .cuda import is_cuda, schedule_cuda
-from .metal import is_metal, schedule_metal
-from .x86 import is_x86, schedule_x86
+from .cuda import RoIAlignCUDA, is_cuda
+from .metal import RoIAlignMetal, is_metal
+from .x86 import is_x86
 
 STRATEGIES: dict[str, Strategy] = {
-    "x86": Strategy("x86", is_x86, schedule_x86, kernel=cpu_adaptive_kernel),
-    "arm": Strategy("arm", is_arm, schedule_arm, kernel=cpu_adaptive_kernel),
-    "llvm": Strategy("llvm", lambda t: t.kind.name == "llvm", schedule_generic),
-    "cuda": Strategy("cuda", is_cuda, schedule_cuda),
-    "metal": Strategy("metal", is_metal, schedule_metal),
+    "x86": Strategy("x86", is_x86, RoIAlignCPU(), kernel=cpu_adaptive_kernel),
+    "arm": Strategy("arm", is_arm, RoIAlignCPU(), kernel=cpu_adaptive_kernel),
+    "llvm": Strategy("llvm", lambda t: t.kind.name == "llvm", RoIAlignCPU(vectorize=False)),
+    "cuda": Strategy("cuda", is_cuda, RoIAlignCUDA()),
+    "metal": Strategy("metal", is_metal, RoIAlignMetal()),
 }
 
 

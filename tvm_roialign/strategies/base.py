@@ -1,11 +1,12 @@
-"""What a strategy is: a TE compute plus a schedule, chosen from the target.
+"""What a strategy is: a TE compute plus a schedule rule, chosen from the target.
 
-A *schedule rule* is a pure function ``(PrimFunc, Target) -> Schedule | None`` in the manner of
-dlight: it finds the blocks ``roi_align_acc`` (the reduction over the sampling grid) and
-``roi_align`` (the output) by name and returns None when they are not there. Every RoIAlign-like
-compute of this package (``roi_align``, ``multiscale_roi_align``) names its blocks so, with loops
-``(K, C, PH, PW)`` in NCHW or ``(K, PH, PW, C)`` in NHWC, and records its layout in the PrimFunc
-attribute ``roi_align.layout``; one schedule rule then serves all of them.
+The schedule rules are dlight ``ScheduleRule`` subclasses (``apply(func, target, tunable) ->
+Schedule | None``): :class:`~.cpu.RoIAlignCPU` and :class:`~.gpu.RoIAlignGPU`. A rule finds the
+blocks ``roi_align_acc`` (the reduction over the sampling grid) and ``roi_align`` (the output) by
+name and returns None when they are not there. Every RoIAlign-like compute of this package
+(``roi_align``, ``multiscale_roi_align``) names its blocks so, with loops ``(K, C, PH, PW)`` in NCHW
+or ``(K, PH, PW, C)`` in NHWC, and records its layout in the PrimFunc attribute
+``roi_align.layout``; one rule then serves all of them.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 import tvm
 from tvm import te
 from tvm.s_tir import Schedule
+from tvm.s_tir.dlight import ScheduleRule
 
-from ..topi.roi_align import index_dtype_for
+from ..topi._sampling import index_dtype_for
 
 ACC_BLOCK = "roi_align_acc"
 OUT_BLOCK = "roi_align"
@@ -28,9 +30,6 @@ LEVEL_BLOCK = "roi_level"
 LAYOUT_ATTR = "roi_align.layout"
 #: TVM's OpPatternKind kOpaque: FuseOps never fuses a PrimFunc so marked.
 OPAQUE = 8
-
-ScheduleRule = Callable[[tvm.tirx.PrimFunc, tvm.target.Target], "Schedule | None"]
-
 
 def new_schedule(func: tvm.tirx.PrimFunc) -> Schedule:
     """A schedule whose errors are not rendered (RoIAlign's TIR is large to print)."""
@@ -50,6 +49,13 @@ def find_blocks(sch: Schedule):
     if not (has_block(sch, ACC_BLOCK) and has_block(sch, OUT_BLOCK)):
         return None
     return sch.get_sblock(ACC_BLOCK), sch.get_sblock(OUT_BLOCK)
+
+
+def buffer_dtypes(func: tvm.tirx.PrimFunc) -> list[str]:
+    """The dtypes of the buffer parameters of ``func``, in order (data first)."""
+    return [
+        str(param.ty.dtype) for param in func.params if isinstance(param.ty, tvm.tirx.BufferType)
+    ]
 
 
 def layout_of(func: tvm.tirx.PrimFunc) -> str | None:
@@ -73,6 +79,16 @@ def largest_divisor_lanes(extent: int | None, max_lanes: int) -> int:
     return lanes
 
 
+def without_global_symbol(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """``func`` without the ``global_symbol`` (``"main"``) that ``te.create_prim_func`` and a
+    schedule's module give it, for adding it to a Relax module under a name of its own: a second
+    ``"main"`` symbol breaks ``tvm.compile`` after an explicit ``relax.transform.LegalizeOps()``
+    (``IRModule contains duplicate global symbol: main``)."""
+    if func.attrs is not None and "global_symbol" in func.attrs:
+        return func.without_attr("global_symbol")
+    return func
+
+
 def mark_scheduled(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     """Mark a PrimFunc so that dlight leaves its schedule alone and FuseOps never fuses it."""
     return func.with_attrs({"tirx.is_scheduled": True, "op_pattern": OPAQUE, "tirx.noalias": True})
@@ -82,7 +98,8 @@ def mark_scheduled(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
 class Strategy:
     """A compute plus a schedule rule for one family of targets.
 
-    ``schedule`` is the rule; ``matches(target)`` says whether the strategy is meant for a target.
+    ``schedule`` is the dlight rule; ``matches(target)`` says whether the strategy is meant for a
+    target.
     ``kernel``, when given, is a strategy-specific compute ``(te_inputs, attrs, target) ->
     te.Tensor | None`` tried before the op's TE compute (None: not applicable); its PrimFunc is
     expected to be scheduled already (the schedule rule returns None for it).
@@ -100,16 +117,17 @@ class Strategy:
         of the inputs and the output (int64 past 2**31 - 1 elements or for symbolic sizes).
         ``attrs`` (the op's attributes) are passed to the strategy's ``kernel`` if it has one.
         """
-        out = None
-        if self.kernel is not None and attrs is not None:
-            out = self.kernel(inputs, attrs, target)
-        if out is None:
-            out = compute(*inputs)
+        with target:  # the compute fences its geometry for the target (topi.exact_product)
+            out = None
+            if self.kernel is not None and attrs is not None:
+                out = self.kernel(inputs, attrs, target)
+            if out is None:
+                out = compute(*inputs)
         shapes = [t.shape for t in inputs if isinstance(t, te.Tensor)] + [out.shape]
         func = te.create_prim_func(
             [*inputs, out], index_dtype_override=index_dtype_for(*shapes)
         ).with_attr(LAYOUT_ATTR, layout)
-        sch = self.schedule(func, target)
+        sch = self.schedule.apply(func, target, False)
         if sch is not None:
             func = sch.mod["main"]
         return mark_scheduled(func)

@@ -1,17 +1,28 @@
-"""CPU schedules shared by the x86 and ARM strategies, and the plain schedule for other llvm targets.
+"""CPU schedule rule shared by the x86, ARM and generic llvm strategies, and the vector-width policy.
 
 Both layouts compute one bin ``(roi, ph, pw)`` at a time for all channels: the bin's accumulator is
 computed at the bin, its sampling loops are moved outside the channel loop, so that each sample's four
 positions and four weights are computed once and shared across channels (the pre-calculation of
 torchvision's CPU kernel, without its buffer). Rois x rows of bins are spread over TVM's thread pool.
+
+Vector lanes (:func:`vector_lanes`, one policy for x86 and ARM, also used by the adaptive-grid kernel
+of :mod:`.cpu_kernel`) are counted in *data* elements of one vector register: 2 for float64, 4 for
+float32 and 8 for float16 in a 128-bit register (NEON, SSE), 16 / 32 with AVX-512. float16 data are
+accumulated in float32, so a float16 vector is one full-width load of data widened into two float32
+registers (ARM ``fcvtl``/``fcvtl2``, x86 ``vcvtph2ps``) that take one multiply-add each; counting in
+accumulator elements instead would halve every load.
 """
 
 from __future__ import annotations
 
+import tvm
 from tvm.s_tir import Schedule
+from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
+from .arm import NEON_BITS, is_arm
 from .base import (
     NESTED_ACC_BLOCK,
+    buffer_dtypes,
     find_blocks,
     has_block,
     largest_divisor_lanes,
@@ -19,6 +30,56 @@ from .base import (
     new_schedule,
     static_extent,
 )
+from .x86 import x86_vector_bits
+
+__all__ = ["RoIAlignCPU", "vector_bits", "vector_lanes"]
+
+
+def vector_bits(target: tvm.target.Target) -> int:
+    """Width of the target's vector registers: NEON's 128 bits on ARM (SVE's width is not known at
+    compile time), what LLVM reports for the mcpu elsewhere (128 for a generic x86-64)."""
+    return NEON_BITS if is_arm(target) else x86_vector_bits(target)
+
+
+def vector_lanes(target: tvm.target.Target, dtype: str) -> int:
+    """Lanes of a channel vector of ``dtype`` data on ``target``: one register of data elements."""
+    return max(vector_bits(target) // tvm.DataType(str(dtype)).bits, 1)
+
+
+class RoIAlignCPU(CPUScheduleRule):
+    """Parallel over (roi, bin row), channels innermost and vectorized by :func:`vector_lanes`.
+
+    ``vectorize=False`` gives the plain schedule of the generic llvm strategy (no vector width is
+    assumed for an unknown CPU). Returns None for a PrimFunc that is not a RoIAlign of this package.
+    """
+
+    def __init__(self, vectorize: bool = True):
+        self.vectorize = vectorize
+
+    def apply(self, func, target, tunable=False) -> Schedule | None:
+        layout = layout_of(func)
+        if layout not in ("NCHW", "NHWC"):
+            return None
+        sch = new_schedule(func)
+        if find_blocks(sch) is None:
+            return None
+        if has_block(sch, NESTED_ACC_BLOCK):
+            return _schedule_nested(sch, layout)
+        acc = find_blocks(sch)[0]
+        max_lanes = vector_lanes(target, buffer_dtypes(func)[0]) if self.vectorize else 1
+        lanes = largest_divisor_lanes(_static_channels(sch, layout), max_lanes)
+        if lanes > 1 and layout == "NCHW":
+            _channels_last_copies(sch, acc, lanes)
+        acc, fused, c_out, c_acc, decompose_at = _bin_major(sch, layout)
+        if lanes > 1:
+            _, inner = sch.split(c_acc, [None, lanes])
+            sch.vectorize(inner)
+            if layout == "NHWC":  # NCHW output stores are strided: leave them scalar
+                _, inner = sch.split(c_out, [None, lanes])
+                sch.vectorize(inner)
+        sch.parallel(fused)
+        sch.decompose_reduction(acc, decompose_at)
+        return sch
 
 
 def _bin_major(sch: Schedule, layout: str):
@@ -58,43 +119,16 @@ def _schedule_nested(sch: Schedule, layout: str) -> Schedule:
     return sch
 
 
-def schedule_cpu(func, target, max_lanes: int) -> Schedule | None:
-    """Parallel over (roi, bin row), channels innermost and vectorized by up to ``max_lanes``."""
-    layout = layout_of(func)
-    if layout not in ("NCHW", "NHWC"):
-        return None
-    sch = new_schedule(func)
-    if find_blocks(sch) is None:
-        return None
-    if has_block(sch, NESTED_ACC_BLOCK):
-        return _schedule_nested(sch, layout)
-    acc = find_blocks(sch)[0]
-    channels = _static_channels(sch, acc, layout)
-    lanes = largest_divisor_lanes(channels, max_lanes)
-    if lanes > 1 and layout == "NCHW":
-        _channels_last_copies(sch, acc, lanes)
-    acc, fused, c_out, c_acc, decompose_at = _bin_major(sch, layout)
-    if lanes > 1:
-        _, inner = sch.split(c_acc, [None, lanes])
-        sch.vectorize(inner)
-        if layout == "NHWC":  # NCHW output stores are strided: leave them scalar
-            _, inner = sch.split(c_out, [None, lanes])
-            sch.vectorize(inner)
-    sch.parallel(fused)
-    sch.decompose_reduction(acc, decompose_at)
-    return sch
-
-
 def _feature_reads(sch: Schedule, block):
     """Indices of the 4-D buffers (feature maps) that ``block`` reads."""
     return [i for i, region in enumerate(sch.get(block).reads) if len(region.region) == 4]
 
 
-def _static_channels(sch: Schedule, acc, layout: str) -> int | None:
+def _static_channels(sch: Schedule, layout: str) -> int | None:
     """The channel count of the output (None when symbolic)."""
     _, out = find_blocks(sch)
     loops = sch.get_loops(out)
-    return static_extent(sch, loops[1] if layout == "NCHW" else loops[3])
+    return static_extent(sch, loops[layout.index("C")])
 
 
 def _channels_last_copies(sch: Schedule, acc, lanes: int) -> None:
@@ -110,8 +144,3 @@ def _channels_last_copies(sch: Schedule, acc, lanes: int) -> None:
         sch.reorder(n, h, w_outer, c_outer, w_inner, c_inner)
         sch.parallel(sch.fuse(n, h))
         sch.vectorize(c_inner)
-
-
-def schedule_generic(func, target) -> Schedule | None:
-    """Plain, correct schedule for any llvm target: parallel over (roi, bin row), no vectors."""
-    return schedule_cpu(func, target, max_lanes=1)

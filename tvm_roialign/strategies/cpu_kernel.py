@@ -9,8 +9,9 @@ move them outside the channel loop. This kernel is written in TVMScript already 
 * each bin has a channel accumulator (``C`` elements of the accumulate dtype, on the worker's
   stack; past :data:`MAX_ACC_BYTES` the channels are processed in blocks);
 * for each sample the four corner positions and weights are computed once, as scalars (the row
-  terms once per sample row), and then applied to all channels in an inner loop, vectorized by the
-  target's vector width when it divides ``C``;
+  terms once per sample row), and then applied to all channels in an inner loop, vectorized by
+  :func:`~tvm_roialign.strategies.cpu.vector_lanes` (the largest power of two up to it that
+  divides ``C``; the TE schedule's policy);
 * the bin's output is written once, after the grid (divided by ``max(grid_h * grid_w, 1)`` in
   ``avg`` mode; 0 for an empty grid in every mode).
 
@@ -18,61 +19,45 @@ NHWC reads the channel vectors of the feature map directly. NCHW first copies th
 channels-last (``[N, H, W, C]``, a workspace the size of ``data``, in parallel over rows) so that
 the channel loop reads contiguous vectors, as the TE path's NCHW schedule does.
 
-The semantics are those of the TE compute (module docstring of :mod:`tvm_roialign.topi.roi_align`),
-with the same float operation order (torchvision's CPU kernel), the same clamping of every index
-before it is used, the same handling of NaN / infinite coordinates and out-of-range batch indices,
-and the same reduction identity. :func:`cpu_adaptive_kernel` returns None (the TE path is used) for
+The semantics are those of the TE compute (module docstring of :mod:`tvm_roialign.topi.roi_align`):
+the roi's geometry, validity and grid come from the same helpers (:mod:`tvm_roialign.topi._sampling`),
+the samples follow the same float operation order (torchvision's CPU kernel), every index is
+clamped before it is used, and the reduction identity is the same. :func:`cpu_adaptive_kernel` returns None (the TE path is used) for
 a static grid (``sampling_ratio > 0``), a symbolic channel count, or arguments the TE compute would
 reject (so that it raises its own error). Index arithmetic is int32 or int64 as
-:func:`~tvm_roialign.topi.roi_align.index_dtype_for` decides (int64 for a symbolic number of rois).
+:func:`~tvm_roialign.topi._sampling.index_dtype_for` decides (int64 for a symbolic number of rois).
 """
 
 from __future__ import annotations
 
-import math
-
-import tvm
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ..topi.roi_align import (
-    FLOAT_DTYPES,
-    LAYOUTS,
-    MAX_ADAPTIVE_GRID,
-    MODES,
+from ..topi._sampling import (
     accumulate_dtype,
-    check_roi_align_args,
+    adaptive_grid,
+    data_dims,
+    exact_product,
     index_dtype_for,
+    is_static,
+    output_shape,
+    roi_box,
+    roi_is_valid,
 )
-from .x86 import vector_bits
+from ..topi.roi_align import check_roi_align_args, check_spatial_scale
+from .base import largest_divisor_lanes
+from .cpu import vector_lanes
 
 __all__ = [
     "MAX_ACC_BYTES",
     "channel_block_for",
     "cpu_adaptive_kernel",
     "roi_align_adaptive_cpu",
-    "vector_lanes",
 ]
 
 #: Largest per-bin channel accumulator (bytes, on the stack of each worker); with more channels the
 #: channels are processed in blocks that fit (the sampling positions are then computed per block).
 MAX_ACC_BYTES = 64 * 1024
-
-
-def _vector_bits(target: tvm.target.Target) -> int:
-    if "arm_cpu" in [str(key) for key in target.keys]:
-        return 128  # NEON (SVE's width is not known at compile time)
-    return vector_bits(target)
-
-
-def vector_lanes(channels: int, acc: str, target: tvm.target.Target) -> int:
-    """Lanes of the channel loop: the largest power of two <= vector bits / accumulator bits that
-    divides ``channels`` (1: scalar)."""
-    max_lanes = max(_vector_bits(target) // (64 if acc == "float64" else 32), 1)
-    lanes = 1
-    while lanes * 2 <= max_lanes and channels % (lanes * 2) == 0:
-        lanes *= 2
-    return lanes
 
 
 def channel_block_for(channels: int, lanes: int, acc: str) -> int:
@@ -82,10 +67,6 @@ def channel_block_for(channels: int, lanes: int, acc: str) -> int:
     if channels <= limit:
         return channels
     return max(b for b in range(lanes, limit + 1, lanes) if channels % b == 0)
-
-
-def _is_static(dim) -> bool:
-    return isinstance(dim, (int, tirx.IntImm))
 
 
 def roi_align_adaptive_cpu(
@@ -98,6 +79,7 @@ def roi_align_adaptive_cpu(
     layout: str,
     lanes: int,
     channel_block: int | None = None,
+    half_pixel: bool = False,
 ) -> tirx.PrimFunc:
     """The scheduled PrimFunc ``(data, rois, out)`` of RoIAlign with an adaptive grid.
 
@@ -109,7 +91,7 @@ def roi_align_adaptive_cpu(
     pooled_size : (int, int)
     spatial_scale : float
         Positive and finite.
-    mode, aligned, layout
+    mode, aligned, layout, half_pixel
         As :func:`tvm_roialign.topi.roi_align.roi_align`.
     lanes : int
         Vector lanes of the channel loop; must divide ``C``.
@@ -124,16 +106,10 @@ def roi_align_adaptive_cpu(
     """
     dtype = str(data.dtype)
     acc = accumulate_dtype(dtype)
-    if layout == "NCHW":
-        num_batch, channels, height, width = data.shape
-    else:
-        num_batch, height, width, channels = data.shape
+    num_batch, channels, height, width = data_dims(data.shape, layout)
     num_rois = rois.shape[0]
     pooled_h, pooled_w = pooled_size
-    if layout == "NCHW":
-        out_shape = [num_rois, channels, pooled_h, pooled_w]
-    else:
-        out_shape = [num_rois, pooled_h, pooled_w, channels]
+    out_shape = list(output_shape(num_rois, channels, pooled_size, layout))
     idx = index_dtype_for(data.shape, out_shape)
     C = int(channels)
     channel_block = channel_block or C
@@ -142,14 +118,14 @@ def roi_align_adaptive_cpu(
     L = lanes
 
     def ival(dim):
-        return tirx.const(int(dim), idx) if _is_static(dim) else tirx.Cast(idx, dim)
+        return tirx.const(int(dim), idx) if is_static(dim) else tirx.Cast(idx, dim)
 
     def fval(dim):
-        return tirx.const(float(int(dim)), acc) if _is_static(dim) else tirx.Cast(acc, dim)
+        return tirx.const(float(int(dim)), acc) if is_static(dim) else tirx.Cast(acc, dim)
 
     # --- closure constants (PrimExprs of the right dtypes) ---
     N_I, H_I, W_I = ival(num_batch), ival(height), ival(width)
-    N_F, H_F, W_F = fval(num_batch), fval(height), fval(width)
+    H_F, W_F = fval(height), fval(width)
     H_LAST, W_LAST = H_I - tirx.const(1, idx), W_I - tirx.const(1, idx)
     H_LAST_F = H_F - tirx.const(1.0, acc)
     W_LAST_F = W_F - tirx.const(1.0, acc)
@@ -157,20 +133,16 @@ def roi_align_adaptive_cpu(
     ROWS = ival(num_rois) * PH_I  # parallel (roi, bin row) iterations
     PH_F = tirx.const(float(pooled_h), acc)
     PW_F = tirx.const(float(pooled_w), acc)
-    SCALE = tirx.const(float(spatial_scale), acc)
     ZERO = tirx.const(0.0, acc)
     ONE = tirx.const(1.0, acc)
     HALF = tirx.const(0.5, acc)
     MINUS_ONE = tirx.const(-1.0, acc)
-    HUGE = tirx.const(1e30, acc)
-    GRID_CAP = tirx.const(float(MAX_ADAPTIVE_GRID), acc)
     I_ZERO = tirx.const(0, idx)
     I_ONE = tirx.const(1, idx)
     INIT = ZERO if mode == "avg" else tirx.min_value(acc)
     IS_AVG = mode == "avg"
     IS_ONNX_MAX = mode == "onnx_max"
     NCHW = layout == "NCHW"
-    CLAMP_SIZE = not aligned
     FEAT_SHAPE = [num_batch, height, width, channels]
     DATA_SHAPE = data.shape
     ROIS_SHAPE = rois.shape
@@ -188,17 +160,15 @@ def roi_align_adaptive_cpu(
         # inside a vectorized loop is not vectorized correctly by this TVM)
         return cb * CB_I + co * L_I + ci
 
-    def grid_of(size_over_pooled):
-        # NaN and +-inf fail one of the comparisons and give an empty grid (as the TE compute)
-        finite = tirx.all(size_over_pooled > ZERO, size_over_pooled < HUGE)
-        grid = tirx.min(tirx.ceil(size_over_pooled), GRID_CAP)
-        return tirx.Cast(idx, tirx.Select(finite, grid, ZERO))
-
-    def clamp_size(size):
-        return tirx.max(size, ONE) if CLAMP_SIZE else size
-
     def to_acc(value):
         return tirx.Cast(acc, value)
+
+    # the roi's geometry and validity: the TE compute's own helpers (same float operations)
+    def box_of(buf, k):
+        return roi_box(lambda j: to_acc(buf[k, j]), spatial_scale, aligned, half_pixel, acc)
+
+    def valid_of(buf, k):
+        return roi_is_valid(lambda j: to_acc(buf[k, j]), num_batch, acc)
 
     # torchvision: value = w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4, left to right
     def sample_avg(w1, w2, w3, w4, v1, v2, v3, v4):
@@ -245,24 +215,20 @@ def roi_align_adaptive_cpu(
                 k = row // PH_I
                 ph = row % PH_I
                 # --- the roi's geometry ---
-                b = to_acc(rois_buf[k, 0])
-                start_w = to_acc(rois_buf[k, 1]) * SCALE
-                start_h = to_acc(rois_buf[k, 2]) * SCALE
-                roi_w = clamp_size(to_acc(rois_buf[k, 3]) * SCALE - start_w)
-                roi_h = clamp_size(to_acc(rois_buf[k, 4]) * SCALE - start_h)
+                start_h, start_w, roi_h, roi_w = box_of(rois_buf, k)
                 bin_h = roi_h / PH_F
                 bin_w = roi_w / PW_F
-                grid_h = grid_of(roi_h / PH_F)
-                grid_w = grid_of(roi_w / PW_F)
+                grid_h = adaptive_grid(roi_h / PH_F, acc, idx)
+                grid_w = adaptive_grid(roi_w / PW_F, acc, idx)
                 grid_h_f = to_acc(grid_h)
                 grid_w_f = to_acc(grid_w)
-                batch_ok = T.And(b > MINUS_ONE, b < N_F)
-                batch = T.Cast(idx, T.Select(batch_ok, b, ZERO))
+                roi_ok = valid_of(rois_buf, k)
+                batch = T.Cast(idx, T.Select(roi_ok, to_acc(rois_buf[k, 0]), ZERO))
                 nonempty = T.And(grid_h > I_ZERO, grid_w > I_ZERO)
                 count = to_acc(T.max(grid_h * grid_w, I_ONE))
-                y_base = start_h + to_acc(ph) * bin_h
+                y_base = start_h + exact_product(to_acc(ph), bin_h)
                 for pw in range(PW_EXT):
-                    x_base = start_w + to_acc(pw) * bin_w
+                    x_base = start_w + exact_product(to_acc(pw), bin_w)
                     acc_buf = T.alloc_buffer((CB,), acc, scope="local")
                     for co in range(CBO_I):
                         for ci in T.vectorized(L_I):
@@ -270,7 +236,7 @@ def roi_align_adaptive_cpu(
                     for iy in range(grid_h):
                         # --- the sample row's terms, shared by the row's samples and channels ---
                         y = y_base + (to_acc(iy) + HALF) * bin_h / grid_h_f
-                        y_ok = T.And(batch_ok, T.And(y >= MINUS_ONE, y <= H_F))
+                        y_ok = T.And(roi_ok, T.And(y >= MINUS_ONE, y <= H_F))
                         y_c = T.min(T.max(y, ZERO), H_LAST_F)  # compare-and-select: NaN -> 0
                         y_low = T.Cast(idx, y_c)
                         y_high = T.min(y_low + I_ONE, H_LAST)
@@ -346,18 +312,14 @@ def cpu_adaptive_kernel(te_inputs, attrs, target):
         pooled = check_roi_align_args(
             data.shape, data.dtype, rois.shape, rois.dtype, attrs.pooled_size, layout, mode
         )
+        spatial_scale = check_spatial_scale(attrs.spatial_scale)
     except (ValueError, TypeError):
         return None
-    spatial_scale = float(attrs.spatial_scale)
-    if not (math.isfinite(spatial_scale) and spatial_scale > 0):
-        return None
-    if layout not in LAYOUTS or mode not in MODES or str(data.dtype) not in FLOAT_DTYPES:
-        return None
-    channels = data.shape[1] if layout == "NCHW" else data.shape[3]
-    if not _is_static(channels) or int(channels) <= 0:
+    channels = data_dims(data.shape, layout)[1]
+    if not is_static(channels) or int(channels) <= 0:
         return None
     acc = accumulate_dtype(data.dtype)
-    lanes = vector_lanes(int(channels), acc, target)
+    lanes = largest_divisor_lanes(int(channels), vector_lanes(target, data.dtype))
     func = roi_align_adaptive_cpu(
         data,
         rois,
@@ -368,6 +330,7 @@ def cpu_adaptive_kernel(te_inputs, attrs, target):
         layout,
         lanes,
         channel_block_for(int(channels), lanes, acc),
+        bool(getattr(attrs, "half_pixel", False)),
     )
     return te.extern_primfunc(
         [data, rois], func, name="roi_align_adaptive", tag=f"roi_align_{layout.lower()}"

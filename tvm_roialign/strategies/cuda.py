@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tvm
 
-from .gpu import schedule_gpu, target_max_threads
+from .gpu import RoIAlignGPU
 
 #: Threads per block, capped by the target's ``max_num_threads``. A RoIAlign thread holds 32-40
 #: registers (ptxas, sm_90): 1024-thread blocks would fit one block (50% occupancy) in an SM's 64K
@@ -16,6 +16,8 @@ def is_cuda(target: tvm.target.Target) -> bool:
     return target.kind.name == "cuda"
 
 
-def schedule_cuda(func, target):
-    """Schedule rule ``(PrimFunc, Target) -> Schedule | None`` for CUDA targets."""
-    return schedule_gpu(func, target, target_max_threads(target, CUDA_THREADS))
+class RoIAlignCUDA(RoIAlignGPU):
+    """The GPU rule with at most :data:`CUDA_THREADS` threads per block."""
+
+    def __init__(self, bind_threads: bool = True):
+        super().__init__(CUDA_THREADS, bind_threads)

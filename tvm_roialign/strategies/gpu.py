@@ -21,6 +21,8 @@ has more than ``2**31 - 1`` elements; the thread indices are then widened before
 from __future__ import annotations
 
 from tvm.s_tir import Schedule
+from tvm.s_tir.dlight.base.utils import max_threads_per_block
+from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
 from .base import (
     LEVEL_BLOCK,
@@ -29,27 +31,11 @@ from .base import (
     has_block,
     layout_of,
     new_schedule,
+    static_extent,
 )
 
 #: CUDA's limit of blocks along x (also applied to Metal's threadgroups).
 MAX_GRID_BLOCKS = 2**31 - 1
-
-
-def target_max_threads(target, cap: int | None = None) -> int:
-    """Threads per block from the target (``max_num_threads``), at most ``cap``."""
-    threads = 256
-    if target is not None and "max_num_threads" in target.attrs:
-        threads = int(target.attrs["max_num_threads"])
-    if cap is not None:
-        threads = min(threads, cap)
-    return max(threads, 1)
-
-
-def _static(extent) -> int | None:
-    try:
-        return int(extent)
-    except (TypeError, ValueError):
-        return None
 
 
 def _threads_for(total: int | None, max_threads: int) -> int:
@@ -62,51 +48,66 @@ def _threads_for(total: int | None, max_threads: int) -> int:
     return min(threads, max_threads)
 
 
-def schedule_gpu(func, target, max_threads: int, bind_threads: bool = True) -> Schedule | None:
-    """One thread per output element, ``max_threads`` threads per block.
+class RoIAlignGPU(GPUScheduleRule):
+    """One thread per output element.
 
+    Threads per block: dlight's ``max_threads_per_block(target)``, at most ``thread_cap``.
     ``bind_threads=False`` builds the same loop nest without binding it to GPU threads, so that the
     schedule's arithmetic can be run and checked on the host CPU.
 
-    Returns None for a PrimFunc that is not a RoIAlign of this package (no ``roi_align_acc`` /
-    ``roi_align`` blocks or no ``roi_align.layout`` attribute). Raises ValueError when a static
-    output needs more than ``MAX_GRID_BLOCKS`` blocks.
+    ``apply`` returns None for a PrimFunc that is not a RoIAlign of this package (no
+    ``roi_align_acc`` / ``roi_align`` blocks or no ``roi_align.layout`` attribute), and raises
+    ValueError when a static output needs more than ``MAX_GRID_BLOCKS`` blocks.
     """
-    layout = layout_of(func)
-    if layout not in ("NCHW", "NHWC"):
-        return None
-    sch = new_schedule(func)
-    blocks = find_blocks(sch)
-    if blocks is None:
-        return None
-    acc, out = blocks
-    fused = sch.fuse(*sch.get_loops(out))  # memory order: the innermost output index is fastest
-    total = _static(sch.get(fused).extent)
-    threads = _threads_for(total, max_threads)
-    if total is not None and -(-total // threads) > MAX_GRID_BLOCKS:
-        raise ValueError(
-            f"roi_align: an output of {total} elements needs more than {MAX_GRID_BLOCKS} blocks of "
-            f"{threads} threads, the most one GPU launch can have; split the rois"
-        )
-    bx, tx = sch.split(fused, [None, threads])
-    if bind_threads:
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(tx, "threadIdx.x")
-    if has_block(sch, LEVEL_BLOCK):  # multiscale_roi_align: one thread per roi computes its level
-        (rois,) = sch.get_loops(sch.get_sblock(LEVEL_BLOCK))
-        level_bx, level_tx = sch.split(rois, [None, threads])
-        if bind_threads:
-            sch.bind(level_bx, "blockIdx.x")
-            sch.bind(level_tx, "threadIdx.x")
-    if has_block(sch, NESTED_ACC_BLOCK):
-        # adaptive grid: the sampling loops' extents depend on the roi; they stay nested in their
-        # own block, which computes the whole reduction of the thread's element
-        outer_acc = sch.get_sblock(NESTED_ACC_BLOCK)
-        sch.compute_at(outer_acc, tx)
-        sch.set_scope(outer_acc, 0, "local")
-    else:
-        sch.compute_at(acc, tx)
-        sch.set_scope(acc, 0, "local")
-        # the accumulator's init stays in the block (``if iy == 0 and ix == 0``; the constant grid
-        # is unrolled by the compiler): decompose_reduction refuses a block under the tail predicate
-    return sch
+
+    def __init__(self, thread_cap: int | None = None, bind_threads: bool = True):
+        self.thread_cap = thread_cap
+        self.bind_threads = bind_threads
+
+    def max_threads(self, target) -> int:
+        threads = int(max_threads_per_block(target))
+        if self.thread_cap is not None:
+            threads = min(threads, self.thread_cap)
+        return max(threads, 1)
+
+    def apply(self, func, target, tunable=False) -> Schedule | None:
+        layout = layout_of(func)
+        if layout not in ("NCHW", "NHWC"):
+            return None
+        sch = new_schedule(func)
+        blocks = find_blocks(sch)
+        if blocks is None:
+            return None
+        acc, out = blocks
+        fused = sch.fuse(*sch.get_loops(out))  # memory order: the innermost output index is fastest
+        total = static_extent(sch, fused)
+        threads = _threads_for(total, self.max_threads(target))
+        if total is not None and -(-total // threads) > MAX_GRID_BLOCKS:
+            raise ValueError(
+                f"roi_align: an output of {total} elements needs more than {MAX_GRID_BLOCKS} blocks "
+                f"of {threads} threads, the most one GPU launch can have; split the rois"
+            )
+        self._split_and_bind(sch, fused, threads)
+        if has_block(sch, LEVEL_BLOCK):  # multiscale_roi_align: one thread per roi computes its level
+            (rois,) = sch.get_loops(sch.get_sblock(LEVEL_BLOCK))
+            self._split_and_bind(sch, rois, threads)
+        tx = sch.get_loops(out)[-1]
+        if has_block(sch, NESTED_ACC_BLOCK):
+            # adaptive grid: the sampling loops' extents depend on the roi; they stay nested in
+            # their own block, which computes the whole reduction of the thread's element
+            outer_acc = sch.get_sblock(NESTED_ACC_BLOCK)
+            sch.compute_at(outer_acc, tx)
+            sch.set_scope(outer_acc, 0, "local")
+        else:
+            sch.compute_at(acc, tx)
+            sch.set_scope(acc, 0, "local")
+            # the accumulator's init stays in the block (``if iy == 0 and ix == 0``; the constant
+            # grid is unrolled by the compiler): decompose_reduction refuses a block under the
+            # tail predicate
+        return sch
+
+    def _split_and_bind(self, sch, loop, threads):
+        bx, tx = sch.split(loop, [None, threads])
+        if self.bind_threads:
+            sch.bind(bx, "blockIdx.x")
+            sch.bind(tx, "threadIdx.x")

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import tvm
 
-from .gpu import schedule_gpu, target_max_threads
+from .base import buffer_dtypes
+from .gpu import RoIAlignGPU
 
 #: Threads per threadgroup: the target's ``max_num_threads``, never more than 256.
 METAL_MAX_THREADS = 256
@@ -19,18 +20,21 @@ def is_metal(target: tvm.target.Target) -> bool:
 
 def check_metal_dtypes(func, target) -> None:
     """Raise ValueError when a buffer of ``func`` is float64 (Metal Shading Language has no double)."""
-    for param in func.params:
-        if str(param.dtype) == "float64":
+    for dtype in buffer_dtypes(func):
+        if dtype == "float64":
             raise ValueError(
                 f"roi_align: dtype float64 is not supported by target {target.kind.name!r} "
                 "(Metal has no 64-bit floating point); use float32 or float16 data and rois"
             )
 
 
-def schedule_metal(func, target):
-    """Schedule rule ``(PrimFunc, Target) -> Schedule | None`` for Metal targets.
+class RoIAlignMetal(RoIAlignGPU):
+    """The GPU rule with at most :data:`METAL_MAX_THREADS` threads per threadgroup; raises
+    ValueError for float64 data (unsupported by Metal)."""
 
-    Raises ValueError for float64 data (unsupported by Metal).
-    """
-    check_metal_dtypes(func, target)
-    return schedule_gpu(func, target, target_max_threads(target, METAL_MAX_THREADS))
+    def __init__(self, bind_threads: bool = True):
+        super().__init__(METAL_MAX_THREADS, bind_threads)
+
+    def apply(self, func, target, tunable=False):
+        check_metal_dtypes(func, target)
+        return super().apply(func, target, tunable)

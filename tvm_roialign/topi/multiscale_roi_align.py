@@ -27,8 +27,9 @@ directly then).
 
 The chosen level is then pooled exactly as :func:`tvm_roialign.topi.roi_align` with that level's
 ``spatial_scale`` (same sampling grid, bilinear rule, averaging and safety guarantees; see that
-module's docstring). ``aligned`` has torchvision's meaning here: the scaled box is shifted by
-``-0.5`` feature-map pixel (``x * spatial_scale - 0.5``) and the size is not clamped to >= 1.
+module's docstring). ``aligned`` and ``half_pixel`` mean what they mean there: ``aligned`` drops the
+>= 1 clamp of the roi size, ``half_pixel`` subtracts 0.5 after scaling (``x * spatial_scale_l -
+0.5``); torchvision's ``aligned=True`` is both.
 
 Only the chosen level is read and sampled: the level is computed once per sample (a Let; LLVM
 hoists it out of the channel loop), and the sample is an ``if_then_else`` chain over the levels
@@ -53,16 +54,21 @@ import math
 import numpy as np
 from tvm import te, tirx
 
-from .roi_align import (
+from ._sampling import (
     FLOAT_DTYPES,
     LAYOUTS,
-    MODES,
     accumulate_dtype,
     accumulate_then_finalize,
     bilinear_coeffs,
+    channel_reader,
+    check_layout_and_mode,
+    data_dims,
+    data_form,
     finalize,
     index_dtype_for,
+    is_static,
     normalize_pooled_size,
+    output_shape,
     reduce_samples,
     roi_geometry,
     sample_point,
@@ -93,10 +99,6 @@ def level_range(spatial_scales) -> tuple[int, int]:
     return int(k_min), int(k_max)
 
 
-def _static(dim):
-    return isinstance(dim, (int, tirx.IntImm))
-
-
 def check_multiscale_roi_align_args(
     feature_shapes,
     feature_dtypes,
@@ -113,14 +115,11 @@ def check_multiscale_roi_align_args(
 
     ``feature_shapes`` may contain ``None`` dimensions (unknown). Returns ``(PH, PW)``.
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_layout_and_mode(layout, mode)
     num_levels = len(feature_shapes)
     if num_levels == 0:
         raise ValueError("features must be a non-empty list of feature maps, got none")
-    form = "[N, C, H, W]" if layout == "NCHW" else "[N, H, W, C]"
+    form = data_form(layout)
     for level, shape in enumerate(feature_shapes):
         if len(shape) != 4:
             raise ValueError(
@@ -134,15 +133,14 @@ def check_multiscale_roi_align_args(
     dtype = dtypes.pop()
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"features dtype must be one of {FLOAT_DTYPES}, got {dtype}")
-    channel_axis = 1 if layout == "NCHW" else 3
-    for axis, name in ((0, "batch size N"), (channel_axis, "channel count C")):
-        dims = [shape[axis] for shape in feature_shapes]
-        static = [int(d) for d in dims if d is not None and _static(d)]
+    for letter, name in (("N", "batch size N"), ("C", "channel count C")):
+        dims = [shape[layout.index(letter)] for shape in feature_shapes]
+        static = [int(d) for d in dims if d is not None and is_static(d)]
         if len(set(static)) > 1:
             raise ValueError(
                 f"features must share the {name}, got {static} ({layout}) across levels"
             )
-    if len(rois_shape) != 2 or (_static(rois_shape[1]) and int(rois_shape[1]) != 5):
+    if len(rois_shape) != 2 or (is_static(rois_shape[1]) and int(rois_shape[1]) != 5):
         raise ValueError(
             "rois must be [K, 5] rows of (batch_index, x1, y1, x2, y2), "
             f"got shape {list(rois_shape)}"
@@ -197,18 +195,8 @@ def _level_of(
     return level, level_ok
 
 
-def _multiscale_roi_align(
-    features,
-    rois,
-    pooled_size,
-    spatial_scales,
-    sampling_ratio,
-    aligned,
-    layout,
-    canonical_scale,
-    canonical_level,
-    mode,
-):
+def _multiscale_roi_align(features, rois, pooled_size, spatial_scales, sampling_ratio, aligned,
+                          layout, canonical_scale, canonical_level, mode, half_pixel):
     features = list(features)
     pooled = check_multiscale_roi_align_args(
         [f.shape for f in features],
@@ -225,27 +213,16 @@ def _multiscale_roi_align(
     scales = [float(s) for s in spatial_scales]
     sampling_ratio = int(sampling_ratio)
     aligned = bool(aligned)
+    half_pixel = bool(half_pixel)
     num_levels = len(features)
     k_min, k_max = level_range(scales)
     dtype = features[0].dtype
-    first = features[0].shape
-    if layout == "NCHW":
-        num_batch, channels = first[0], first[1]
-        heights = [f.shape[2] for f in features]
-        widths = [f.shape[3] for f in features]
-    else:
-        num_batch, channels = first[0], first[3]
-        heights = [f.shape[1] for f in features]
-        widths = [f.shape[2] for f in features]
+    dims = [data_dims(f.shape, layout) for f in features]  # (N, C, H, W) per level
+    num_batch, channels = dims[0][:2]
     num_rois = rois.shape[0]
-    pooled_h, pooled_w = pooled
-    if layout == "NCHW":
-        out_shape = (num_rois, channels, pooled_h, pooled_w)
-    else:
-        out_shape = (num_rois, pooled_h, pooled_w, channels)
+    out_shape = output_shape(num_rois, channels, pooled, layout)
     acc = accumulate_dtype(dtype)
     idx = index_dtype_for(*[f.shape for f in features], out_shape)
-    half = tirx.const(0.5, acc)
 
     def compute_level(k):
         return _level_of(
@@ -279,17 +256,16 @@ def _multiscale_roi_align(
 
     def geometry(k, index):
         """RoIAlign geometry of roi ``k`` on level ``index`` (its own constant scale)."""
-        scale = tirx.const(scales[index], acc)
-
-        def scaled(j):  # torchvision: x * spatial_scale - offset
-            value = rois[k, j].astype(acc)
-            if j == 0:
-                return value
-            value = value * scale
-            return value - half if aligned else value
-
         return roi_geometry(
-            scaled, num_batch, pooled, 1.0, sampling_ratio, aligned, acc, idx
+            lambda j: rois[k, j].astype(acc),
+            num_batch,
+            pooled,
+            scales[index],
+            sampling_ratio,
+            aligned,
+            acc,
+            idx,
+            half_pixel,
         )
 
     def select_level(level, values):
@@ -316,13 +292,10 @@ def _multiscale_roi_align(
             so that no index or weight depends on a level chosen at run time."""
             geo = geometry(k, index)
             y, x = sample_point(geo, ph, pw, iy, ix, acc)
-            ok = tirx.all(geo.batch_ok, level_ok)
-            co = bilinear_coeffs(y, x, heights[index], widths[index], ok, acc, idx)
-            feature = features[index]
-            if layout == "NCHW":
-                load = lambda yy, xx: feature[geo.batch, c, yy, xx].astype(acc)
-            else:
-                load = lambda yy, xx: feature[geo.batch, yy, xx, c].astype(acc)
+            ok = tirx.all(geo.roi_ok, level_ok)
+            _, _, height, width = dims[index]
+            co = bilinear_coeffs(y, x, height, width, ok, acc, idx)
+            load = channel_reader(features[index], layout, geo.batch, c, acc)
             return sample_value(load, co, mode, acc)
 
         def value(iy, ix):
@@ -354,17 +327,9 @@ def _multiscale_roi_align(
     )
 
 
-def multiscale_roi_align_nchw(
-    features,
-    rois,
-    pooled_size,
-    spatial_scales,
-    sampling_ratio=2,
-    aligned=False,
-    canonical_scale=224,
-    canonical_level=4,
-    mode="avg",
-):
+def multiscale_roi_align_nchw(features, rois, pooled_size, spatial_scales, sampling_ratio=2,
+                              aligned=False, canonical_scale=224, canonical_level=4, mode="avg",
+                              half_pixel=False):
     """Multi-level RoIAlign on NCHW feature maps (torchvision's ``MultiScaleRoIAlign``).
 
     Parameters
@@ -380,11 +345,14 @@ def multiscale_roi_align_nchw(
     sampling_ratio : int
         Samples per bin side; ``<= 0`` is adaptive.
     aligned : bool
-        torchvision's ``aligned`` (shift after scaling, per level; no >= 1 clamp).
+        Stock TVM's meaning, as :func:`tvm_roialign.topi.roi_align`: no >= 1 clamp of the roi size.
     canonical_scale, canonical_level : int
         ``s0`` and ``k0`` of the FPN level formula (224 and 4 in torchvision).
     mode : str
         ``"avg"`` (torchvision); ``"max"`` and ``"onnx_max"`` as in RoIAlign.
+    half_pixel : bool
+        Subtract 0.5 after scaling, per level. torchvision's ``aligned=True`` is
+        ``aligned=True, half_pixel=True``.
 
     Returns
     -------
@@ -397,76 +365,29 @@ def multiscale_roi_align_nchw(
         On an empty list, a wrong rank, levels that disagree on ``N``/``C``/dtype, rois not
         ``[K, 5]``, one scale per level missing or non-positive, a non-positive pooled size.
     """
-    return _multiscale_roi_align(
-        features,
-        rois,
-        pooled_size,
-        spatial_scales,
-        sampling_ratio,
-        aligned,
-        "NCHW",
-        canonical_scale,
-        canonical_level,
-        mode,
-    )
+    return _multiscale_roi_align(features, rois, pooled_size, spatial_scales, sampling_ratio,
+                                 aligned, "NCHW", canonical_scale, canonical_level, mode,
+                                 half_pixel)
 
 
-def multiscale_roi_align_nhwc(
-    features,
-    rois,
-    pooled_size,
-    spatial_scales,
-    sampling_ratio=2,
-    aligned=False,
-    canonical_scale=224,
-    canonical_level=4,
-    mode="avg",
-):
+def multiscale_roi_align_nhwc(features, rois, pooled_size, spatial_scales, sampling_ratio=2,
+                              aligned=False, canonical_scale=224, canonical_level=4, mode="avg",
+                              half_pixel=False):
     """Multi-level RoIAlign on NHWC maps ``[N, H_l, W_l, C]`` -> ``[K, PH, PW, C]``.
 
     Arguments, semantics and errors as :func:`multiscale_roi_align_nchw`.
     """
-    return _multiscale_roi_align(
-        features,
-        rois,
-        pooled_size,
-        spatial_scales,
-        sampling_ratio,
-        aligned,
-        "NHWC",
-        canonical_scale,
-        canonical_level,
-        mode,
-    )
+    return _multiscale_roi_align(features, rois, pooled_size, spatial_scales, sampling_ratio,
+                                 aligned, "NHWC", canonical_scale, canonical_level, mode,
+                                 half_pixel)
 
 
-def multiscale_roi_align(
-    features,
-    rois,
-    pooled_size,
-    spatial_scales,
-    sampling_ratio=2,
-    aligned=False,
-    layout="NCHW",
-    canonical_scale=224,
-    canonical_level=4,
-    mode="avg",
-):
+def multiscale_roi_align(features, rois, pooled_size, spatial_scales, sampling_ratio=2,
+                         aligned=False, layout="NCHW", canonical_scale=224, canonical_level=4,
+                         mode="avg", half_pixel=False):
     """Dispatcher over ``layout`` (``"NCHW"`` or ``"NHWC"``); raises ValueError otherwise."""
-    if layout == "NCHW":
-        impl = multiscale_roi_align_nchw
-    elif layout == "NHWC":
-        impl = multiscale_roi_align_nhwc
-    else:
+    impls = {"NCHW": multiscale_roi_align_nchw, "NHWC": multiscale_roi_align_nhwc}
+    if layout not in impls:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return impl(
-        features,
-        rois,
-        pooled_size,
-        spatial_scales,
-        sampling_ratio,
-        aligned,
-        canonical_scale,
-        canonical_level,
-        mode,
-    )
+    return impls[layout](features, rois, pooled_size, spatial_scales, sampling_ratio, aligned,
+                         canonical_scale, canonical_level, mode, half_pixel)

@@ -1,0 +1,123 @@
+"""One legalization for the RoIAlign-like ops: the call becomes ``call_tir`` of a PrimFunc that the
+strategy of the call's target computes and schedules.
+
+The target is the call's own ``vdevice`` (its output's, else its arguments'), as TVM's
+``BackendDispatcher`` finds it, so that a heterogeneous module gets one strategy per device; else the
+current target (``tvm.target.Target.current()``, set by ``tvm.compile`` and by a ``with target:``
+block around ``LegalizeOps``); else this machine's generic llvm. A call with a ``vdevice`` gets a
+PrimFunc marked with its ``target`` and named after it (``roi_align_nchw_cuda``), as TVM's own
+legalization does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import tvm
+from tvm import relax, te, tirx
+
+from ..strategies import host_target, select_strategy
+from ..strategies.base import without_global_symbol
+
+__all__ = ["FreshDims", "call_target", "call_vdevice", "legalize_with_strategy", "tensor_info"]
+
+
+def tensor_info(expr, name: str):
+    """``(shape values or None, ndim, dtype)`` of a tensor-typed Relax expression."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType):
+        raise TypeError(f"{name} must be a tensor, got {ty}")
+    shape = None if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr) else list(
+        ty.shape.values
+    )
+    return shape, int(ty.ndim), str(ty.dtype)
+
+
+class FreshDims:
+    """Replace composite symbolic dimensions (``K0 + K1``) by fresh variables.
+
+    A PrimFunc can only take its symbolic sizes from buffer shapes; a dimension such as
+    ``K0 + K1`` (rois concatenated from two inputs) defines neither variable. A fresh variable
+    per distinct composite dimension is bound from the buffer's shape at run time instead.
+    """
+
+    def __init__(self):
+        self._seen: list[tuple[tirx.PrimExpr, tirx.Var]] = []
+
+    def __call__(self, shape):
+        return [self._dim(d) for d in shape]
+
+    def _dim(self, dim):
+        if isinstance(dim, (int, tirx.IntImm, tirx.Var)):
+            return dim
+        for expr, var in self._seen:
+            if tvm.ir.structural_equal(expr, dim):
+                return var
+        var = tirx.Var(f"dim{len(self._seen)}", "int64")
+        self._seen.append((dim, var))
+        return var
+
+
+def call_vdevice(call) -> relax.VDevice | None:
+    """The virtual device of a call: its output's, else the first argument's that has one."""
+    for ty in (call.ty, *(arg.ty for arg in call.args)):
+        if isinstance(ty, relax.TensorType) and ty.vdevice is not None:
+            return ty.vdevice
+    return None
+
+
+def call_target(call) -> tvm.target.Target:
+    """The target a call is legalized for: its vdevice's, else the current one, else the host's."""
+    vdevice = call_vdevice(call)
+    if vdevice is not None:
+        return vdevice.target
+    return tvm.target.Target.current(allow_none=True) or host_target()
+
+
+def legalize_with_strategy(
+    bb: relax.BlockBuilder,
+    call: relax.Call,
+    *,
+    name: str,
+    inputs: Sequence[tuple[relax.Expr, str]],
+    compute: Callable,
+    layout: str,
+    attrs=None,
+) -> relax.Call:
+    """``call_tir`` of the PrimFunc of ``compute(*placeholders)`` built by the call's strategy.
+
+    Parameters
+    ----------
+    name : str
+        Name of the PrimFunc added to the module (the target kind is appended for a call with a
+        vdevice).
+    inputs : [(expr, argument name)]
+        The call's tensor arguments, in the order ``compute`` takes them.
+    compute : callable
+        ``(*te.Tensor) -> te.Tensor``, the op's TE compute with its attributes bound.
+    layout : str
+        The op's layout (recorded on the PrimFunc for the schedule rules).
+    attrs : optional
+        The op's attributes, for a strategy-specific kernel (``Strategy.kernel``).
+
+    Raises
+    ------
+    ValueError
+        An input of unknown rank or shape; a target no strategy serves.
+    """
+    op_name = call.op.name.rsplit(".", 1)[-1]
+    fresh = FreshDims()
+    placeholders = []
+    for expr, arg_name in inputs:
+        shape, _, dtype = tensor_info(expr, arg_name)
+        if shape is None:
+            raise ValueError(f"{op_name} needs {arg_name} of known rank and shape to legalize")
+        tensor_name = arg_name.replace("[", "_").replace("]", "")  # features[0] -> features_0
+        placeholders.append(te.placeholder(fresh(shape), dtype, tensor_name))
+    strategy, target = select_strategy(call_target(call))
+    func = without_global_symbol(strategy.build(compute, placeholders, target, layout, attrs))
+    if call_vdevice(call) is not None:
+        func = func.with_attr("target", target)
+        name = f"{name}_{target.kind.name}"
+    gvar = bb.add_func(func, name)
+    return relax.call_tir(gvar, list(call.args), call.ty)
