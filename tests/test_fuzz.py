@@ -5,7 +5,8 @@ float64 reference everywhere.
 torchvision's result is only defined for a roi with finite coordinates and a batch index in
 ``[0, N)`` (it casts a NaN coordinate to int and indexes the map with it, and reads any batch
 index it is given), so it is compared on those rois only, one at a time (it raises for an
-inverted box with ``aligned=True`` and an adaptive grid, whose grid size is negative); every roi is compared with the reference
+inverted box with ``aligned=True`` and an adaptive grid, whose grid size is negative); every roi
+is compared with the reference
 (whose geometry is rounded in float32 as the kernels', so that samples exactly on a boundary fall
 on the same side), and a roi with a non-finite value must be a row of zeros.
 """

@@ -82,7 +82,7 @@ def imported_sources(module, kind):
 def kernel_bodies(source):
     """``{kernel name: text from its definition to the next kernel}`` of a CUDA/MSL source."""
     pattern = re.compile(r"(?:__global__ void(?: __launch_bounds__\(\d+\))?|kernel void) (\w+)\(")
-    starts = [m for m in pattern.finditer(source)]
+    starts = list(pattern.finditer(source))
     bodies = {}
     for i, match in enumerate(starts):
         end = starts[i + 1].start() if i + 1 < len(starts) else len(source)
@@ -272,10 +272,10 @@ def test_metal_threadgroup_at_most_256():
 
 
 def test_metal_float64_raises():
-    with pytest.raises(ValueError, match="float64.*metal"):
+    with pytest.raises(ValueError, match=r"float64.*metal"):
         build_prim(METAL, "NCHW", "float64")
     mod = build_roi_align_module((1, 4, 8, 8), 3, 2, 1.0, 2, False, "NCHW", "avg", "float64")
-    with pytest.raises(ValueError, match="float64.*metal"):
+    with pytest.raises(ValueError, match=r"float64.*metal"):
         tvm.compile(mod, target=METAL)
 
 

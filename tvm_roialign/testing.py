@@ -203,8 +203,8 @@ def compile_and_run(mod, inputs, target=None, func_name="main"):
     executable = tvm.compile(mod, target=target)
     vm = relax.VirtualMachine(executable, tvm.cpu())
     result = vm[func_name](*[tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs])
-    if isinstance(result, (list, tuple)) or hasattr(result, "__len__") and not hasattr(
-        result, "numpy"
+    if isinstance(result, (list, tuple)) or (
+        hasattr(result, "__len__") and not hasattr(result, "numpy")
     ):
         return [r.numpy() for r in result]
     return result.numpy()

@@ -127,7 +127,7 @@ def main():
 
     mx.onnx.export_model(
         sym,
-        {name: value for name, value in params.items()},
+        dict(params),
         in_shapes=[DATA_SHAPE, rois.shape],
         in_types=[np.float32, np.float32],
         onnx_file_path=ONNX_PATH,

@@ -175,4 +175,12 @@ def make_roi_align(
     return relax.Call(call.op, list(call.args), attrs.to_attrs())
 
 
-__all__ = ["OP_NAME", "FreshDims", "RoiAlignAttrs", "infer_struct_info", "legalize", "make_roi_align", "register"]
+__all__ = [
+    "OP_NAME",
+    "FreshDims",
+    "RoiAlignAttrs",
+    "infer_struct_info",
+    "legalize",
+    "make_roi_align",
+    "register",
+]
