@@ -24,7 +24,8 @@ the roi's geometry, validity and grid come from the same helpers (:mod:`tvm_roia
 the samples follow the same float operation order (torchvision's CPU kernel), every index is
 clamped before it is used, and the reduction identity is the same. :func:`cpu_adaptive_kernel`
 returns None (the TE path is used) for a static grid (``sampling_ratio > 0``), a symbolic channel
-count, or arguments the TE compute would reject (so that it raises its own error). Index arithmetic is int32 or int64 as
+count, or arguments the TE compute would reject (so that it raises its own error). Index arithmetic
+is int32 or int64 as
 :func:`~tvm_roialign.topi._sampling.index_dtype_for` decides (int64 for a symbolic number of rois).
 """
 
