@@ -84,11 +84,12 @@ class _Resize(torch.nn.Module):
     """PyTorch's CPU bilinear interpolation of ``[N, C, H, W]`` to a fixed size, as gathers:
     along the width first, then the height (the order of PyTorch's generic kernel), with the
     source coordinates and the multiply-adds rounded as this PyTorch rounds them (found by
-    :meth:`calibrate`)."""
+    :meth:`calibrate`). ``float64=False`` (devices without float64, e.g. Metal): plain float32
+    multiply-adds, within an ulp of PyTorch's."""
 
-    def __init__(self, in_size, out_size):
+    def __init__(self, in_size, out_size, float64: bool = True):
         super().__init__()
-        self.fused = True
+        self.fused = False
         for axis, (n_in, n_out) in zip("hw", zip(in_size, out_size)):
             n_in, n_out = int(n_in), int(n_out)
             i0, i1, l0, l1 = bilinear_weights(
@@ -98,7 +99,7 @@ class _Resize(torch.nn.Module):
             self.register_buffer(f"{axis}_index1", torch.from_numpy(i1))
             self.register_buffer(f"{axis}_lambda0", torch.from_numpy(l0))
             self.register_buffer(f"{axis}_lambda1", torch.from_numpy(l1))
-        self.exact = self.calibrate(in_size, out_size)
+        self.exact = self.calibrate(in_size, out_size) if float64 else False
 
     def calibrate(self, in_size, out_size) -> bool:
         """Pick the rounding of the multiply-adds that reproduces ``F.interpolate`` bit for bit
@@ -159,6 +160,8 @@ class StaticGeneralizedRCNN(torch.nn.Module):
         ``(H, W)`` of the input image.
     offset_trick_max_numel : int
         torchvision's switch between its batched-NMS paths (4000: CPU eager; 100000: CUDA eager).
+    float64 : bool
+        Whether the target has float64 (the resize then rounds exactly as PyTorch; Metal: no).
 
     ``forward(image)`` takes ``[3, H, W]`` float32 in ``[0, 1]`` and returns ``(boxes [1, D, 4],
     scores [1, D], labels [1, D] int64, masks [1, D, M, M] (Mask R-CNN only), num_detections [1]
@@ -166,7 +169,11 @@ class StaticGeneralizedRCNN(torch.nn.Module):
     """
 
     def __init__(
-        self, model, image_size, offset_trick_max_numel: int = OFFSET_TRICK_MAX_NUMEL
+        self,
+        model,
+        image_size,
+        offset_trick_max_numel: int = OFFSET_TRICK_MAX_NUMEL,
+        float64: bool = True,
     ):
         super().__init__()
         _check_model(model)
@@ -187,7 +194,7 @@ class StaticGeneralizedRCNN(torch.nn.Module):
             objectness, _ = model.rpn.head(features)
             anchors = model.rpn.anchor_generator(image_list, features)[0]
         self.resize = (
-            _Resize(self.image_size, self.resized)
+            _Resize(self.image_size, self.resized, float64)
             if self.resized != self.image_size
             else None
         )

@@ -166,10 +166,11 @@ def _tvm_friendly(model):
 
 
 def import_detector(
-    model, image_size, layout: str = "NHWC", offset_trick_max_numel=4000
+    model, image_size, layout: str = "NHWC", offset_trick_max_numel=4000, float64=True
 ):
     """``(IRModule, metadata)`` of ``model`` (a torchvision detector, or a program exported with
-    :func:`~tvm_roialign.frontend.detection.export_detector`) for ``(H, W)`` input images."""
+    :func:`~tvm_roialign.frontend.detection.export_detector`) for ``(H, W)`` input images;
+    ``float64=False`` for targets without float64 (Metal)."""
     import torch
 
     from ..frontend.detection import export_detector, from_exported_program
@@ -183,7 +184,10 @@ def import_detector(
     else:
         with _tvm_friendly(model):
             program, static = export_detector(
-                model, image_size, offset_trick_max_numel=offset_trick_max_numel
+                model,
+                image_size,
+                offset_trick_max_numel=offset_trick_max_numel,
+                float64=float64,
             )
         meta = {
             "input": {
@@ -255,12 +259,37 @@ class DetectorArtifact:
                 f"the library must end in .so, .tar or .dylib, got {str(path)!r}"
             )
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.executable.export_library(str(path))
+        self.executable.export_library(str(path), **_linker(self.meta["target"], path))
         Path(str(path) + ".json").write_text(json.dumps(self.meta, indent=2))
         return path
 
     def vm(self, device=None) -> relax.VirtualMachine:
         return relax.VirtualMachine(self.executable, device or tvm.cpu())
+
+
+#: Cross linkers (Debian's ``gcc-<triple>``) for a ``.so`` of a cross target.
+CROSS_LINKERS = {"aarch64": "aarch64-linux-gnu-gcc"}
+
+
+def _linker(target: dict, path: Path) -> dict:
+    """``export_library`` options: a cross linker for a ``.so`` of a cross target (ValueError
+    when it is not installed: write a ``.tar`` instead); nothing otherwise."""
+    import os
+    import shutil
+
+    triple = str(target.get("mtriple", ""))
+    if path.suffix != ".so" or not triple or triple.startswith(os.uname().machine):
+        return {}
+    arch = triple.split("-")[0]
+    linker = shutil.which(CROSS_LINKERS.get(arch, f"{arch}-linux-gnu-gcc"))
+    if linker is None:
+        raise ValueError(
+            f"no cross linker for {triple} on this machine (Debian: apt-get install "
+            f"gcc-{arch}-linux-gnu); export a .tar instead"
+        )
+    from tvm.support import cc
+
+    return {"fcompile": cc.cross_compiler(linker)}
 
 
 def compile_detector(
@@ -303,7 +332,9 @@ def compile_detector(
         raise ValueError("image_size (H, W) is needed to compile a torchvision model")
     progress("export and import")
     t0 = time.perf_counter()
-    mod, meta = import_detector(model, image_size, layout, offset_trick_max_numel)
+    mod, meta = import_detector(
+        model, image_size, layout, offset_trick_max_numel, target.kind.name != "metal"
+    )
     import_s = time.perf_counter() - t0
     progress(f"build for {target.kind.name}")
     t0 = time.perf_counter()
