@@ -327,6 +327,7 @@ def compile_detector(
         progress(f"build torchvision {name}")
         model = build_torch_detector(name, config)
     elif isinstance(model, (str, Path)):
+        name = Path(model).stem
         model = _load_program(Path(model))
     if image_size is None and not hasattr(model, "graph_signature"):
         raise ValueError("image_size (H, W) is needed to compile a torchvision model")
