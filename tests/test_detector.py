@@ -16,6 +16,7 @@ compile each and run with ``TVM_ROIALIGN_ALL_PHOTOS=1``.
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 
@@ -29,6 +30,7 @@ from torchvision.models.detection import FasterRCNN
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.ops import MultiScaleRoIAlign
 
+from tvm_roialign import cli
 from tvm_roialign.frontend.detection import export_detector
 from tvm_roialign.frontend.static_rcnn import StaticGeneralizedRCNN
 from tvm_roialign.models import detection as det
@@ -133,7 +135,8 @@ def test_small_artifact_caps(small_mask_model, small_mask_detector, photo_name):
 
 def test_no_detection_above_threshold(tmp_path):
     """A threshold above every score: eager returns nothing, the artifact a count of 0 and zero
-    rows. Compiled from a ``.pt2`` (a detector exported by the user), so that path is covered."""
+    rows. Compiled from a ``.pt2`` (a detector exported by the user) with ``tvm-roialign
+    compile``, so that path is covered."""
     config = det.DetectorConfig(**{**SMALL, "box_score_thresh": 0.99})
     model = det.build_torch_detector("fasterrcnn_resnet50_fpn", config)
     rgb = photo("astronaut")
@@ -141,9 +144,15 @@ def test_no_detection_above_threshold(tmp_path):
     assert len(ref["boxes"]) == 0
     program, _ = export_detector(model, rgb.shape[:2])
     torch.export.save(program, tmp_path / "faster.pt2")
-    artifact = det.compile_detector(tmp_path / "faster.pt2", target="llvm")
-    assert artifact.meta["outputs"] == ["boxes", "scores", "labels", "num_detections"]
-    detector = Detector(artifact.export(tmp_path / "faster.so"))
+    library = tmp_path / "faster.so"
+    assert (
+        cli.main(["-q", "compile", str(tmp_path / "faster.pt2"), "-o", str(library)])
+        == 0
+    )
+    meta = json.loads((tmp_path / "faster.so.json").read_text())
+    assert meta["kind"] == "detector" and meta["model"] == "faster"
+    assert meta["outputs"] == ["boxes", "scores", "labels", "num_detections"]
+    detector = Detector(library)
     ours = detector(rgb)
     assert len(ours["boxes"]) == 0
     raw = detector.raw(rgb)

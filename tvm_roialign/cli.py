@@ -7,9 +7,15 @@ Subcommands
     ConvertLayout it (``--desired-layout NHWC``, ops chosen by ``--desired-layout-ops``), build it
     for ``--target`` and export the library. A ``OUT.so.json`` next to it records the target and the
     input names, shapes and dtypes for ``run``.
+``compile maskrcnn_resnet50_fpn --input-size 512x512 -o model.so``
+    A whole torchvision detector (or a ``.pt2`` exported with
+    ``tvm_roialign.frontend.detection.export_detector``) as one artifact, with its metadata.
 ``run OUT.so --inputs in.npz --outputs out.npz``
     Run ``main`` of a compiled library; inputs are matched by name (else by order), outputs saved
     as ``output_0``, ``output_1``, ...
+``run model.so --image photo.jpg --out result.png``
+    A detector artifact on a photo, with TVM's runtime, NumPy and Pillow only (no PyTorch):
+    the picture with boxes, labels and masks, and the detections as JSON.
 ``maskrcnn [--image PATH] [--weights PATH] [--target llvm] [--layout NHWC] --out result.png``
     torchvision's Mask R-CNN with its static graphs in TVM (:mod:`tvm_roialign.models.maskrcnn`), on
     a photo (default: scikit-image's astronaut), compared with PyTorch eager; writes the annotated
@@ -225,6 +231,8 @@ def cmd_compile(args) -> int:
     out = Path(args.output)
     if out.suffix not in (".so", ".tar", ".dylib"):
         raise CLIError(f"-o {str(out)!r}: the library must end in .so, .tar or .dylib")
+    if _is_detector(args.model):
+        return _compile_detector(args, target, out)
     with _Progress(args.quiet) as progress:
         progress(f"import {args.model}")
         mod = _load_model(Path(args.model), _parse_shapes(args.input_shape))
@@ -263,6 +271,62 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def _is_detector(model: str) -> bool:
+    """A torchvision detector name, or a .pt2 holding tvm_roialign::batched_nms (a detector
+    exported with tvm_roialign.frontend.detection.export_detector)."""
+    import zipfile
+
+    from .models.detection import DETECTORS
+
+    if model in DETECTORS:
+        return True
+    path = Path(model)
+    if path.suffix.lower() != ".pt2" or not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(
+            b"tvm_roialign.batched_nms" in archive.read(name)
+            for name in archive.namelist()
+            if name.endswith(".json")
+        )
+
+
+def _compile_detector(args, target, out: Path) -> int:
+    """``compile`` of a whole detector: one artifact that ``run --image`` runs without PyTorch."""
+    from .models.detection import DETECTORS, DetectorConfig, compile_detector
+
+    size = None
+    if args.model in DETECTORS:
+        try:
+            height, width = (int(v) for v in args.input_size.lower().split("x"))
+            if height < 1 or width < 1:
+                raise ValueError
+        except ValueError:
+            raise CLIError(
+                f"--input-size {args.input_size!r} must look like 512x512 (height x width)"
+            ) from None
+        size = (height, width)
+    layout = args.desired_layout or "NHWC"
+    if layout not in LAYOUTS:
+        raise CLIError(f"--desired-layout must be NCHW or NHWC, got {layout!r}")
+    config = DetectorConfig(seed=args.seed, weights=args.weights)
+    with _Progress(args.quiet) as progress:
+        try:
+            artifact = compile_detector(
+                args.model, size, target, layout, config, progress=progress
+            )
+            progress(f"export {out}")
+            artifact.export(out)
+        except (ValueError, FileNotFoundError) as err:
+            raise CLIError(_first_line(err)) from None
+    meta = artifact.meta
+    print(
+        f"compiled {args.model} ({meta['input']['shape'][1]}x{meta['input']['shape'][2]}, "
+        f"{target.kind.name}, {artifact.compile_s:.1f} s) -> {out} (+ {out.name}.json)"
+    )
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------
 # run
 
@@ -275,6 +339,10 @@ def cmd_run(args) -> int:
     lib_path = Path(args.library)
     if not lib_path.is_file():
         raise CLIError(f"compiled library {str(lib_path)!r} does not exist")
+    if args.image is not None:
+        return _run_detector(args, lib_path)
+    if args.inputs is None or args.outputs is None:
+        raise CLIError("run needs --inputs and --outputs (or --image for a detector)")
     meta_path = Path(str(lib_path) + ".json")
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     target = parse_target(meta.get("target", {"kind": "llvm"}))
@@ -344,6 +412,24 @@ def cmd_run(args) -> int:
     shapes = ", ".join(str(list(o.shape)) for o in outputs)
     print(
         f"ran {lib_path.name} in {run_s * 1e3:.1f} ms -> {out_path} ({len(outputs)} outputs: {shapes})"
+    )
+    return 0
+
+
+def _run_detector(args, lib_path: Path) -> int:
+    """``run --image``: a detector artifact on a photo (TVM runtime, NumPy, Pillow only)."""
+    from .runtime import detect_to_files
+
+    out = Path(args.out)
+    report = Path(args.json) if args.json else out.with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        summary = detect_to_files(lib_path, args.image, out, report, top=args.draw_top)
+    except (ValueError, FileNotFoundError) as err:
+        raise CLIError(_first_line(err)) from None
+    print(
+        f"{summary['num_detections']} detections in {summary['run_ms']:.0f} ms "
+        f"({summary['total_ms']:.0f} ms with the mask paste) -> {out}, {report}"
     )
     return 0
 
@@ -536,12 +622,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
-        "compile", help="import, ConvertLayout and build a .pt2 / .onnx model"
+        "compile", help="import, ConvertLayout and build a .pt2 / .onnx model or a detector"
     )
     p.add_argument(
         "model",
-        help="a torch.export program (.pt2, torch.export.save) or an .onnx model",
+        help="a torch.export program (.pt2, torch.export.save), an .onnx model, or a "
+        "torchvision detector: maskrcnn_resnet50_fpn, fasterrcnn_resnet50_fpn, ...",
     )
+    p.add_argument(
+        "--input-size",
+        default="512x512",
+        help="detector: height x width of the photos (default 512x512)",
+    )
+    p.add_argument(
+        "--weights", default=None, help="detector: a state_dict (default: random, --seed)"
+    )
+    p.add_argument("--seed", type=int, default=3, help="detector: seed of random weights")
     p.add_argument(
         "-o",
         "--output",
@@ -568,13 +664,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("run", help="run a compiled library on inputs from an .npz")
+    p = sub.add_parser(
+        "run", help="run a compiled library on an .npz, or a detector on a photo"
+    )
     p.add_argument("library", help="library written by `compile`")
+    p.add_argument("--inputs", default=None, help=".npz with one array per model input")
     p.add_argument(
-        "--inputs", required=True, help=".npz with one array per model input"
+        "--outputs", default=None, help=".npz to write (output_0, output_1, ...)"
+    )
+    p.add_argument("--image", default=None, help="detector: a photo (any Pillow format)")
+    p.add_argument(
+        "--out", default="result.png", help="detector: the annotated picture (result.png)"
     )
     p.add_argument(
-        "--outputs", required=True, help=".npz to write (output_0, output_1, ...)"
+        "--json", default=None, help="detector: the detections (default: --out with .json)"
+    )
+    p.add_argument(
+        "--draw-top", type=int, default=8, help="detector: detections drawn (default 8)"
     )
     p.set_defaults(func=cmd_run)
 
