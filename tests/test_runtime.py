@@ -200,6 +200,14 @@ def test_runner_errors(artifact, tmp_path):
         Detector(tmp_path / "plain.so")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         Detector(tmp_path / "missing.so")
+    meta = json.loads(Path(str(library) + ".json").read_text())
+    meta["target"] = {"kind": "llvm", "mtriple": "riscv64-linux-gnu"}
+    (tmp_path / "riscv.so").write_bytes(b"")
+    (tmp_path / "riscv.so.json").write_text(json.dumps(meta))
+    with pytest.raises(
+        ValueError, match="built for riscv64-linux-gnu; this machine is"
+    ):
+        Detector(tmp_path / "riscv.so")
 
 
 _BLOCK_TORCH = """

@@ -84,6 +84,14 @@ def _device(target: dict):
 
     kind = target.get("kind", "llvm")
     if kind == "llvm":
+        import os
+
+        triple = str(target.get("mtriple", ""))
+        machine = os.uname().machine.replace("arm64", "aarch64")
+        if triple and not triple.startswith(machine):
+            raise ValueError(
+                f"the artifact is built for {triple}; this machine is {machine}"
+            )
         return tvm.cpu()
     device = tvm.device(kind, 0)
     if not device.exist:
