@@ -228,9 +228,11 @@ def detect_to_files(
         ],
     }
     if out_image is not None:
+        target = meta.get("target") or {}
+        where = " ".join(str(target[k]) for k in ("kind", "mcpu") if target.get(k))
         caption = (
             f"{meta.get('model') or Path(library).name}: {summary['num_detections']} "
-            f"detections, {summary['run_ms']:.0f} ms ({(meta.get('target') or {}).get('kind', '?')})"
+            f"detections, {summary['run_ms']:.0f} ms ({where or '?'})"
         )
         draw_detections(rgb, result, detector.names, top, mask_threshold, caption).save(
             out_image
