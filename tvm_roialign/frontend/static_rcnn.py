@@ -103,8 +103,9 @@ class _Resize(torch.nn.Module):
 
     def calibrate(self, in_size, out_size) -> bool:
         """Pick the rounding of the multiply-adds that reproduces ``F.interpolate`` bit for bit
-        on a random image; False (plain float32, within an ulp) when neither does (PyTorch's
-        single-thread separable kernel)."""
+        on a random image; False (plain float32, within an ulp) when neither does: PyTorch
+        resizes a 3-channel image with its separable kernel when it runs on one thread (and
+        any image whose output height + width is at most 128), whose weights differ by an ulp."""
         image = torch.rand((1, 3, *in_size), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             expected = F.interpolate(
