@@ -32,6 +32,7 @@ from . import (
     topi,
 )
 from .ops import multiscale_roi_align as _multiscale_roi_align_op
+from .ops import nms as _nms_op
 from .ops import roi_align as _roi_align_op
 from .ops.multiscale_roi_align import (
     make_multiscale_roi_align as multiscale_roi_align,
@@ -45,6 +46,7 @@ _REGISTER_HOOKS = [
     _roi_align_op.register,
     _multiscale_roi_align_op.register,
     _layout_pass.register,
+    _nms_op.register,
 ]
 
 

@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from . import _detector
 from ._common import CLIError, first_line, output_path, resolve_target, tvm_messages
 from ._model_file import load_model, parse_input_shapes, signature
 from ._progress import Progress
@@ -40,7 +41,12 @@ def register(subparsers, parents) -> None:
         help="import a .pt2 / .onnx model, ConvertLayout it and build a library",
         description=DESCRIPTION,
     )
-    p.add_argument("model", help="a torch.export program (.pt2, torch.export.save) or an .onnx model")
+    p.add_argument(
+        "model",
+        help="a torch.export program (.pt2, torch.export.save), an .onnx model, or a torchvision "
+        "detector (maskrcnn_resnet50_fpn, fasterrcnn_resnet50_fpn, ...: one artifact that runs "
+        "without PyTorch)",
+    )
     p.add_argument("-o", "--output", required=True, help="the compiled library (.so; .tar for cross)")
     p.add_argument("--target", default="native", help=HELP_TARGET)
     p.add_argument(
@@ -75,6 +81,7 @@ def register(subparsers, parents) -> None:
         metavar="FORMATS",
         help=f"also write OUTPUT.FORMAT for each of {','.join(DUMP_FORMATS)} (comma-separated)",
     )
+    _detector.add_compile_arguments(p)
     p.set_defaults(func=main)
 
 
@@ -177,6 +184,8 @@ def main(args) -> int:
     layouts, layout_name = _layouts(args, target)
     formats = _dump_formats(args.dump_code)
     out = output_path(args.output, "-o", LIBRARY_SUFFIXES)
+    if _detector.is_detector(args.model):
+        return _detector.compile_main(args, target, out, layout_name if layouts else "NCHW")
     shapes = parse_input_shapes(args.input_shapes, args.input_shape)
     times = {}
     with Progress(args.quiet) as progress, tvm_messages(args.quiet):

@@ -14,6 +14,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from . import _detector
 from ._common import CLIError, first_line, output_path
 
 FILL_MODES = ("random", "zeros", "ones")
@@ -63,6 +64,7 @@ def register(subparsers, parents) -> None:
         metavar="N",
         help="the N largest values of output 0 (classifiers)",
     )
+    _detector.add_run_arguments(p)
     p.set_defaults(func=main)
 
 
@@ -185,6 +187,10 @@ def main(args) -> int:
     import numpy as np
     import tvm
 
+    if args.image is not None:
+        if not Path(args.library).is_file():
+            raise CLIError(f"compiled library {args.library!r} does not exist")
+        return _detector.run_main(args)
     for flag in ("repeat", "number"):
         if getattr(args, flag) < 1:
             raise CLIError(f"--{flag} must be at least 1, got {getattr(args, flag)}")

@@ -1,0 +1,338 @@
+"""The PyTorch-free runner (:mod:`tvm_roialign.runtime`): its NumPy steps against torchvision, and
+proof that it runs a detector artifact without PyTorch.
+
+* mask paste and bilinear weights against torchvision's / PyTorch's own functions;
+* a subprocess in which ``import torch`` fails (a meta-path blocker) runs an artifact end to end
+  and finds ``torch`` absent from ``sys.modules``;
+* a fresh virtual environment holding only the core install (``apache-tvm`` and its dependencies,
+  ``numpy``, ``rich``) plus Pillow, made offline from the packages already installed here
+  (``python -m venv --without-pip`` and one symlink per top-level module of each distribution,
+  no download), runs ``python -m tvm_roialign run model.so --image photo --out result.png``
+  (``tvm-roialign run``) on the artifact.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+import torch.nn.functional as F
+from PIL import Image
+from torchvision.models.detection import MaskRCNN
+from torchvision.models.detection.anchor_utils import AnchorGenerator
+from torchvision.models.detection.faster_rcnn import FastRCNNPredictor
+from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
+from torchvision.models.detection.roi_heads import paste_masks_in_image
+from torchvision.ops import MultiScaleRoIAlign
+
+from tvm_roialign.frontend.static_rcnn import torch_bilinear_fused
+from tvm_roialign.models import detection as det
+from tvm_roialign.runtime import (
+    Detector,
+    bilinear_weights,
+    detect_to_files,
+    paste_masks,
+    resize_bilinear,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+#: The core install (pyproject's dependencies) and Pillow, which the runner draws with.
+CORE = ("apache-tvm", "numpy", "rich", "pillow")
+
+
+# --------------------------------------------------------------------------------------------------
+# NumPy steps
+
+
+@pytest.mark.parametrize(
+    "in_size,out_size", [(30, 57), (30, 300), (400, 341), (37, 189), (28, 5)]
+)
+def test_bilinear_weights_are_pytorchs(in_size, out_size):
+    fused = torch_bilinear_fused(
+        in_size, out_size
+    )  # raises if neither form is PyTorch's
+    index0, index1, lambda0, lambda1 = bilinear_weights(in_size, out_size, fused)
+    assert (
+        (index0 >= 0).all()
+        and (index1 < in_size).all()
+        and (index1 - index0 <= 1).all()
+    )
+    np.testing.assert_allclose(lambda0 + lambda1, 1.0, atol=1e-7)
+
+
+@pytest.mark.parametrize("size,out", [((30, 30), (200, 90)), ((341, 512), (400, 600))])
+def test_resize_matches_interpolate(rng, size, out):
+    image = rng.random((2, *size), dtype=np.float32)
+    expected = F.interpolate(
+        torch.from_numpy(image)[None], size=out, mode="bilinear", align_corners=False
+    )[0].numpy()
+    np.testing.assert_allclose(
+        resize_bilinear(image, *out), expected, rtol=0, atol=2e-7
+    )
+
+
+def test_paste_masks_matches_torchvision(rng):
+    height, width, count = 400, 600, 80
+    masks = rng.random((count, 28, 28), dtype=np.float32)
+    xy = rng.uniform(0, [width - 2, height - 2], (count, 2))
+    wh = np.concatenate(
+        [rng.uniform(0.2, 20, (10, 2)), rng.uniform(1, 400, (count - 10, 2))]
+    )
+    boxes = np.concatenate([xy, np.minimum(xy + wh, [width, height])], axis=1).astype(
+        "float32"
+    )
+    expected = paste_masks_in_image(
+        torch.from_numpy(masks)[:, None], torch.from_numpy(boxes), (height, width)
+    )[:, 0].numpy()
+    ours = paste_masks(masks, boxes, height, width)
+    assert ours.shape == expected.shape
+    np.testing.assert_allclose(ours, expected, rtol=0, atol=1e-6)
+    assert ((ours > 0.5) == (expected > 0.5)).mean() >= 0.99999
+
+
+def test_paste_masks_bad_input():
+    with pytest.raises(ValueError, match=r"masks must be \[D, M, M\]"):
+        paste_masks(np.zeros((2, 28, 14)), np.zeros((2, 4)), 10, 10)
+    with pytest.raises(ValueError, match="2 masks but 3 boxes"):
+        paste_masks(np.zeros((2, 28, 28)), np.zeros((3, 4)), 10, 10)
+
+
+# --------------------------------------------------------------------------------------------------
+# an artifact: a small Mask R-CNN of a user's making (quick to compile)
+
+
+def _tiny_mask_rcnn():
+    class Backbone(torch.nn.Module):
+        out_channels = 32
+
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(
+                torch.nn.Conv2d(3, 16, 3, stride=2, padding=1),
+                torch.nn.ReLU(),
+                torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
+                torch.nn.ReLU(),
+                torch.nn.Conv2d(32, 32, 3, stride=2, padding=1),
+            )
+
+        def forward(self, x):
+            return OrderedDict([("0", self.body(x))])
+
+    torch.manual_seed(1)
+    return MaskRCNN(
+        Backbone(),
+        min_size=160,
+        max_size=200,
+        rpn_anchor_generator=AnchorGenerator(
+            sizes=((16, 32, 64),), aspect_ratios=((0.5, 1.0, 2.0),)
+        ),
+        box_roi_pool=MultiScaleRoIAlign(["0"], output_size=7, sampling_ratio=2),
+        box_predictor=FastRCNNPredictor(1024, 5),
+        mask_roi_pool=MultiScaleRoIAlign(["0"], output_size=14, sampling_ratio=2),
+        mask_head=MaskRCNNHeads(32, [32, 32], 1),
+        mask_predictor=MaskRCNNPredictor(32, 32, 5),
+        rpn_pre_nms_top_n_test=300,
+        rpn_post_nms_top_n_test=50,
+        box_detections_per_img=12,
+        box_score_thresh=0.0,
+    ).eval()
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    """``(library, photo path, model, rgb)``: the tiny Mask R-CNN compiled for the coffee photo."""
+    root = tmp_path_factory.mktemp("runtime")
+    rgb = det.sample_photo("coffee")
+    photo = root / "coffee.png"
+    Image.fromarray(rgb).save(photo)
+    model = _tiny_mask_rcnn()
+    library = det.compile_detector(model, rgb.shape[:2], target="llvm").export(
+        root / "tiny.so"
+    )
+    return library, photo, model, rgb
+
+
+def test_runner_matches_torchvision(artifact, tmp_path):
+    library, photo, model, rgb = artifact
+    ref = det.torch_detections(model, rgb)
+    result = det.compare(Detector(library)(rgb), ref)
+    assert result["passed"] and result["num_detections_tvm"] == 12, result
+    summary = detect_to_files(
+        library, photo, tmp_path / "out.png", tmp_path / "out.json"
+    )
+    assert json.loads((tmp_path / "out.json").read_text()) == summary
+    assert summary["num_detections"] == 12 and summary["image_size"] == [400, 600]
+    with Image.open(tmp_path / "out.png") as drawn:
+        assert drawn.size == (600, 400)
+
+
+def test_runner_resizes_other_photo_sizes(artifact):
+    """A photo of another size is resized to the artifact's input and the boxes mapped back."""
+    library, _, _, rgb = artifact
+    detector = Detector(library)
+    bigger = np.asarray(
+        Image.fromarray(rgb).resize((900, 600), Image.Resampling.BILINEAR)
+    )
+    result = detector(bigger)
+    assert result["masks"].shape[1:] == (600, 900)
+    assert (result["boxes"][:, 2] <= 900 + 1e-3).all() and (
+        result["boxes"][:, 3] <= 600 + 1e-3
+    ).all()
+
+
+def test_runner_errors(artifact, tmp_path):
+    library, _, _, _ = artifact
+    with pytest.raises(ValueError, match=r"image must be \[H, W, 3\] uint8"):
+        Detector(library)(np.zeros((10, 10), np.uint8))
+    (tmp_path / "plain.so").write_bytes(b"")
+    with pytest.raises(ValueError, match="has no metadata file"):
+        Detector(tmp_path / "plain.so")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        Detector(tmp_path / "missing.so")
+    meta = json.loads(Path(str(library) + ".json").read_text())
+    meta["target"] = {"kind": "llvm", "mtriple": "riscv64-linux-gnu"}
+    (tmp_path / "riscv.so").write_bytes(b"")
+    (tmp_path / "riscv.so.json").write_text(json.dumps(meta))
+    with pytest.raises(
+        ValueError, match="built for riscv64-linux-gnu; this machine is"
+    ):
+        Detector(tmp_path / "riscv.so")
+
+
+_BLOCK_TORCH = """
+import importlib.abc, json, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "torchvision", "functorch"):
+            raise ImportError(f"{name} is blocked")
+sys.meta_path.insert(0, Block())
+from tvm_roialign.runtime import detect_to_files
+summary = detect_to_files(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4])
+print(json.dumps({"torch_loaded": any(m.split(".")[0] == "torch" for m in sys.modules),
+                  "num_detections": summary["num_detections"]}))
+"""
+
+
+def test_runner_does_not_import_torch(artifact, tmp_path):
+    """With ``import torch`` made to fail (tvm_ffi imports torch whenever it can), the runner
+    still runs the artifact, and no torch module is loaded."""
+    library, photo, _, _rgb = artifact
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _BLOCK_TORCH,
+            str(library),
+            str(photo),
+            str(tmp_path / "r.png"),
+            str(tmp_path / "r.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report == {"torch_loaded": False, "num_detections": 12}
+    in_process = detect_to_files(library, photo)
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written["detections"] == in_process["detections"]
+
+
+def _top_level_entries(dist) -> set[str]:
+    entries = set()
+    for file in dist.files or []:
+        first = Path(str(file)).parts[0]
+        if first == "..":
+            continue
+        entries.add(first)
+    return entries
+
+
+def _core_closure() -> dict:
+    """The distributions of :data:`CORE` and everything they require (no extras)."""
+    found, todo = {}, list(CORE)
+    while todo:
+        name = (
+            re.split(r"[\s;<>=!~\[(]", todo.pop().strip())[0].lower().replace("_", "-")
+        )
+        if name in found:
+            continue
+        dist = importlib.metadata.distribution(name)
+        found[name] = dist
+        todo.extend(r for r in dist.requires or [] if "extra ==" not in r)
+    return found
+
+
+def make_core_venv(root: Path) -> Path:
+    """A venv with only the core install and Pillow, offline: symlinks to what is installed."""
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(root)], check=True
+    )
+    (site,) = root.glob("lib/python*/site-packages")
+    for dist in _core_closure().values():
+        base = Path(dist.locate_file(""))
+        for entry in _top_level_entries(dist):
+            if not (site / entry).exists() and (base / entry).exists():
+                (site / entry).symlink_to(base / entry)
+    (site / "tvm_roialign_src.pth").write_text(str(REPO) + "\n")
+    return root / "bin" / "python"
+
+
+def test_fresh_venv_with_the_core_install_runs_the_artifact(artifact, tmp_path):
+    library, photo, _, _ = artifact
+    python = make_core_venv(tmp_path / "venv")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    probe = subprocess.run(
+        [
+            str(python),
+            "-c",
+            (
+                "import importlib.util as u; print(u.find_spec('torch') is None, "
+                "u.find_spec('torchvision') is None, u.find_spec('tvm') is not None)"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    assert probe.stdout.split() == ["True", "True", "True"]
+    out = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "tvm_roialign",
+            "run",
+            str(library),
+            "--image",
+            str(photo),
+            "--out",
+            str(tmp_path / "v.png"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("12 detections")
+    summary = json.loads((tmp_path / "v.json").read_text())
+    assert summary["detections"] == detect_to_files(library, photo)["detections"]
+    assert (tmp_path / "v.png").stat().st_size > 0

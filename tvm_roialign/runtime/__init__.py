@@ -1,0 +1,34 @@
+"""Running compiled detectors without PyTorch: TVM's runtime, NumPy and Pillow only.
+
+Nothing in this package imports PyTorch or the compile-time parts of tvm-roialign, so a machine
+with the core install (``apache-tvm``, ``numpy``) and Pillow runs a detector artifact::
+
+    from tvm_roialign.runtime import Detector, read_image
+    result = Detector("model.so")(read_image("photo.jpg"))   # boxes, labels, scores, masks
+"""
+
+from .bilinear import bilinear_weights, resize_bilinear
+from .detector import (
+    METADATA_KIND,
+    Detector,
+    detect_to_files,
+    is_detector,
+    read_image,
+    read_metadata,
+)
+from .draw import draw_detections
+from .masks import expand_boxes, paste_masks
+
+__all__ = [
+    "METADATA_KIND",
+    "Detector",
+    "bilinear_weights",
+    "detect_to_files",
+    "draw_detections",
+    "expand_boxes",
+    "is_detector",
+    "paste_masks",
+    "read_image",
+    "read_metadata",
+    "resize_bilinear",
+]
