@@ -13,3 +13,15 @@ from .fold_flatten_permute import FoldFlattenPermute
 from .layout import register
 
 __all__ = ["ConvertLayout", "FoldFlattenPermute", "FoldPermuteDims", "layout", "register"]
+
+# whole-model CPU pipeline passes (see tvm_roialign.pipeline)
+from .fold_batch_norm import FoldBatchNorm
+from .pad_channels import PadChannels
+
+__all__ += ["FoldBatchNorm", "PadChannels"]
+from .winograd import WinogradConv2D
+
+__all__ += ["WinogradConv2D"]
+from .fold_layout_rewrite import FoldLayoutRewrite
+
+__all__ += ["FoldLayoutRewrite"]
