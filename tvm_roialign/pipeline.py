@@ -70,6 +70,30 @@ def _graph_passes(
     return passes
 
 
+def pre_schedule_passes(
+    target: tvm.target.Target,
+    *,
+    fold_batch_norm: bool = True,
+    pad_channels: bool = True,
+    winograd: int = 4,
+) -> list:
+    """Phases 1-3 of :func:`cpu_pipeline` (graph rewrites, legalize and fuse, layout-free weights):
+    the module they make is the one the tuned-schedule slot (phase 4) sees. MetaSchedule records
+    are keyed by the structural hash of its fused PrimFuncs, so :mod:`tvm_roialign.tuning`
+    extracts its tasks from it. Run them inside ``with target:``."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+
+    return [
+        # 1. graph rewrites on Relax ops
+        *_graph_passes(target, fold_batch_norm, pad_channels, winograd),
+        # 2. legalize and fuse
+        *cpu_generic.library_dispatch_passes(target),
+        *cpu_generic.legalize_passes(target),
+        # 3. constant weights are layout-free
+        relax.transform.AttachAttrLayoutFreeBuffers(),
+    ]
+
+
 def _database_passes(tuning_records) -> list:
     if tuning_records is None:
         return []
@@ -119,13 +143,13 @@ def cpu_pipeline(
         )
         with tgt:
             phases = [
-                # 1. graph rewrites on Relax ops
-                *_graph_passes(tgt, fold_batch_norm, pad_channels, winograd),
-                # 2. legalize and fuse
-                *cpu_generic.library_dispatch_passes(tgt),
-                *cpu_generic.legalize_passes(tgt),
-                # 3. constant weights are layout-free
-                relax.transform.AttachAttrLayoutFreeBuffers(),
+                # 1-3. graph rewrites, legalize and fuse, layout-free weights
+                *pre_schedule_passes(
+                    tgt,
+                    fold_batch_norm=fold_batch_norm,
+                    pad_channels=pad_channels,
+                    winograd=winograd,
+                ),
                 # 4. tuned schedules (MetaSchedule database), when given
                 *_database_passes(tuning_records),
                 # 5. default schedule rules (skip tirx.is_scheduled functions)
@@ -242,5 +266,6 @@ __all__ = [
     "build",
     "cpu_pipeline",
     "cpu_schedule_pass",
+    "pre_schedule_passes",
     "symbolic_vars",
 ]
