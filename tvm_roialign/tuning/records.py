@@ -7,7 +7,7 @@ import json
 import logging
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import tvm
@@ -109,6 +109,7 @@ class Coverage:
     untuned: list[str]
     ops: tuple
     label: str = ""
+    symbolic: list[str] = field(default_factory=list)  # of the ops, symbolic shapes: not tunable
 
     @property
     def total(self) -> int:
@@ -121,6 +122,8 @@ class Coverage:
         if self.untuned:
             shown = ", ".join(self.untuned[:3]) + (", ..." if len(self.untuned) > 3 else "")
             text += f"; the default rules schedule the other {len(self.untuned)} ({shown})"
+        if self.symbolic:
+            text += f"; {len(self.symbolic)} more have symbolic shapes, which MetaSchedule cannot tune"
         return text
 
 
@@ -193,7 +196,7 @@ class TuningRecords:
     def coverage(self, mod: tvm.IRModule, target: tvm.target.Target) -> Coverage:
         """Which distinct unscheduled PrimFuncs of ``mod`` (the pipeline's phase-4 module) have a
         record here."""
-        tuned, untuned, seen = [], [], set()
+        tuned, untuned, symbolic, seen = [], [], [], set()
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
                 continue
@@ -204,9 +207,9 @@ class TuningRecords:
             seen.add(key)
             if self.database.query_tuning_record(norm, target, gv.name_hint) is not None:
                 tuned.append(gv.name_hint)
-            elif matches(gv.name_hint, self.ops) and is_static(func):
-                untuned.append(gv.name_hint)
-        return Coverage(sorted(tuned), sorted(untuned), self.ops, self.label)
+            elif matches(gv.name_hint, self.ops):
+                (untuned if is_static(func) else symbolic).append(gv.name_hint)
+        return Coverage(sorted(tuned), sorted(untuned), self.ops, self.label, sorted(symbolic))
 
 
 def load_records(work_dir, target=None, report=None, on_mismatch="error") -> TuningRecords:
