@@ -1,154 +1,222 @@
-"""A small default CPU schedule for the dense layers of the model pieces (not for RoIAlign).
+"""The whole-model build pipeline: ``build(mod, target)`` for every model compiled by tvm-roialign.
 
-TVM 0.27's CPU pipeline leaves legalized operators unscheduled: every conv2d and matmul runs as a
-single-threaded scalar loop nest, which makes a ResNet-50 backbone take a minute per image. The rule
-below is a dlight-style pure rule ``(PrimFunc, Target) -> Schedule | None`` for llvm targets:
+On llvm targets (x86, AArch64) the Relax module goes through :func:`cpu_pipeline`, registered as
+the named Relax pipeline ``"tvm_roialign_cpu"`` (so ``tvm.compile(mod, target,
+relax_pipeline="tvm_roialign_cpu")`` works once this module is imported). Its phases:
 
-* inline every injective producer (padding) and consumer (bias, ReLU, residual add) it can;
-* for the remaining reduction block with loops ``S... R...`` (conv2d, matmul, pooling): tile the two
-  innermost spatial axes (rows x vector lanes: 4 x 16 for convolutions, 8 x 32 for a matmul), run
-  the fused outer spatial loops in parallel, put the reduction loops above the tile, accumulate the
-  tile in a ``local`` buffer (kept in registers by LLVM), vectorize the lanes (the channels in
-  NHWC) and unroll the rows;
-* for a remaining injective block: fuse its loops, parallelize the outer part and vectorize the inner.
+1. **graph rewrites** on Relax ops, before legalization: fold inference batch-norms into the
+   convolutions in front of them (:class:`~tvm_roialign.passes.FoldBatchNorm`), decompose the rest
+   (``DecomposeOpsForInference``), fold constants, and pad the output channels of constant-weight
+   conv2d / matmul to a multiple of the target's vector width
+   (:class:`~tvm_roialign.passes.PadChannels`);
+2. **legalize and fuse**: TVM's CPU library dispatch, ``LegalizeOps``, ``AnnotateTIROpPattern``,
+   ``FoldConstant``, ``FuseOps``, ``FuseTIR`` (a conv and its bias / residual add / ReLU become one
+   PrimFunc);
+3. **mark constant weights layout-free** (``AttachAttrLayoutFreeBuffers``), so schedules may pick
+   their layout;
+4. **tuned schedules** (slot): ``MetaScheduleApplyDatabase`` with the records given as
+   ``tuning_records``; what it schedules is marked ``tirx.is_scheduled`` and skipped below;
+5. **default schedule rules** (:func:`tvm_roialign.schedules.default_rules`): register-tiled conv2d
+   and matmul with packed weights and fused epilogues, elementwise, then the ``CPUDefault``
+   fallback. Functions marked ``tirx.is_scheduled`` (RoIAlign's strategies) are never touched;
+6. **pack weights at compile time**: ``SplitLayoutRewritePreproc`` moves the weight-packing stages
+   the schedules asked for into functions of their own, :class:`~tvm_roialign.passes.FoldLayoutRewrite`
+   evaluates them on the constant weights with NumPy (``FoldConstant`` takes any other form),
+   ``DeadCodeElimination`` drops them;
+7. **lower** to the VM (TVM's CPU dataflow-lowering and finalization passes).
 
-Functions already marked ``tirx.is_scheduled`` (the RoIAlign strategies) are never touched, and any
-schedule step that fails leaves the function as it was.
+Other targets: metal without dlight's Matmul rule (:func:`_metal_pipeline`), anything else TVM's
+default pipeline. :func:`bind_symbolic_vars` gives a symbolic dimension (a roi count) a static value,
+so that its kernels can be tiled.
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import tvm
-from tvm import tirx
-from tvm.s_tir import Schedule
-from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import ScheduleRule, try_inline_contiguous_spatial
-from tvm.s_tir.dlight.base.transform import ApplyDefaultSchedule
+from tvm import relax
 
-_VECTOR_LANES = (16, 8, 4)
+from .schedules import CPUDefault, default_rules
 
-
-def _static(extent) -> int | None:
-    return int(extent) if isinstance(extent, (int, tirx.IntImm)) else None
+#: The name under which :func:`cpu_pipeline` is registered with ``tvm.relax.pipeline``.
+PIPELINE_NAME = "tvm_roialign_cpu"
 
 
-def _pick_lanes(extent, choices=_VECTOR_LANES) -> int | None:
-    value = _static(extent)
-    if value is None:
-        return None
-    for lanes in choices:
-        if value % lanes == 0:
-            return lanes
-    return None
+def cpu_schedule_pass(rules=None) -> tvm.transform.Pass:
+    """``ApplyDefaultSchedule`` with ``rules`` (default: :func:`default_rules`)."""
+    from tvm.s_tir.dlight.base.transform import ApplyDefaultSchedule
+
+    return ApplyDefaultSchedule(*(rules if rules is not None else default_rules()))
 
 
-def _schedule_reduction(sch: Schedule, info, row_tile: int | None = None) -> bool:
-    kinds = info.dom_kind()
-    num_s = len(kinds) - len(kinds.lstrip("S"))
-    if num_s == 0 or set(kinds[num_s:]) != {"R"}:
-        return False
-    loops = sch.get_loops(info.block_rv)
-    s_loops, r_loops = loops[:num_s], loops[num_s:]
-    # a matmul (rows x columns, one reduction) reuses each weight vector over more rows; measured
-    # here: fc6 of the box head 2.5x faster with 8 rows x 32 lanes than 4 x 16, convolutions not
-    matmul = kinds == "SSR"
-    lanes = _pick_lanes(
-        info.iters[num_s - 1].dom, (32, 16, 8, 4) if matmul else _VECTOR_LANES
-    )
-    if row_tile is None:
-        row_tile = 8 if matmul else 4
-    if lanes is None:
-        fused = sch.fuse(*s_loops) if len(s_loops) > 1 else s_loops[0]
-        sch.parallel(fused)
-        sch.decompose_reduction(info.block_rv, r_loops[0])
-        return True
-    col_outer, col_inner = sch.split(s_loops[-1], [None, lanes])
-    # register tile: a few rows of the second-to-last spatial axis share each weight vector
-    row_inner = None
-    if num_s >= 2:
-        rows = _static(info.iters[num_s - 2].dom)
-        if rows is None or rows >= row_tile:
-            row_outer, row_inner = sch.split(s_loops[-2], [None, row_tile])
-            outer = [*s_loops[:-2], row_outer, col_outer]
-        else:
-            outer = [*s_loops[:-1], col_outer]
-    else:
-        outer = [col_outer]
-    tail = [row_inner, col_inner] if row_inner is not None else [col_inner]
-    sch.reorder(*outer, *r_loops, *tail)
-    fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    sch.parallel(fused)
-    # accumulate the (rows x lanes) tile in a local buffer that LLVM keeps in registers
-    with contextlib.suppress(Exception):  # else: accumulate in place
-        local = sch.cache_write(info.block_rv, 0, "local")
-        sch.reverse_compute_at(local, fused, preserve_unit_loops=True)
-        sch.vectorize(sch.get_loops(local)[-1])
-    sch.vectorize(col_inner)
-    if row_inner is not None:
-        sch.unroll(row_inner)
-    sch.decompose_reduction(info.block_rv, r_loops[0])
-    return True
+def _graph_passes(
+    target, fold_batch_norm: bool, pad_channels: bool, winograd: int
+) -> list:
+    from .passes import FoldBatchNorm, PadChannels, WinogradConv2D
+    from .schedules import cpu_info
+
+    passes = [
+        relax.transform.FoldConstant()
+    ]  # weights in a converted layout become constants
+    if fold_batch_norm:
+        passes.append(FoldBatchNorm())
+    passes += [
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.FoldConstant(),
+    ]
+    if pad_channels:
+        passes.append(PadChannels(multiple=cpu_info(target).lanes()))
+    if winograd:
+        passes.append(WinogradConv2D(tile=winograd))
+    return passes
 
 
-def _schedule_injective(sch: Schedule, info) -> bool:
-    loops = sch.get_loops(info.block_rv)
-    if not loops:
-        return True
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    lanes = _pick_lanes(info.iters[-1].dom)
-    if lanes is not None:
-        outer, inner = sch.split(fused, [None, lanes])
-        sch.parallel(outer)
-        sch.vectorize(inner)
-    else:
-        sch.parallel(fused)
-    return True
+def pre_schedule_passes(
+    target: tvm.target.Target,
+    *,
+    fold_batch_norm: bool = True,
+    pad_channels: bool = True,
+    winograd: int = 4,
+) -> list:
+    """Phases 1-3 of :func:`cpu_pipeline` (graph rewrites, legalize and fuse, layout-free weights):
+    the module they make is the one the tuned-schedule slot (phase 4) sees. MetaSchedule records
+    are keyed by the structural hash of its fused PrimFuncs, so :mod:`tvm_roialign.tuning`
+    extracts its tasks from it. Run them inside ``with target:``."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+
+    return [
+        # 1. graph rewrites on Relax ops
+        *_graph_passes(target, fold_batch_norm, pad_channels, winograd),
+        # 2. legalize and fuse
+        *cpu_generic.library_dispatch_passes(target),
+        *cpu_generic.legalize_passes(target),
+        # 3. constant weights are layout-free
+        relax.transform.AttachAttrLayoutFreeBuffers(),
+    ]
 
 
-class CPUDefault(ScheduleRule):
-    """Parallel + vectorized default schedule for unscheduled llvm PrimFuncs (see module docstring)."""
+def _database_passes(tuning_records) -> list:
+    if tuning_records is None:
+        return []
+    from .tuning import apply_database_pass
 
-    def is_target_available(self, target) -> bool:
-        return target.kind.name == "llvm"
-
-    def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        sch = Schedule(func, error_render_level="none")
-        try:
-            infos = normalize_prim_func(sch)
-            if infos is None:
-                return None
-            infos = try_inline_contiguous_spatial(sch, infos)
-            if infos is None:
-                return None
-            for info in infos:
-                ok = (
-                    _schedule_reduction(sch, info)
-                    if info.is_reduction()
-                    else _schedule_injective(sch, info)
-                    if info.is_injective()
-                    else False
-                )
-                if not ok and len(infos) == 1:
-                    return None
-            return sch
-        except Exception:  # noqa: BLE001 - any failed step: keep the function unscheduled
-            return None
+    return [apply_database_pass(tuning_records)]
 
 
-def cpu_schedule_pass() -> tvm.transform.Pass:
-    """``ApplyDefaultSchedule(CPUDefault())``: schedules every unscheduled llvm PrimFunc."""
-    return ApplyDefaultSchedule(CPUDefault())
+def cpu_pipeline(
+    target: tvm.target.Target | None = None,
+    *,
+    tuning_records=None,
+    fold_batch_norm: bool = True,
+    pad_channels: bool = True,
+    winograd: int = 4,
+    pack_weights: bool = True,
+    rules=None,
+) -> tvm.transform.Pass:
+    """The llvm build pipeline (see the module docstring for its phases).
+
+    Parameters
+    ----------
+    target : tvm.target.Target or None
+        The llvm target; None: the target in scope when the pass runs (``tvm.compile`` sets it).
+    tuning_records : str or os.PathLike or None
+        A MetaSchedule database directory (``tvm-roialign tune``); its records schedule the
+        functions they cover, the default rules the rest.
+    fold_batch_norm, pad_channels : bool
+        Phase 1 rewrites (both on by default).
+    winograd : int
+        Output tile of the Winograd rewrite of 3x3 convolutions (4: ``F(4x4, 3x3)``, 2, or 0: off).
+    pack_weights : bool
+        Phase 6 (False: the packing stages stay inside the kernels, run at every call; for tests).
+    rules : list of ScheduleRule or None
+        Phase 5 rules (default :func:`tvm_roialign.schedules.default_rules`).
+    """
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+
+    from .passes import FoldLayoutRewrite
+
+    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignCPUPipeline")
+    def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        tgt = (
+            target
+            if target is not None
+            else tvm.target.Target.current(allow_none=False)
+        )
+        with tgt:
+            phases = [
+                # 1-3. graph rewrites, legalize and fuse, layout-free weights
+                *pre_schedule_passes(
+                    tgt,
+                    fold_batch_norm=fold_batch_norm,
+                    pad_channels=pad_channels,
+                    winograd=winograd,
+                ),
+                # 4. tuned schedules (MetaSchedule database), when given
+                *_database_passes(tuning_records),
+                # 5. default schedule rules (skip tirx.is_scheduled functions)
+                cpu_schedule_pass(rules),
+            ]
+            if pack_weights:
+                # 6. weight packing at compile time
+                phases += [
+                    relax.transform.SplitLayoutRewritePreproc(),
+                    FoldLayoutRewrite(),
+                    relax.transform.FoldConstant(),
+                    relax.transform.DeadCodeElimination(),
+                ]
+            # 7. lowering
+            phases += cpu_generic.dataflow_lower_passes(
+                tgt
+            ) + cpu_generic.finalize_passes(tgt)
+            return tvm.transform.Sequential(phases)(mod)
+
+    return pipeline
+
+
+def _register() -> None:
+    from tvm.relax import pipeline as relax_pipeline
+
+    if PIPELINE_NAME not in relax_pipeline.PIPELINE_MAP:
+        relax_pipeline.register_pipeline(PIPELINE_NAME)(cpu_pipeline)
+
+
+_register()
+
+
+def bind_symbolic_vars(mod: tvm.IRModule, values: dict) -> tvm.IRModule:
+    """``mod`` with symbolic dimensions fixed: ``values`` maps a name (``"num_rois"``) or a
+    ``tirx.Var`` to an int. Names that are not in ``mod`` raise ValueError."""
+    found = {}
+    for _gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            for var in relax.analysis.defined_symbolic_vars(func):
+                found.setdefault(var.name, var)
+    binding = {}
+    for key, value in values.items():
+        var = found.get(key) if isinstance(key, str) else key
+        if var is None:
+            names = ", ".join(sorted(found)) or "none"
+            raise ValueError(
+                f"no symbolic dimension {key!r} in the module (it has: {names})"
+            )
+        binding[var] = int(value)
+    return relax.transform.BindSymbolicVars(binding)(mod)
+
+
+def symbolic_vars(mod: tvm.IRModule) -> list[str]:
+    """Names of the symbolic dimensions of ``mod``'s Relax functions."""
+    names = []
+    for _gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            for var in relax.analysis.defined_symbolic_vars(func):
+                if var.name not in names:
+                    names.append(var.name)
+    return names
 
 
 def _metal_pipeline(target):
     """gpu_generic's pipeline without dlight's ``Matmul`` rule, which segfaults TVM 0.27 on metal
     for conv2d (``ApplyDefaultSchedule(dl.gpu.Matmul())`` on a legalized conv2d crashes the
     process); GEMV, Reduction, GeneralReduction and Fallback schedule the rest."""
-    from tvm import relax
     from tvm.relax.backend.gpu_generic import pipeline as gpu_generic
     from tvm.s_tir import dlight as dl
 
@@ -178,26 +246,26 @@ def _metal_pipeline(target):
     return pipeline
 
 
-def build(mod: tvm.IRModule, target: tvm.target.Target):
-    """``tvm.compile`` for ``target``: on llvm with :class:`CPUDefault` applied after legalization,
-    on metal without dlight's Matmul rule (see :func:`_metal_pipeline`), elsewhere TVM's default."""
+def build(mod: tvm.IRModule, target: tvm.target.Target, **options):
+    """``tvm.compile`` for ``target``: on llvm through :func:`cpu_pipeline` (``options`` are its
+    keyword arguments), on metal without dlight's Matmul rule, elsewhere TVM's default."""
     kind = target.kind.name
     if kind == "metal":
         return tvm.compile(mod, target=target, relax_pipeline=_metal_pipeline(target))
     if kind != "llvm":
         return tvm.compile(mod, target=target)
-    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+    return tvm.compile(
+        mod, target=target, relax_pipeline=cpu_pipeline(target, **options)
+    )
 
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignCPUPipeline")
-    def pipeline(mod, _ctx):
-        with target:
-            seq = tvm.transform.Sequential(
-                cpu_generic.library_dispatch_passes(target)
-                + cpu_generic.legalize_passes(target)
-                + [cpu_schedule_pass()]
-                + cpu_generic.dataflow_lower_passes(target)
-                + cpu_generic.finalize_passes(target)
-            )
-            return seq(mod)
 
-    return tvm.compile(mod, target=target, relax_pipeline=pipeline)
+__all__ = [
+    "PIPELINE_NAME",
+    "CPUDefault",
+    "bind_symbolic_vars",
+    "build",
+    "cpu_pipeline",
+    "cpu_schedule_pass",
+    "pre_schedule_passes",
+    "symbolic_vars",
+]

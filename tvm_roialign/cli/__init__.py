@@ -11,6 +11,9 @@ which adds its parser and sets ``func``):
     ``--print-top``.
 ``maskrcnn`` (:mod:`.maskrcnn`)
     torchvision's Mask R-CNN through TVM on a photo, compared with PyTorch eager.
+``tune MODEL|maskrcnn -o DIR`` (:mod:`.tune`)
+    MetaSchedule over the conv/matmul tasks into a tuning database (resumable, local or through
+    an RPC tracker); ``compile`` and ``maskrcnn`` apply it with ``--tuning-records DIR``.
 
 Global options (``-q``) are accepted before or after the subcommand. Every failure the user can
 cause exits with status 1 (2 for command-line syntax) and one line ``tvm-roialign: error: ...``.
@@ -24,10 +27,11 @@ import sys
 from . import compile as compile_command
 from . import maskrcnn as maskrcnn_command
 from . import run as run_command
+from . import tune as tune_command
 from ._common import CLIError, seconds_since_process_start
 
 #: The subcommand modules, in the order ``--help`` lists them.
-SUBCOMMANDS = [compile_command, run_command, maskrcnn_command]
+SUBCOMMANDS = [compile_command, run_command, maskrcnn_command, tune_command]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -16,6 +16,7 @@ from . import _detector
 from ._common import CLIError, first_line, output_path, resolve_target, tvm_messages
 from ._model_file import load_model, parse_input_shapes, signature
 from ._progress import Progress
+from ._tuning import add_records_argument, open_records, print_coverage
 
 LIBRARY_SUFFIXES = (".so", ".tar", ".dylib")
 DUMP_FORMATS = ("relax", "tir", "ll", "asm")
@@ -49,6 +50,20 @@ def register(subparsers, parents) -> None:
     )
     p.add_argument("-o", "--output", required=True, help="the compiled library (.so; .tar for cross)")
     p.add_argument("--target", default="native", help=HELP_TARGET)
+    add_model_arguments(p)
+    add_records_argument(p)
+    _detector.add_compile_arguments(p)
+    p.add_argument(
+        "--dump-code",
+        default=None,
+        metavar="FORMATS",
+        help=f"also write OUTPUT.FORMAT for each of {','.join(DUMP_FORMATS)} (comma-separated)",
+    )
+    p.set_defaults(func=main)
+
+
+def add_model_arguments(p) -> None:
+    """How a model file is imported and converted (shared with ``tune``)."""
     p.add_argument(
         "--desired-layout",
         default="auto",
@@ -75,14 +90,31 @@ def register(subparsers, parents) -> None:
         metavar="NAME:D0,D1,...",
         help="one static ONNX input shape (repeatable; older form of --input-shapes)",
     )
-    p.add_argument(
-        "--dump-code",
-        default=None,
-        metavar="FORMATS",
-        help=f"also write OUTPUT.FORMAT for each of {','.join(DUMP_FORMATS)} (comma-separated)",
-    )
-    _detector.add_compile_arguments(p)
-    p.set_defaults(func=main)
+
+
+def model_options(args, target) -> tuple:
+    """``(ConvertLayout's layouts or None, layout name, input shapes)`` from the arguments of
+    :func:`add_model_arguments`; their errors come before any work."""
+    layouts, layout_name = _layouts(args, target)
+    return layouts, layout_name, parse_input_shapes(args.input_shapes, args.input_shape)
+
+
+def import_model(args, options: tuple, progress, times: dict):
+    """``(mod, layout name)``: ``args.model`` imported and ConvertLayout-ed with ``options``
+    (:func:`model_options`), the stage times added to ``times``."""
+    from ..passes import ConvertLayout
+
+    layouts, layout_name, shapes = options
+    progress(f"import {args.model}")
+    t0 = time.perf_counter()
+    mod = load_model(Path(args.model), shapes)
+    times["import_s"] = time.perf_counter() - t0
+    if layouts:
+        progress(f"ConvertLayout {args.desired_layout_ops} to {layout_name}")
+        t0 = time.perf_counter()
+        mod = ConvertLayout(layouts)(mod)
+        times["convert_layout_s"] = time.perf_counter() - t0
+    return mod, layout_name
 
 
 def _layouts(args, target):
@@ -128,13 +160,13 @@ class _LastRelaxModule:
             self.mod = mod
 
 
-def _build(mod, target, capture_tir: bool):
+def _build(mod, target, capture_tir: bool, records=None):
     import tvm
 
     from ..pipeline import build
 
     if not capture_tir:
-        return build(mod, target), None
+        return build(mod, target, tuning_records=records), None
     instrument = tvm.ir.instrument.pass_instrument(_LastRelaxModule)()
     ctx = tvm.transform.PassContext.current()
     with tvm.transform.PassContext(
@@ -144,7 +176,7 @@ def _build(mod, target, capture_tir: bool):
         config=dict(ctx.config),
         instruments=[*ctx.instruments, instrument],
     ):
-        executable = build(mod, target)
+        executable = build(mod, target, tuning_records=records)
     return executable, instrument.mod
 
 
@@ -176,32 +208,24 @@ def _write_dumps(out: Path, formats, mod, tir_mod, executable) -> list[str]:
 
 def main(args) -> int:
     from .. import __version__
-    from ..passes import ConvertLayout
     from ..target import describe, target_config
 
     t_start = time.perf_counter()
     target = resolve_target(args.target)
-    layouts, layout_name = _layouts(args, target)
+    options = model_options(args, target)
     formats = _dump_formats(args.dump_code)
     out = output_path(args.output, "-o", LIBRARY_SUFFIXES)
     if _detector.is_detector(args.model):
+        layouts, layout_name, _ = options
         return _detector.compile_main(args, target, out, layout_name if layouts else "NCHW")
-    shapes = parse_input_shapes(args.input_shapes, args.input_shape)
     times = {}
     with Progress(args.quiet) as progress, tvm_messages(args.quiet):
-        progress(f"import {args.model}")
-        t0 = time.perf_counter()
-        mod = load_model(Path(args.model), shapes)
-        times["import_s"] = time.perf_counter() - t0
-        if layouts:
-            progress(f"ConvertLayout {args.desired_layout_ops} to {layout_name}")
-            t0 = time.perf_counter()
-            mod = ConvertLayout(layouts)(mod)
-            times["convert_layout_s"] = time.perf_counter() - t0
+        records, coverages = open_records(args.tuning_records, target)
+        mod, layout_name = import_model(args, options, progress, times)
         progress(f"build for {describe(target)}")
         t0 = time.perf_counter()
         try:
-            executable, tir_mod = _build(mod, target, "tir" in formats)
+            executable, tir_mod = _build(mod, target, "tir" in formats, records)
         except Exception as err:  # noqa: BLE001
             raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
         times["build_s"] = time.perf_counter() - t0
@@ -227,6 +251,12 @@ def main(args) -> int:
         "times": times,
         "versions": {"tvm-roialign": __version__, "tvm": _tvm_version()},
     }
+    if records is not None:
+        meta["tuning"] = {
+            "records": str(args.tuning_records),
+            "tuned": sorted({name for c in coverages for name in c.tuned}),
+            "untuned": sorted({name for c in coverages for name in c.untuned}),
+        }
     Path(f"{out}.json").write_text(json.dumps(meta, indent=2))
     stages = ", ".join(
         f"{name[:-2].replace('_', ' ')} {seconds:.1f} s"
@@ -234,6 +264,7 @@ def main(args) -> int:
         if name != "total_s"
     )
     extra = f"; wrote {', '.join(dumps)}" if dumps else ""
+    print_coverage(coverages)
     print(
         f"compiled {args.model} -> {out} ({describe(target)}, layout {layout_name}) in "
         f"{times['total_s']:.1f} s ({stages}){extra}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._common import CLIError, device_for, first_line, output_path, resolve_target, tvm_messages
 from ._progress import Progress
+from ._tuning import add_records_argument, open_records, print_coverage
 from .compile import HELP_TARGET
 
 PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg")
@@ -28,22 +29,11 @@ def register(subparsers, parents) -> None:
         help="Mask R-CNN through TVM on a photo, compared with PyTorch",
         description=DESCRIPTION,
     )
-    p.add_argument("--image", default=None, help="a photo (default: scikit-image's astronaut)")
-    p.add_argument(
-        "--weights", default=None, help="maskrcnn_resnet50_fpn state_dict (default: random, seeded)"
-    )
-    p.add_argument("--seed", type=int, default=3, help="seed of the random weights")
     p.add_argument("--target", default="native", help=HELP_TARGET)
-    p.add_argument("--layout", default="NHWC", type=str.upper, help="NHWC (ConvertLayout) or NCHW")
+    add_model_arguments(p)
+    add_records_argument(p)
     p.add_argument("--out", default="result.png", help="annotated picture (.png/.jpg)")
     p.add_argument("--report", default=None, help="JSON report (default: --out with .json)")
-    p.add_argument("--min-size", type=int, default=512, help="torchvision resize min_size")
-    p.add_argument(
-        "--max-size", type=int, default=None, help="torchvision resize max_size (default: --min-size)"
-    )
-    p.add_argument("--proposals", type=int, default=1000, help="RPN proposals kept")
-    p.add_argument("--detections", type=int, default=100, help="detections per image at most")
-    p.add_argument("--score-thresh", type=float, default=0.05, help="box score threshold")
     p.add_argument("--repeat", type=int, default=2, help="timed runs per piece (the best is reported)")
     p.add_argument("--draw-top", type=int, default=8, help="detections drawn on the picture")
     p.add_argument("--no-roi-timing", action="store_true", help="skip ours-vs-stock roi_align timing")
@@ -56,7 +46,29 @@ def register(subparsers, parents) -> None:
     p.set_defaults(func=main)
 
 
-def _inputs(args, mr):
+def add_model_arguments(p) -> None:
+    """The model, its photo and its graphs' sizes (shared with ``tune maskrcnn``)."""
+    p.add_argument("--image", default=None, help="a photo (default: scikit-image's astronaut)")
+    p.add_argument(
+        "--weights", default=None, help="maskrcnn_resnet50_fpn state_dict (default: random, seeded)"
+    )
+    p.add_argument("--seed", type=int, default=3, help="seed of the random weights")
+    p.add_argument("--layout", default="NHWC", type=str.upper, help="NHWC (ConvertLayout) or NCHW")
+    p.add_argument("--min-size", type=int, default=512, help="torchvision resize min_size")
+    p.add_argument(
+        "--max-size", type=int, default=None, help="torchvision resize max_size (default: --min-size)"
+    )
+    p.add_argument("--proposals", type=int, default=1000, help="RPN proposals kept")
+    p.add_argument("--detections", type=int, default=100, help="detections per image at most")
+    p.add_argument("--score-thresh", type=float, default=0.05, help="box score threshold")
+
+
+def check_layout(args) -> None:
+    if args.layout not in ("NCHW", "NHWC"):
+        raise CLIError(f"--layout must be NCHW or NHWC, got {args.layout!r}")
+
+
+def model_inputs(args, mr):
     """The photo and the torch model, with their errors naming the flag they came from."""
     try:
         image = mr.load_image(args.image)
@@ -83,18 +95,18 @@ def main(args) -> int:
     from ..models import maskrcnn as mr
 
     target = resolve_target(args.target)
-    if args.layout not in ("NCHW", "NHWC"):
-        raise CLIError(f"--layout must be NCHW or NHWC, got {args.layout!r}")
+    check_layout(args)
     out = output_path(args.out, "--out", PICTURE_SUFFIXES)
     report_path = output_path(args.report, "--report") if args.report else out.with_suffix(".json")
     if not args.compile_only:
         device_for(target)
-    image, config, model = _inputs(args, mr)
+    image, config, model = model_inputs(args, mr)
     with Progress(args.quiet) as progress, tvm_messages(args.quiet):
+        records, coverages = open_records(args.tuning_records, target)
         if args.compile_only:
             try:
                 report = mr.compile_maskrcnn_report(
-                    model, image, target, args.layout, progress, config, args.image
+                    model, image, target, args.layout, progress, config, args.image, records
                 )
             except Exception as err:  # noqa: BLE001 - a build failure: one line
                 raise CLIError(f"build for target {target.kind.name} failed: {first_line(err)}") from None
@@ -109,12 +121,14 @@ def main(args) -> int:
                 not args.no_roi_timing,
                 config,
                 args.image,
+                records,
             )
             progress(f"write {out}")
             mr.draw_detections(image, report.detections, out, top=args.draw_top, caption=report.caption())
     report.write_json(report_path)
     from ._maskrcnn_summary import print_compile_only, print_summary
 
+    print_coverage(coverages)
     if args.compile_only:
         print_compile_only(report, report_path)
         return 0

@@ -18,11 +18,20 @@ from .fold_flatten_permute import FoldFlattenPermute
 from .fold_permute_dims import FoldPermuteDims
 from .layout import register
 
+from .fold_batch_norm import FoldBatchNorm
+from .fold_layout_rewrite import FoldLayoutRewrite
+from .pad_channels import PadChannels
+from .winograd import WinogradConv2D
+
 __all__ = [
     "LAYOUT_OPS",
     "ConvertLayout",
+    "FoldBatchNorm",
     "FoldFlattenPermute",
+    "FoldLayoutRewrite",
     "FoldPermuteDims",
+    "PadChannels",
+    "WinogradConv2D",
     "desired_layouts",
     "layout",
     "register",

@@ -106,13 +106,24 @@ class TVMMaskRCNN:
         ``"NHWC"`` (ConvertLayout of conv2d and RoIAlign) or ``"NCHW"`` (as imported).
     progress : callable(str) or None
         Called with a line of text before each step (compile, run).
+    tuning_records : str, os.PathLike, tvm_roialign.tuning.TuningRecords or None
+        A MetaSchedule database (``tvm-roialign tune maskrcnn``) for llvm targets: its records
+        schedule the tasks they cover, the default rules the rest; each piece's coverage is
+        reported labelled with the piece's name (see :class:`~tvm_roialign.tuning.TuningRecords`).
 
     Graphs are compiled on first use for each padded image size (``compile(image_shape)`` to do it
     ahead). Building for a target that this machine cannot run (aarch64 cross, CUDA without a GPU)
     is possible with :meth:`compile`, running is not.
     """
 
-    def __init__(self, model, target=None, layout: str = "NHWC", progress: Callable | None = None):
+    def __init__(
+        self,
+        model,
+        target=None,
+        layout: str = "NHWC",
+        progress: Callable | None = None,
+        tuning_records=None,
+    ):
         if layout not in ("NCHW", "NHWC"):
             raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
         self.model = model
@@ -121,15 +132,47 @@ class TVMMaskRCNN:
         self.device = device_or_none(self.target)
         self.progress = progress or (lambda _msg: None)
         self.pieces: dict[tuple, dict[str, Piece]] = {}
+        self.tuning_records = None
+        if tuning_records is not None:
+            from ...tuning import TuningRecords, load_records
+
+            self.tuning_records = (
+                tuning_records
+                if isinstance(tuning_records, TuningRecords)
+                else load_records(tuning_records, self.target)
+            )
+            self.tuning_records.check(self.target)
+
+    def padded_shape(self, image) -> tuple[int, ...]:
+        """The ``[1, 3, H, W]`` the model's transform makes of ``image`` (what the graphs are for)."""
+        with torch.no_grad():
+            image_list, _ = self.model.transform([image])
+        return tuple(int(s) for s in image_list.tensors.shape)
 
     # ---------------------------------------------------------------------------------------------
     def compile(self, padded_shape: Sequence[int]) -> dict[str, Piece]:
         """Export, import, ConvertLayout and build the three graphs for a padded ``[1, 3, H, W]``."""
-        from ...frontend import from_exported_program
-
         key = tuple(int(s) for s in padded_shape)
         if key in self.pieces:
             return self.pieces[key]
+        pieces = {}
+        for name, (imported, mod, import_s) in self.relax_modules(key).items():
+            self.progress(f"compile {name} for {describe(self.target)} ({self.layout})")
+            t0 = time.perf_counter()
+            records = self.tuning_records.labelled(name) if self.tuning_records else None
+            executable = build(mod, self.target, tuning_records=records)
+            compile_s = time.perf_counter() - t0
+            pieces[name] = Piece(name, imported, mod, executable, self.device, import_s, compile_s)
+        self.pieces[key] = pieces
+        return pieces
+
+    def relax_modules(self, padded_shape: Sequence[int]) -> dict[str, tuple]:
+        """Per piece, ``(imported module, module to build, import seconds)`` for a padded
+        ``[1, 3, H, W]``: exported, imported and ConvertLayout-ed (what ``compile`` builds and
+        ``tvm-roialign tune maskrcnn`` tunes)."""
+        from ...frontend import from_exported_program
+
+        key = tuple(int(s) for s in padded_shape)
         backbone, box_branch, mask_branch = piece_modules(self.model, self.layout, key[-2:])
         images = torch.zeros(key)
         with torch.no_grad():
@@ -137,7 +180,7 @@ class TVMMaskRCNN:
         boxes = torch.tensor([[10.0, 12.0, 200.0, 180.0], [0.0, 0.0, 60.0, 40.0]])
         max_proposals = int(self.model.rpn._post_nms_top_n["testing"])
         max_detections = int(self.model.roi_heads.detections_per_img)
-        pieces = {}
+        modules = {}
         for name, module, args, max_rois in (
             ("backbone", backbone, (images,), None),
             ("box_branch", box_branch, (*feats, boxes), max_proposals),
@@ -151,14 +194,8 @@ class TVMMaskRCNN:
             fold = relax.transform.FoldConstant()
             imported = fold(from_exported_program(exported, keep_params_as_input=False))
             mod = fold(convert_layout(imported, self.layout))
-            import_s = time.perf_counter() - t0
-            self.progress(f"compile {name} for {describe(self.target)} ({self.layout})")
-            t0 = time.perf_counter()
-            executable = build(mod, self.target)
-            compile_s = time.perf_counter() - t0
-            pieces[name] = Piece(name, imported, mod, executable, self.device, import_s, compile_s)
-        self.pieces[key] = pieces
-        return pieces
+            modules[name] = (imported, mod, time.perf_counter() - t0)
+        return modules
 
     # ---------------------------------------------------------------------------------------------
     def __call__(self, images) -> list[dict]:

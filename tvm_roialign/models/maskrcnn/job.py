@@ -57,11 +57,19 @@ def _run_config(config, image_name, target, layout, repeat) -> RunConfig:
 
 
 def compile_maskrcnn_report(
-    model, image, target=None, layout="NHWC", progress=None, config=None, image_name=None
+    model,
+    image,
+    target=None,
+    layout="NHWC",
+    progress=None,
+    config=None,
+    image_name=None,
+    tuning_records=None,
 ) -> MaskRCNNReport:
-    """Only build the three pieces for ``target`` (any target, also one this machine cannot run)."""
+    """Only build the three pieces for ``target`` (any target, also one this machine cannot run);
+    ``tuning_records`` as :class:`~.detector.TVMMaskRCNN` takes them."""
     target = parse_target(target)
-    detector = TVMMaskRCNN(model, target, layout, progress)
+    detector = TVMMaskRCNN(model, target, layout, progress, tuning_records)
     with torch.no_grad():
         image_list, _ = model.transform([image])
     pieces = detector.compile(image_list.tensors.shape)
@@ -88,17 +96,19 @@ def run_maskrcnn_report(
     roi_timing=True,
     config: MaskRCNNConfig | None = None,
     image_name: str | None = None,
+    tuning_records=None,
 ) -> MaskRCNNReport:
     """Run the TVM detector and PyTorch eager on ``image`` and gather a :class:`MaskRCNNReport`.
 
-    ``config`` and ``image_name`` (how the model and photo were made) only fill ``report.config``.
+    ``config`` and ``image_name`` (how the model and photo were made) only fill ``report.config``;
+    ``tuning_records`` as :class:`~.detector.TVMMaskRCNN` takes them.
     ``report.detections`` holds the TVM detections (tensors) for drawing.
     Done-when of the comparison: same labels, boxes within 1e-2 px, >= 99.9% mask pixels equal.
     """
     progress = progress or (lambda _msg: None)
     repeat = max(int(repeat), 1)
     target = parse_target(target)
-    detector = TVMMaskRCNN(model, target, layout, progress)
+    detector = TVMMaskRCNN(model, target, layout, progress, tuning_records)
     with torch.no_grad():
         image_list, _ = model.transform([image])
     pieces = detector.compile(image_list.tensors.shape)

@@ -1,0 +1,356 @@
+"""The whole-model CPU pipeline (tvm_roialign.pipeline): same results as TVM's unoptimised build and
+PyTorch on small models, each graph rewrite's structure (batch-norm folding, channel padding,
+Winograd), the named-pipeline lookup, an AArch64 cross build, and RoIAlign's scheduled kernels
+passing through untouched."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+from tvm_roialign.frontend import from_exported_program
+from tvm_roialign.passes import (
+    ConvertLayout,
+    FoldBatchNorm,
+    PadChannels,
+    WinogradConv2D,
+)
+from tvm_roialign.passes.winograd import transform_weight, winograd_matrices
+from tvm_roialign.pipeline import (
+    PIPELINE_NAME,
+    bind_symbolic_vars,
+    build,
+    cpu_pipeline,
+    symbolic_vars,
+)
+
+HOST = tvm.target.Target(
+    {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
+)
+AARCH64 = tvm.target.Target(
+    {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}
+)
+NHWC = {"relax.nn.conv2d": ["NHWC", "default"]}
+
+
+def _ops(mod, name):
+    return [
+        b.value
+        for f in mod.functions.values()
+        if isinstance(f, relax.Function)
+        for block in f.body.blocks
+        for b in block.bindings
+        if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == name
+    ]
+
+
+def _import(model, *args, layout="NHWC"):
+    with torch.no_grad():
+        mod = from_exported_program(
+            torch.export.export(model.eval(), args), keep_params_as_input=False
+        )
+    mod = relax.transform.FoldConstant()(mod)
+    return ConvertLayout(NHWC)(mod) if layout == "NHWC" else mod
+
+
+def _run(executable, *arrays):
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays])
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    return [o.numpy() for o in out]
+
+
+def _close(actual, expected, rel=3e-5):
+    scale = max(float(np.abs(expected).max()), 1e-6)
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=rel * scale)
+
+
+class _Net(torch.nn.Module):
+    """Conv + batch-norm + ReLU, a residual block with a strided 1x1 shortcut, grouped, depthwise
+    and dilated convs, 3x3 convs wide enough for Winograd, odd channel counts, pooling and a
+    linear head with 91 outputs."""
+
+    def __init__(self):
+        super().__init__()
+        c = torch.nn.Conv2d
+        self.stem = torch.nn.Sequential(
+            c(3, 64, 3, 2, 1, bias=False), torch.nn.BatchNorm2d(64), torch.nn.ReLU()
+        )
+        self.wino = torch.nn.Sequential(
+            c(64, 64, 3, 1, 1), torch.nn.ReLU(), c(64, 80, 3, 1, 1)
+        )
+        self.short = c(64, 80, 1, 1, 0)
+        self.down = torch.nn.Sequential(
+            c(80, 96, 3, 2, 1, bias=False), torch.nn.BatchNorm2d(96)
+        )
+        self.group = c(96, 96, 3, 1, 1, groups=4)
+        self.depth = c(96, 96, 3, 1, 2, dilation=2, groups=96)
+        self.odd = c(96, 13, 1)
+        self.head = torch.nn.Linear(13 * 4 * 4, 91)
+        torch.manual_seed(0)
+        for bn in (self.stem[1], self.down[1]):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.data.uniform_(0.5, 1.5)
+            bn.bias.data.uniform_(-0.2, 0.2)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = torch.relu(self.wino(x) + self.short(x))
+        x = torch.relu(self.depth(torch.relu(self.group(self.down(x)))))
+        x = torch.nn.functional.adaptive_avg_pool2d(self.odd(x), 4)
+        return self.head(x.flatten(1))
+
+
+@pytest.fixture(scope="module")
+def net():
+    torch.manual_seed(0)
+    model = _Net().eval()
+    x = torch.randn(2, 3, 32, 30)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    return model, x, expected
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_pipeline_matches_torch_and_the_unoptimised_build(net, layout):
+    model, x, expected = net
+    mod = _import(model, x, layout=layout)
+    (ours,) = _run(build(mod, HOST), x.numpy())
+    (plain,) = _run(tvm.compile(mod, target=HOST), x.numpy())
+    _close(ours, expected)
+    _close(ours, plain)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"winograd": 0},
+        {"winograd": 2},
+        {"fold_batch_norm": False, "pad_channels": False},
+        {"pack_weights": False},
+    ],
+)
+def test_pipeline_options_keep_results(net, options):
+    model, x, expected = net
+    (ours,) = _run(build(_import(model, x), HOST, **options), x.numpy())
+    _close(ours, expected)
+
+
+def test_named_pipeline(net):
+    model, x, expected = net
+    assert PIPELINE_NAME in relax.pipeline.PIPELINE_MAP
+    mod = _import(model, x)
+    (out,) = _run(
+        tvm.compile(mod, target=HOST, relax_pipeline=PIPELINE_NAME), x.numpy()
+    )
+    _close(out, expected)
+    assert isinstance(relax.get_pipeline(PIPELINE_NAME), tvm.transform.Pass)
+
+
+def test_aarch64_cross_build(net):
+    """Compile only (this machine cannot run it): every rule must hold for a 128-bit NEON target."""
+    model, x, _ = net
+    build(_import(model, x), AARCH64)
+    lowered = cpu_pipeline(AARCH64)(_import(model, x))
+    names = [
+        gv.name_hint
+        for gv, f in lowered.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    ]
+    assert any("winograd" in n for n in names) and any(
+        "prepacked" in n for n in names
+    ), names
+
+
+def test_fold_batch_norm_structure(net):
+    model, x, expected = net
+    mod = relax.transform.FoldConstant()(
+        _import(model, x)
+    )  # weights after ConvertLayout
+    assert len(_ops(mod, "relax.nn.batch_norm")) == 2
+    folded = FoldBatchNorm()(mod)
+    assert not _ops(folded, "relax.nn.batch_norm")
+    assert len(_ops(folded, "relax.nn.conv2d")) == len(_ops(mod, "relax.nn.conv2d"))
+    (out,) = _run(tvm.compile(folded, target=HOST), x.numpy())
+    _close(out, expected)
+    assert FoldBatchNorm()(folded).same_as(
+        folded
+    )  # nothing left to fold: the same module
+
+
+def _one_conv(weight_const: bool, out_channels=91, in_channels=8):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 6, 6, in_channels], "float32"))
+    params = [x]
+    if weight_const:
+        w = relax.const(
+            np.random.default_rng(0)
+            .standard_normal((1, 1, in_channels, out_channels))
+            .astype("float32")
+        )
+    else:
+        w = relax.Var(
+            "w", relax.TensorType([1, 1, in_channels, out_channels], "float32")
+        )
+        params.append(w)
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(
+                relax.op.nn.conv2d(x, w, data_layout="NHWC", kernel_layout="HWIO")
+            )
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_pad_channels_structure():
+    mod = _one_conv(weight_const=True)
+    padded = PadChannels(multiple=16)(mod)
+    (conv,) = _ops(padded, "relax.nn.conv2d")
+    assert [int(v) for v in conv.args[1].ty.shape] == [1, 1, 8, 96]
+    (sliced,) = _ops(padded, "relax.strided_slice")
+    assert [int(v) for v in padded["main"].ret_ty.shape] == [1, 6, 6, 91]
+    assert sliced is not None
+    x = np.random.default_rng(1).standard_normal((1, 6, 6, 8)).astype("float32")
+    (a,) = _run(tvm.compile(mod, target=HOST), x)
+    (b,) = _run(tvm.compile(padded, target=HOST), x)
+    np.testing.assert_array_equal(a, b)  # zero filters, then a slice: bit-identical
+
+
+def test_pad_channels_leaves_non_constant_weights_and_round_counts():
+    runtime_weight = _one_conv(weight_const=False)
+    assert PadChannels(16)(runtime_weight).same_as(runtime_weight)
+    already = _one_conv(weight_const=True, out_channels=64)
+    assert PadChannels(16)(already).same_as(already)
+    from tvm_roialign.passes.pad_channels import padded_size
+
+    assert [padded_size(c, 16) for c in (91, 364, 12, 3, 64, 200)] == [
+        96,
+        368,
+        16,
+        4,
+        None,
+        208,
+    ]
+    with pytest.raises(ValueError, match="multiple"):
+        PadChannels(0)
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_winograd_matrices_compute_a_correlation(tile):
+    at, g, bt = winograd_matrices(tile)
+    rng = np.random.default_rng(tile)
+    d, w = rng.standard_normal((tile + 2, tile + 2)), rng.standard_normal((3, 3))
+    y = at @ ((g @ w @ g.T) * (bt @ d @ bt.T)) @ at.T
+    expected = [
+        [np.sum(d[i : i + 3, j : j + 3] * w) for j in range(tile)] for i in range(tile)
+    ]
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+    u = transform_weight(w.reshape(3, 3, 1, 1).astype("float32"), tile)
+    np.testing.assert_allclose(
+        u[:, 0, 0].reshape(tile + 2, tile + 2), g @ w @ g.T, rtol=1e-6, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("tile", [2, 4])
+def test_winograd_rewrite_structure_and_accuracy(tile):
+    """Odd output sizes (the last tile cropped), padding, and the float64 direct conv as reference."""
+    rng = np.random.default_rng(3)
+    weight = (rng.standard_normal((3, 3, 64, 64)) * 0.1).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2, 11, 9, 64], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(
+                relax.op.nn.conv2d(
+                    x,
+                    relax.const(weight),
+                    padding=[1, 0, 1, 2],
+                    data_layout="NHWC",
+                    kernel_layout="HWIO",
+                )
+            )
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    rewritten = WinogradConv2D(tile=tile)(mod)
+    assert not _ops(rewritten, "relax.nn.conv2d")
+    (mm,) = _ops(rewritten, "relax.matmul")
+    assert [int(v) for v in mm.args[1].ty.shape] == [(tile + 2) ** 2, 64, 64]
+    data = rng.standard_normal((2, 11, 9, 64)).astype("float32")
+    expected = (
+        torch.nn.functional.conv2d(
+            torch.nn.functional.pad(
+                torch.from_numpy(data).permute(0, 3, 1, 2).double(), (0, 2, 1, 1)
+            ),
+            torch.from_numpy(weight).permute(3, 2, 0, 1).double(),
+        )
+        .permute(0, 2, 3, 1)
+        .numpy()
+    )
+    (out,) = _run(build(mod, HOST, winograd=tile), data)
+    assert out.shape == expected.shape == (2, 11, 9, 64)
+    _close(out, expected, rel=1e-5 if tile == 2 else 3e-5)
+
+
+def test_winograd_leaves_other_convs():
+    strided = _one_conv(weight_const=True, out_channels=64, in_channels=64)
+    assert WinogradConv2D()(strided).same_as(strided)  # 1x1
+    with pytest.raises(ValueError, match="tile"):
+        WinogradConv2D(tile=3)
+
+
+def test_bind_symbolic_vars():
+    bb = relax.BlockBuilder()
+    k = tvm.tirx.Var("num_rois", "int64")
+    x = relax.Var("x", relax.TensorType([k, 16], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(x))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert symbolic_vars(mod) == ["num_rois"]
+    bound = bind_symbolic_vars(mod, {"num_rois": 24})
+    assert [int(v) for v in bound["main"].params[0].ty.shape] == [24, 16]
+    with pytest.raises(ValueError, match="no symbolic dimension 'rois'"):
+        bind_symbolic_vars(mod, {"rois": 3})
+
+
+def test_roi_align_kernels_pass_through_untouched():
+    """RoIAlign's strategy kernels (marked tirx.is_scheduled) reach the build as they were."""
+    from tvm_roialign.testing import build_roi_align_module
+
+    mod = build_roi_align_module((1, 16, 12, 12), 5, (3, 3), 0.5, 2, False, "NHWC")
+    with HOST:
+        legalized = tvm.transform.Sequential(
+            [
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+            ]
+        )(mod)
+    before = {
+        gv.name_hint: f
+        for gv, f in legalized.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    }
+    scheduled = {
+        n: f
+        for n, f in before.items()
+        if f.attrs is not None and f.attrs.get("tirx.is_scheduled")
+    }
+    assert scheduled
+    from tvm_roialign.pipeline import cpu_schedule_pass
+
+    with HOST:
+        after = cpu_schedule_pass()(
+            relax.transform.AttachAttrLayoutFreeBuffers()(legalized)
+        )
+    for name, func in scheduled.items():
+        tvm.ir.assert_structural_equal(after[name].body, func.body)

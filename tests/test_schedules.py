@@ -1,0 +1,283 @@
+"""The CPU schedule rules (tvm_roialign.schedules): results equal a float64 reference for every conv
+and matmul form a model brings (odd channels, strided, dilated, grouped, depthwise, 1x1, batched),
+each rule recognizes what it should and declines the rest, and tiles come from the target."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+from tvm.s_tir.dlight.base.transform import ApplyDefaultSchedule
+
+from tvm_roialign.pipeline import build
+from tvm_roialign.schedules import Conv2DNHWC, CPUDefault, Elementwise, Matmul, cpu_info
+from tvm_roialign.schedules.contraction import pick_lanes, pick_tile
+
+HOST = tvm.target.Target(
+    {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
+)
+#: float32 results against a float64 reference: relative to the largest output
+RTOL = 2e-5
+
+
+def _conv_module(
+    x_shape, weight, bias, stride, padding, dilation, groups, layout, relu=True
+):
+    kernel_layout = "HWIO" if layout == "NHWC" else "OIHW"
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(list(x_shape), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(
+                relax.op.nn.conv2d(
+                    x,
+                    relax.const(weight),
+                    strides=stride,
+                    padding=padding,
+                    dilation=dilation,
+                    groups=groups,
+                    data_layout=layout,
+                    kernel_layout=kernel_layout,
+                )
+            )
+            shape = [1, 1, 1, -1] if layout == "NHWC" else [1, -1, 1, 1]
+            y = bb.emit(relax.op.add(y, relax.const(bias.reshape(shape))))
+            if relu:
+                y = bb.emit(relax.op.nn.relu(y))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _torch_conv(x_nchw, weight_oihw, bias, stride, padding, dilation, groups):
+    out = torch.nn.functional.conv2d(
+        torch.from_numpy(x_nchw).double(),
+        torch.from_numpy(weight_oihw).double(),
+        torch.from_numpy(bias).double(),
+        stride,
+        padding,
+        dilation,
+        groups,
+    )
+    return torch.relu(out).numpy()
+
+
+def _run(mod, *arrays, target=HOST, **options):
+    vm = relax.VirtualMachine(build(mod, target, **options), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    return out.numpy()
+
+
+def _close(actual, expected):
+    scale = max(float(np.abs(expected).max()), 1e-6)
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=RTOL * scale)
+
+
+# (N, H, W, C, O, kernel, stride, padding, dilation, groups)
+CONVS = {
+    "3x3": (1, 9, 10, 16, 32, 3, 1, 1, 1, 1),
+    "3x3-odd-out": (2, 7, 6, 8, 13, 3, 1, 1, 1, 1),
+    "1x1": (1, 6, 8, 24, 48, 1, 1, 0, 1, 1),
+    "1x1-strided": (1, 8, 8, 16, 32, 1, 2, 0, 1, 1),
+    "3x3-strided": (1, 9, 9, 8, 16, 3, 2, 1, 1, 1),
+    "7x7-stem": (1, 12, 12, 3, 16, 7, 2, 3, 1, 1),
+    "dilated": (1, 10, 10, 8, 16, 3, 1, 2, 2, 1),
+    "grouped": (1, 6, 6, 16, 32, 3, 1, 1, 1, 4),
+    "depthwise": (1, 6, 6, 16, 16, 3, 1, 1, 1, 16),
+    "odd-in": (1, 5, 5, 3, 5, 3, 1, 0, 1, 1),
+}
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("case", list(CONVS))
+def test_conv_matches_float64(case, layout, rng):
+    n, h, w, c, o, k, s, p, d, g = CONVS[case]
+    x_nchw = rng.standard_normal((n, c, h, w)).astype("float32")
+    w_oihw = (rng.standard_normal((o, c // g, k, k)) * 0.3).astype("float32")
+    bias = rng.standard_normal(o).astype("float32")
+    expected = _torch_conv(x_nchw, w_oihw, bias, s, p, d, g)
+    if layout == "NHWC":
+        mod = _conv_module(
+            (n, h, w, c), w_oihw.transpose(2, 3, 1, 0).copy(), bias, s, p, d, g, "NHWC"
+        )
+        out = _run(mod, x_nchw.transpose(0, 2, 3, 1).copy()).transpose(0, 3, 1, 2)
+    else:
+        mod = _conv_module((n, c, h, w), w_oihw, bias, s, p, d, g, "NCHW")
+        out = _run(mod, x_nchw)
+    _close(out, expected)
+
+
+def _matmul_module(a_shape, weight, bias, transpose_b=False):
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType(list(a_shape), "float32"))
+    with bb.function("main", [a]):
+        with bb.dataflow():
+            w = relax.const(weight)
+            if transpose_b:
+                w = bb.emit(relax.op.permute_dims(w))
+            y = bb.emit(relax.op.matmul(a, w))
+            y = bb.emit(relax.op.nn.relu(relax.op.add(y, relax.const(bias))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize(
+    "a_shape, k, n, transpose_b",
+    [
+        ((24, 40), 40, 32, False),  # dense
+        ((30, 70), 70, 91, True),  # odd output (padded), linear's transposed weight
+        ((3, 20, 16), 16, 48, False),  # batched rows, shared weight
+        ((6, 1200), 1200, 64, False),  # long reduction
+    ],
+)
+def test_matmul_matches_float64(a_shape, k, n, transpose_b, rng):
+    a = rng.standard_normal(a_shape).astype("float32")
+    weight = (rng.standard_normal((k, n)) * 0.1).astype("float32")
+    bias = rng.standard_normal(n).astype("float32")
+    expected = np.maximum(a.astype("float64") @ weight + bias, 0)
+    const = weight.T.copy() if transpose_b else weight
+    out = _run(_matmul_module(a_shape, const, bias, transpose_b), a)
+    _close(out, expected)
+
+
+def test_batch_matmul_of_two_inputs(rng):
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType([4, 12, 20], "float32"))
+    b = relax.Var("b", relax.TensorType([4, 20, 32], "float32"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(a, b))
+        bb.emit_func_output(out)
+    x = rng.standard_normal((4, 12, 20)).astype("float32")
+    y = rng.standard_normal((4, 20, 32)).astype("float32")
+    _close(_run(bb.get(), x, y), x.astype("float64") @ y)
+
+
+def _fused_primfuncs(mod, target=HOST):
+    with target:
+        mod = tvm.transform.Sequential(
+            [
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FoldConstant(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                relax.transform.AttachAttrLayoutFreeBuffers(),
+            ]
+        )(mod)
+    return {
+        gv.name_hint: f
+        for gv, f in mod.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    }
+
+
+def test_rules_pick_their_functions(rng):
+    weight = rng.standard_normal((3, 3, 16, 32)).astype("float32")
+    nhwc = _fused_primfuncs(
+        _conv_module((1, 8, 8, 16), weight, np.zeros(32, "float32"), 1, 1, 1, 1, "NHWC")
+    )
+    (conv,) = nhwc.values()
+    assert Conv2DNHWC().apply(conv, HOST, False) is not None
+    assert Matmul().apply(conv, HOST, False) is None
+    assert Elementwise().apply(conv, HOST, False) is None
+    nchw = _fused_primfuncs(
+        _conv_module(
+            (1, 16, 8, 8),
+            weight.transpose(3, 2, 0, 1).copy(),
+            np.zeros(32, "float32"),
+            1,
+            1,
+            1,
+            1,
+            "NCHW",
+        )
+    )
+    (conv_nchw,) = nchw.values()
+    assert Conv2DNHWC().apply(conv_nchw, HOST, False) is None
+    assert CPUDefault().apply(conv_nchw, HOST, False) is not None
+    dense = _fused_primfuncs(
+        _matmul_module(
+            (8, 16),
+            rng.standard_normal((16, 32)).astype("float32"),
+            np.zeros(32, "float32"),
+        )
+    )
+    (mm,) = dense.values()
+    assert Matmul().apply(mm, HOST, False) is not None
+    assert Conv2DNHWC().apply(mm, HOST, False) is None
+
+
+def test_constant_weights_are_packed_at_compile_time(rng):
+    """The packed weight is a constant of the built module: no packing function is left."""
+    weight = rng.standard_normal((3, 3, 16, 32)).astype("float32")
+    mod = _conv_module(
+        (1, 8, 8, 16), weight, np.zeros(32, "float32"), 1, 1, 1, 1, "NHWC"
+    )
+    from tvm_roialign.pipeline import cpu_pipeline
+
+    lowered = cpu_pipeline(HOST)(mod)
+    names = [
+        gv.name_hint
+        for gv, f in lowered.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    ]
+    assert any(name.endswith("_prepacked") for name in names), names
+    assert not any("weight_prepack" in name for name in names), names
+
+
+def test_tiles_fit_the_register_file():
+    for rows_extent, vectors in [(1000, 64), (14, 16), (128, 4), (7, 1), (13, 3)]:
+        for registers in (16, 32):
+            rows, cols = pick_tile(rows_extent, vectors, registers)
+            assert rows_extent % rows == 0 and vectors % cols == 0
+            assert rows * cols + cols + 1 <= registers
+    assert (
+        pick_lanes(96, 16) == 16
+        and pick_lanes(91, 16) is None
+        and pick_lanes(12, 16) == 4
+    )
+
+
+@pytest.mark.parametrize(
+    "config, bits, registers",
+    [
+        ({"kind": "llvm", "mtriple": "x86_64-linux-gnu"}, 128, 16),
+        ({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"}, 256, 16),
+        (
+            {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"},
+            512,
+            32,
+        ),
+        (
+            {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"},
+            128,
+            32,
+        ),
+    ],
+)
+def test_cpu_info_from_the_target(config, bits, registers):
+    info = cpu_info(tvm.target.Target({**config, "num-cores": 3}))
+    assert (info.vector_bits, info.vector_registers, info.num_cores) == (
+        bits,
+        registers,
+        3,
+    )
+    assert info.lanes("float32") == bits // 32
+
+
+def test_scheduled_functions_are_not_touched(rng):
+    """A PrimFunc marked tirx.is_scheduled (RoIAlign's strategies) passes through unchanged."""
+    weight = rng.standard_normal((1, 1, 16, 16)).astype("float32")
+    funcs = _fused_primfuncs(
+        _conv_module((1, 4, 4, 16), weight, np.zeros(16, "float32"), 1, 0, 1, 1, "NHWC")
+    )
+    ((name, func),) = funcs.items()
+    marked = func.with_attr("tirx.is_scheduled", True)
+    mod = tvm.IRModule({name: marked})
+    with HOST:
+        out = ApplyDefaultSchedule(Conv2DNHWC(), CPUDefault())(mod)
+    tvm.ir.assert_structural_equal(out[name], marked)

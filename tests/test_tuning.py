@@ -1,0 +1,359 @@
+"""MetaSchedule tuning (``tvm_roialign.tuning``, ``tvm-roialign tune``) on a tiny model.
+
+One conv (3 -> 16, 3x3) and one dense layer: two tasks, tuned with 2 trials each by the command
+line once per module (a fixture); the tests then build with the records (same outputs as PyTorch
+and as the untuned build, the records' schedules in place, the count reported), resume the
+database, tune through an RPC tracker and one server on loopback, and check the version / ISA
+checks and the missing-extra message. MetaSchedule trials take seconds each here; nothing is
+timed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("xgboost")
+pytest.importorskip("psutil")
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from tvm_roialign import cli, tuning
+from tvm_roialign.passes import ConvertLayout, desired_layouts
+from tvm_roialign.pipeline import build, cpu_schedule_pass
+from tvm_roialign.target import parse_target
+
+TRIALS = 2
+TARGET = parse_target("native")
+
+
+class _Tiny(torch.nn.Module):
+    """conv 3x3 (3 -> 16) + ReLU, then a dense layer to 10 outputs."""
+
+    def __init__(self, size: int = 8):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.fc = torch.nn.Linear(16 * size * size, 10)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def _relax(size: int):
+    """(Relax module as ``compile`` makes it, input, expected output) at ``size`` x ``size``."""
+    from tvm_roialign.frontend import from_exported_program
+
+    model = _Tiny(size).eval()
+    x = torch.from_numpy(np.random.default_rng(size).standard_normal((1, 3, size, size)).astype("float32"))
+    exported = torch.export.export(model, (x,))
+    mod = ConvertLayout(desired_layouts("NHWC"))(from_exported_program(exported, keep_params_as_input=False))
+    with torch.no_grad():
+        return mod, x.numpy(), model(x).numpy(), exported
+
+
+def _run(executable, x):
+    out = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    return (out[0] if not hasattr(out, "numpy") else out).numpy()
+
+
+def _cli(argv, capsys):
+    code = cli.main(["--quiet", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _one_line_error(err: str, *words):
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tvm-roialign: error: "), err
+    for word in words:
+        assert word.lower() in lines[0].lower(), (word, lines[0])
+
+
+def _records(db) -> int:
+    return len(tuning.open_database(db).get_all_tuning_records())
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tuning")
+
+
+@pytest.fixture(scope="module")
+def tiny(workdir):
+    """(model.pt2, inputs.npz, Relax module, x, expected)."""
+    mod, x, expected, exported = _relax(8)
+    path = workdir / "tiny.pt2"
+    torch.export.save(exported, str(path))
+    np.savez(workdir / "tiny_in.npz", x=x)
+    return path, workdir / "tiny_in.npz", mod, x, expected
+
+
+@pytest.fixture(scope="module")
+def tuned(tiny, workdir):
+    """``tvm-roialign tune tiny.pt2 -o db --trials 2``: (database directory, what it printed)."""
+    db = workdir / "db"
+    code = cli.main(
+        ["-q", "tune", str(tiny[0]), "-o", str(db), "--trials", str(TRIALS), "--search-seed", "0"]
+    )
+    assert code == 0
+    return db
+
+
+def _copy(db, workdir, name):
+    dest = workdir / name
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(db, dest)
+    return dest
+
+
+# ---------------------------------------------------------------------------------------------
+# tune -> compile --tuning-records -> run
+
+
+def test_tune_writes_a_database_with_its_metadata(tuned):
+    for name in ("database_workload.json", "database_tuning_record.json", tuning.COST_MODEL_FILE):
+        assert (tuned / name).is_file(), name
+    meta = tuning.read_metadata(tuned)
+    assert meta["tvm"] == tvm.__version__
+    assert meta["isa"] == tuning.isa(TARGET) and meta["isa"]["mcpu"] == TARGET.attrs["mcpu"]
+    assert meta["ops"] == ["conv2d", "matmul"]
+    assert _records(tuned) == 2 * TRIALS  # two tasks
+
+
+def test_cli_round_trip_applies_the_records(tuned, tiny, workdir, capsys, tol):
+    model, inputs, _mod, _x, expected = tiny
+    lib = workdir / "tiny_tuned.so"
+    code, out, err = _cli(["compile", str(model), "-o", str(lib), "--tuning-records", str(tuned)], capsys)
+    assert code == 0, err
+    assert "tuning records for 2 of 2 conv2d/matmul tasks" in out
+    meta = json.loads(lib.with_name(lib.name + ".json").read_text())["tuning"]
+    assert len(meta["tuned"]) == 2 and meta["untuned"] == []
+    outputs = workdir / "tiny_tuned_out.npz"
+    code, _out, err = _cli(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
+    assert code == 0, err
+    np.testing.assert_allclose(
+        np.load(outputs)["output_0"], expected, rtol=tol["float32"], atol=tol["float32"]
+    )
+
+
+def test_records_schedule_the_tasks_and_give_the_same_results(tuned, tiny, tol):
+    _model, _inputs, mod, x, expected = tiny
+    coverages = []
+    records = tuning.load_records(tuned, TARGET, report=coverages.append)
+    slot = tuning.slot_module(mod, TARGET)
+    with TARGET:
+        applied = tuning.apply_database_pass(records)(slot)
+        default = cpu_schedule_pass()(slot)
+    (coverage,) = coverages
+    assert len(coverage.tuned) == 2 and not coverage.untuned
+    for name in coverage.tuned:
+        func = applied[name]
+        assert func.attrs["tirx.is_scheduled"]
+        assert not tvm_ffi.structural_equal(func, default[name]), name  # not the default rules' schedule
+    tuned_out = _run(build(mod, TARGET, tuning_records=records), x)
+    untuned_out = _run(build(mod, TARGET), x)
+    np.testing.assert_allclose(tuned_out, expected, rtol=tol["float32"], atol=tol["float32"])
+    np.testing.assert_allclose(tuned_out, untuned_out, rtol=tol["float32"], atol=tol["float32"])
+
+
+def test_tasks_without_records_fall_back_and_are_reported(tuned, tol):
+    mod, x, expected, _ = _relax(6)  # other shapes: other workloads, none in the database
+    with pytest.warns(tuning.CoverageWarning, match="tuning records for 0 of 2 conv2d/matmul tasks"):
+        executable = build(mod, TARGET, tuning_records=str(tuned))
+    np.testing.assert_allclose(_run(executable, x), expected, rtol=tol["float32"], atol=tol["float32"])
+
+
+def test_extract_tasks_sees_the_pipeline_tasks(tiny):
+    tasks = tuning.extract_tasks(tiny[2], TARGET)
+    assert sorted(t.name.split("_")[1] for t in tasks) == ["conv2d", "matmul"]
+    assert not tasks.symbolic
+    assert [t.name for t in tuning.extract_tasks(tiny[2], TARGET, ops=("conv2d",))] == [
+        t.name for t in tasks if "conv2d" in t.name
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# resuming
+
+
+def test_resume_adds_to_the_database(tuned, tiny, workdir):
+    db = _copy(tuned, workdir, "db_resume")
+    first = (db / "database_tuning_record.json").read_text()
+    result = tuning.tune(tiny[2], TARGET, db, trials_per_task=TRIALS + 1, seed=1)
+    assert result.trials_run == 2
+    assert [(t["trials_before"], t["trials"]) for t in result.tasks] == [(TRIALS, TRIALS + 1)] * 2
+    assert _records(db) == 2 * (TRIALS + 1)
+    assert (db / "database_tuning_record.json").read_text().startswith(first)  # appended, not redone
+    again = tuning.tune(tiny[2], TARGET, db, trials_per_task=TRIALS + 1)
+    assert again.trials_run == 0 and _records(db) == 2 * (TRIALS + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# measuring through an RPC tracker (loopback)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start(args, log):
+    return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_for_device(port: int, key: str, procs, timeout_s: float = 120.0) -> None:
+    """Until the tracker at ``port`` lists a server of ``key`` (the processes must stay up)."""
+    from tvm import rpc
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), "the RPC tracker or server exited (see rpc.log)"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            time.sleep(0.5)
+            continue
+        summary = rpc.connect_tracker("127.0.0.1", port).summary()
+        if any(s["key"].endswith(":" + key) for s in summary["server_info"]):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no RPC server registered with key {key!r} within {timeout_s} s")
+
+
+def test_tune_through_an_rpc_tracker(tiny, workdir, capsys):
+    port, key = _free_port(), "tvm-roialign-test"
+    db = workdir / "db_rpc"
+    with open(workdir / "rpc.log", "w+") as log:
+        tracker = _start(
+            ["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)],
+            log,
+        )
+        server, server_port = None, _free_port()
+        try:
+            server = _start(
+                [
+                    "tvm.exec.rpc_server",
+                    "--tracker",
+                    f"127.0.0.1:{port}",
+                    "--key",
+                    key,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(server_port),
+                    "--port-end",
+                    str(server_port + 1),
+                ],
+                log,
+            )
+            _wait_for_device(port, key, (tracker, server))
+            argv = ["tune", str(tiny[0]), "-o", str(db), "--trials", "1", "--ops", "matmul"]
+            code, _out, err = _cli([*argv, "--rpc-tracker", f"127.0.0.1:{port}", "--rpc-key", key], capsys)
+        finally:
+            for proc in (server, tracker):
+                if proc is not None:
+                    proc.kill()
+                    proc.wait(timeout=30)
+        log.seek(0)
+        served = log.read()
+    assert code == 0, err
+    assert _records(db) == 1
+    assert "load_module" in served, served  # the candidate ran in the RPC server
+
+
+# ---------------------------------------------------------------------------------------------
+# checks and errors
+
+
+def _edit_metadata(db, **isa_or_tvm):
+    meta = tuning.read_metadata(db)
+    for key, value in isa_or_tvm.items():
+        if key == "tvm":
+            meta["tvm"] = value
+        else:
+            meta["isa"][key] = value
+    (db / tuning.METADATA_FILE).write_text(json.dumps(meta))
+
+
+def test_version_and_isa_mismatch(tuned, tiny, workdir, capsys):
+    db = _copy(tuned, workdir, "db_other_tvm")
+    _edit_metadata(db, tvm="0.0.1")
+    with pytest.raises(tuning.TuningRecordsMismatch, match=r"TVM 0\.0\.1"):
+        tuning.load_records(db, TARGET)
+    with pytest.warns(UserWarning, match=r"TVM 0\.0\.1"):
+        tuning.load_records(db, TARGET, on_mismatch="warn")
+    code, _out, err = _cli(
+        ["compile", str(tiny[0]), "-o", str(workdir / "x.so"), "--tuning-records", str(db)], capsys
+    )
+    assert code == 1
+    _one_line_error(err, "--tuning-records", "TVM 0.0.1")
+
+    db = _copy(tuned, workdir, "db_other_arch")
+    _edit_metadata(db, mtriple="aarch64-unknown-linux-gnu")
+    with pytest.raises(tuning.TuningRecordsMismatch, match="aarch64"):
+        tuning.load_records(db, TARGET)
+
+    db = _copy(tuned, workdir, "db_other_cpu")
+    _edit_metadata(db, mcpu="some-other-cpu")
+    with pytest.warns(UserWarning, match="mcpu some-other-cpu"):
+        tuning.load_records(db, TARGET)
+    with pytest.raises(tuning.TuningRecordsMismatch, match="another directory"):
+        tuning.tune(tiny[2], TARGET, db, trials_per_task=TRIALS)  # no mixing of CPUs in one database
+
+
+def test_missing_extra_is_one_line(tiny, workdir, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "xgboost", None)  # `import xgboost` now raises ImportError
+    with pytest.raises(tuning.MissingTuningDependency, match=r"'xgboost'.*tvm-roialign\[tune\]"):
+        tuning.require_dependencies()
+    code, _out, err = _cli(["tune", str(tiny[0]), "-o", str(workdir / "never")], capsys)
+    assert code == 1
+    _one_line_error(err, "'xgboost'", "tvm-roialign[tune]")
+    assert not (workdir / "never").exists()
+
+
+def test_tune_and_records_errors(tuned, tiny, workdir, capsys):
+    model = str(tiny[0])
+    cases = [
+        (["tune", model, "-o", str(workdir / "e1"), "--target", "cuda"], ["--target", "llvm"]),
+        (["tune", model, "-o", str(workdir / "e2"), "--trials", "0"], ["--trials"]),
+        (["tune", model, "-o", str(workdir / "e3"), "--rpc-tracker", "127.0.0.1:9"], ["--rpc-key"]),
+        (
+            ["tune", model, "-o", str(workdir / "e4"), "--rpc-tracker", "nohost", "--rpc-key", "k"],
+            ["HOST:PORT"],
+        ),
+        (["tune", model, "-o", str(workdir / "e5"), "--ops", " , "], ["--ops"]),
+        (["tune", model, "-o", str(workdir / "e6"), "--target", "llvm-generic"], ["num-cores"]),
+        (
+            ["compile", model, "-o", str(workdir / "e.so"), "--tuning-records", str(workdir)],
+            ["not a tuning database"],
+        ),
+        (
+            [
+                "compile",
+                model,
+                "-o",
+                str(workdir / "e.tar"),
+                "--target",
+                "cuda",
+                "--tuning-records",
+                str(tuned),
+            ],
+            ["llvm"],
+        ),
+    ]
+    for argv, words in cases:
+        code, _out, err = _cli(argv, capsys)
+        assert code == 1, (argv, err)
+        _one_line_error(err, *words)

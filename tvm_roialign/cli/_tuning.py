@@ -1,0 +1,37 @@
+"""``--tuning-records DIR`` for the subcommands that build (``compile``, ``maskrcnn``)."""
+
+from __future__ import annotations
+
+from ._common import CLIError
+
+HELP_RECORDS = (
+    "a tuning database written by 'tvm-roialign tune -o DIR': its records schedule the tasks they "
+    "cover, the default rules the rest (how many were found is printed)"
+)
+
+
+def add_records_argument(parser) -> None:
+    parser.add_argument("--tuning-records", default=None, metavar="DIR", help=HELP_RECORDS)
+
+
+def open_records(directory: str | None, target):
+    """``(TuningRecords or None, coverages)``: the coverage of each build is appended to the list."""
+    if not directory:
+        return None, []
+    from ..tuning import TuningRecordsMismatch, load_records
+
+    coverages: list = []
+    try:
+        records = load_records(directory, target, report=coverages.append)
+    except (FileNotFoundError, TuningRecordsMismatch, ValueError) as err:
+        raise CLIError(f"--tuning-records: {err}") from None
+    return records, coverages
+
+
+def print_coverage(coverages) -> None:
+    """One line per build: how many of its tunable tasks had records."""
+    for coverage in coverages:
+        print(coverage)
+
+
+__all__ = ["HELP_RECORDS", "add_records_argument", "open_records", "print_coverage"]

@@ -1,0 +1,176 @@
+"""``tvm-roialign tune MODEL|maskrcnn -o DIR``: MetaSchedule over a model's conv/matmul tasks (as
+``tvmc tune``), into a tuning database that ``compile`` / ``maskrcnn --tuning-records DIR`` apply.
+
+MODEL is a ``.pt2`` / ``.onnx`` file, imported and converted as ``compile`` does it (same options),
+or ``maskrcnn``: the three static graphs of ``tvm-roialign maskrcnn`` (same options), tuned
+together. The tasks are those of the build pipeline (so the records match what ``compile``
+builds); ``--trials`` counts per task, records already in DIR included, so running the command
+again resumes an interrupted run and a larger ``--trials`` goes on. With ``--rpc-tracker`` the
+candidates are measured on the devices registered at a TVM RPC tracker (``python -m
+tvm.exec.rpc_tracker``; devices run ``python -m tvm.exec.rpc_server --tracker HOST:PORT --key
+KEY``), so a board or a farm tunes for its own ``--target``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ._common import CLIError, first_line, resolve_target, tvm_messages
+from ._progress import Progress
+from .compile import HELP_TARGET, add_model_arguments, import_model, model_options
+from .maskrcnn import add_model_arguments as add_maskrcnn_arguments
+from .maskrcnn import check_layout, model_inputs
+
+MASKRCNN = "maskrcnn"
+
+DESCRIPTION = (
+    "Tune the conv2d/matmul kernels of a .pt2 / .onnx model (or of the Mask R-CNN pieces: MODEL = "
+    "maskrcnn) with MetaSchedule, into a tuning database directory for compile / maskrcnn "
+    "--tuning-records. Resumable: --trials counts the records already there."
+)
+
+
+def register(subparsers, parents) -> None:
+    p = subparsers.add_parser(
+        "tune",
+        parents=parents,
+        help="tune a model's conv/matmul kernels with MetaSchedule into a tuning database",
+        description=DESCRIPTION,
+    )
+    p.add_argument("model", help="a .pt2 / .onnx model, or 'maskrcnn' for the Mask R-CNN pieces")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="the tuning database directory")
+    p.add_argument("--target", default="native", help=HELP_TARGET + "; llvm targets only")
+    p.add_argument("--trials", type=int, default=64, help="trials per task, records in DIR included")
+    p.add_argument(
+        "--trials-global",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N trials in this run (default: what the tasks still need)",
+    )
+    p.add_argument(
+        "--ops",
+        default="conv2d,matmul",
+        help="tune the tasks whose fused name contains one of these (comma-separated; 'all': every task)",
+    )
+    p.add_argument(
+        "--rpc-tracker", default=None, metavar="HOST:PORT", help="measure through a TVM RPC tracker"
+    )
+    p.add_argument("--rpc-key", default=None, metavar="KEY", help="the devices' key at --rpc-tracker")
+    p.add_argument("--search-seed", type=int, default=None, help="seed of the search (default: random)")
+    p.add_argument("-v", "--verbose", action="store_true", help="MetaSchedule's log on stdout too")
+    add_model_arguments(p.add_argument_group("model files (as compile)"))
+    add_maskrcnn_arguments(p.add_argument_group("Mask R-CNN (MODEL = maskrcnn, as the maskrcnn command)"))
+    p.set_defaults(func=main)
+
+
+def _ops(text: str) -> tuple:
+    ops = tuple(o.strip() for o in text.split(",") if o.strip())
+    if not ops:
+        raise CLIError("--ops: give comma-separated op names (conv2d,matmul) or 'all'")
+    return () if ops == ("all",) else ops
+
+
+def _runner(args):
+    if not args.rpc_tracker and not args.rpc_key:
+        return "local"
+    if not (args.rpc_tracker and args.rpc_key):
+        raise CLIError("--rpc-tracker and --rpc-key go together")
+    from ..tuning import rpc_runner
+
+    try:
+        return rpc_runner(args.rpc_tracker, args.rpc_key)
+    except ValueError as err:
+        raise CLIError(f"--rpc-tracker: {err}") from None
+
+
+def _modules(args, target, progress) -> list:
+    if args.model == MASKRCNN:
+        from ..models import maskrcnn as mr
+
+        check_layout(args)
+        image, _config, model = model_inputs(args, mr)
+        detector = mr.TVMMaskRCNN(model, target, args.layout, progress)
+        pieces = detector.relax_modules(detector.padded_shape(image))
+        return [mod for _imported, mod, _s in pieces.values()]
+    mod, _layout = import_model(args, model_options(args, target), progress, {})
+    return [mod]
+
+
+def main(args) -> int:
+    from ..target import describe
+    from ..tuning import (
+        MissingTuningDependency,
+        TuningRecordsMismatch,
+        check_target,
+        require_dependencies,
+        tune,
+    )
+
+    try:
+        target = check_target(resolve_target(args.target))
+    except ValueError as err:
+        raise CLIError(f"--target: {err}") from None
+    if args.trials < 1:
+        raise CLIError(f"--trials must be at least 1, got {args.trials}")
+    if args.trials_global is not None and args.trials_global < 1:
+        raise CLIError(f"--trials-global must be at least 1, got {args.trials_global}")
+    ops = _ops(args.ops)
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"-o {args.output!r} exists and is not a directory")
+    try:
+        require_dependencies()
+    except MissingTuningDependency as err:
+        raise CLIError(str(err)) from None
+    runner = _runner(args)
+    t0 = time.perf_counter()
+    with Progress(args.quiet) as progress, tvm_messages(args.quiet):
+        mods = _modules(args, target, progress)
+        progress(f"tune for {describe(target)} into {out}")
+        try:
+            result = tune(
+                mods,
+                target,
+                out,
+                trials_per_task=args.trials,
+                max_trials_global=args.trials_global,
+                ops=ops,
+                runner=runner,
+                seed=args.search_seed,
+                progress=progress,
+                verbose=args.verbose,
+            )
+        except TuningRecordsMismatch as err:
+            raise CLIError(f"-o: {err}") from None
+        except ValueError as err:
+            raise CLIError(str(err)) from None
+        except Exception as err:  # noqa: BLE001 - MetaSchedule raises many kinds
+            raise CLIError(f"tuning failed: {first_line(err)}") from None
+    _print_result(result, describe(target), time.perf_counter() - t0)
+    return 0
+
+
+def _print_result(result, target_text: str, seconds: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"tuning records in {result.work_dir} ({target_text})")
+    for name in ("task", "calls", "trials", "best ms"):
+        table.add_column(name, justify="left" if name == "task" else "right")
+    for task in sorted(result.tasks, key=lambda t: (-t["trials"], t["name"])):
+        best = "-" if task["best_s"] is None else f"{task['best_s'] * 1e3:.4f}"
+        trials = f"{task['trials_before']} -> {task['trials']}"
+        table.add_row(task["name"], str(task["weight"]), trials, best)
+    Console().print(table)
+    per_trial = f" ({result.search_s / result.trials_run:.1f} s per trial)" if result.trials_run else ""
+    print(
+        f"{result.trials_run} trials run in {result.search_s:.0f} s{per_trial}; "
+        f"{seconds:.0f} s in all with import and task extraction"
+    )
+    if result.symbolic:
+        print(
+            f"not tuned: {len(result.symbolic)} tasks with symbolic shapes "
+            f"({', '.join(result.symbolic[:3])}{', ...' if len(result.symbolic) > 3 else ''})"
+        )

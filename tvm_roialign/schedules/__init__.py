@@ -1,0 +1,47 @@
+"""Default CPU schedule rules (dlight style: ``ScheduleRule.apply(func, target, tunable)``).
+
+Each rule recognizes one kind of fused PrimFunc and returns a schedule, or None to let the next rule
+try; :func:`default_rules` is the ordered list the pipeline applies (first match wins), ending with
+:class:`CPUDefault`, which schedules anything left. Tiles and vector lanes come from the target
+(:func:`~.target_info.cpu_info`), never from the machine the compiler runs on.
+
+==========================  =====================================================================
+rule                        what
+==========================  =====================================================================
+:class:`Conv2DNHWC`         NHWC conv2d + epilogue: register tile, packed constant weights
+:class:`Matmul`             dense / matmul / batch matmul + epilogue: register tile, packed weights,
+                            reduction chunks for long reductions
+:class:`WinogradTransforms` input / output transforms of a Winograd conv (unrolled tile points)
+:class:`Elementwise`        functions without reductions (elementwise, pad, slice, concat)
+:class:`CPUDefault`         everything else (fallback)
+==========================  =====================================================================
+
+Functions marked ``tirx.is_scheduled`` (RoIAlign's strategies, MetaSchedule's tuned functions) are
+never offered to the rules.
+"""
+
+from __future__ import annotations
+
+from .conv2d_nhwc import Conv2DNHWC
+from .elementwise import Elementwise
+from .fallback import CPUDefault
+from .matmul import Matmul
+from .target_info import CPUInfo, cpu_info
+from .winograd import WinogradTransforms
+
+
+def default_rules() -> list:
+    """The rules :func:`tvm_roialign.pipeline.cpu_pipeline` applies, in order."""
+    return [Conv2DNHWC(), Matmul(), WinogradTransforms(), Elementwise(), CPUDefault()]
+
+
+__all__ = [
+    "CPUDefault",
+    "CPUInfo",
+    "Conv2DNHWC",
+    "Elementwise",
+    "Matmul",
+    "WinogradTransforms",
+    "cpu_info",
+    "default_rules",
+]

@@ -1,0 +1,117 @@
+"""Rule: a fused NHWC conv2d (HWIO weights) with its epilogue (bias, batch-norm, residual add, ReLU).
+
+The conv block is a :class:`~.contraction.Contraction` (output channels are the columns; image,
+height and width the rows; kernel height, width and input channels the reduction), scheduled with
+:func:`~.contraction.schedule_contraction`: a register tile of ``rows`` output pixels of one image
+row by ``cols`` vectors of output channels, constant weights packed at compile time into
+``[O / (cols * lanes), KH, KW, I, cols * lanes]``, the epilogue inlined into the tile's write-back.
+
+The zero-padding stage legalization puts in front of the conv (``pad_temp``) is computed as its own
+parallel, vectorized pass over the input: inlined into the conv it would put a bounds test in front
+of every broadcast load of the inner loop. A producer that is a plain copy (``pad_temp`` of a 1x1
+conv without padding) is inlined. Grouped and depthwise convs (whose weight shares the channel
+axis with the data) and NCHW convs are not contractions of this form: :class:`~.fallback.CPUDefault`
+schedules them.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import tirx
+from tvm.s_tir import Schedule
+from tvm.s_tir.dlight.base import ScheduleRule
+
+from .contraction import (
+    analyze_contraction,
+    choose_tiling,
+    inline_epilogue,
+    is_layout_preproc,
+    schedule_contraction,
+    vectorize_writeback,
+    walk,
+)
+from .elementwise import schedule_injective_block, schedule_rest
+from .target_info import cpu_info
+
+
+def _has_condition(stmt) -> bool:
+    found = []
+    walk(
+        stmt.body,
+        tvm.ir.expr.Call,
+        lambda node: found.append(str(getattr(node.op, "name", ""))),
+    )
+    return any(name.endswith("if_then_else") for name in found)
+
+
+def find_main_reduction(sch: Schedule):
+    """The single reduction block of the function (all others spatial), or None."""
+    root = sch.get_sblock("root") if _has_root(sch) else None
+    blocks = sch.get_child_blocks(root) if root is not None else []
+    reductions = [
+        b
+        for b in blocks
+        if any(it.iter_type == tirx.IterVar.CommReduce for it in sch.get(b).iter_vars)
+    ]
+    return reductions[0] if len(reductions) == 1 else None
+
+
+def _has_root(sch: Schedule) -> bool:
+    try:
+        sch.get_sblock("root")
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def schedule_producers(sch: Schedule, block, lanes: int) -> None:
+    """Inline plain-copy producers of ``block``; give conditional ones (padding) their own pass."""
+    for producer in sch.get_producers(block):
+        if is_layout_preproc(sch, producer):
+            continue
+        if not _has_condition(sch.get(producer)) and _try(sch.compute_inline, producer):
+            continue
+        schedule_injective_block(sch, producer, lanes)
+
+
+def _try(step, *args) -> bool:
+    """Run a schedule step; False where TIR refuses it (the schedule is left as it was)."""
+    try:
+        step(*args)
+    except Exception:  # noqa: BLE001 - TIR raises ScheduleError subclasses
+        return False
+    return True
+
+
+class Conv2DNHWC(ScheduleRule):
+    """Register-tiled NHWC conv2d with packed constant weights and a fused epilogue."""
+
+    def is_target_available(self, target) -> bool:
+        return target.kind.name == "llvm"
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = Schedule(func, error_render_level="none")
+        try:
+            block = find_main_reduction(sch)
+            if block is None or not sch.get(block).name_hint.startswith("conv2d_nhwc"):
+                return None
+            contraction = analyze_contraction(sch, block)
+            if contraction is None or contraction.roles.count("M") != 3:
+                return None
+            info = cpu_info(target)
+            tiling = choose_tiling(contraction, info)
+            if tiling is None:
+                return None
+            _, local = schedule_contraction(sch, contraction, tiling)
+            inline_epilogue(sch, local)
+            vectorize_writeback(sch, local, tiling.lanes)
+            schedule_producers(sch, contraction.block, tiling.lanes)
+            schedule_rest(sch, tiling.lanes)
+            return sch
+        except Exception:  # noqa: BLE001 - any failed step: let the next rule try
+            return None
+
+
+__all__ = ["Conv2DNHWC", "find_main_reduction", "schedule_producers"]

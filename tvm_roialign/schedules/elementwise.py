@@ -1,0 +1,90 @@
+"""Rule: functions made only of spatial (injective) blocks: elementwise ops, broadcasts, padding,
+slices, concatenation, layout transforms that keep the innermost axis.
+
+Producers are inlined into their consumers where TIR allows it; each remaining block is fused into
+one loop, cut into vectors of the target's width (when the innermost axis is a multiple of it, so
+that the vector is contiguous), and run in parallel. Blocks whose innermost axis moves (a transpose)
+are left to :mod:`.transpose`.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.s_tir import Schedule
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+from tvm.s_tir.dlight.base import ScheduleRule, try_inline_contiguous_spatial
+
+from .contraction import is_layout_preproc, pick_lanes
+from .target_info import cpu_info
+
+#: below this many elements a loop runs serially (a parallel launch costs more than the work)
+_MIN_PARALLEL = 4096
+
+
+def _static(value) -> int | None:
+    return int(value) if isinstance(value, (int, tirx.IntImm)) else None
+
+
+def _is_parallel(sch: Schedule, loop) -> bool:
+    return sch.get(loop).kind == tirx.ForKind.PARALLEL
+
+
+def schedule_injective_block(sch: Schedule, block, lanes: int) -> None:
+    """Fuse the loops of a spatial ``block``, vectorize by ``lanes`` (or fewer) and parallelize."""
+    loops = sch.get_loops(block)
+    if not loops or any(_is_parallel(sch, lp) for lp in loops):
+        return
+    inner_extent = _static(sch.get(loops[-1]).extent)
+    total = 1
+    for lp in loops:
+        extent = _static(sch.get(lp).extent)
+        total = total * extent if (extent is not None and total is not None) else None
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    vec = pick_lanes(inner_extent, lanes) if inner_extent is not None else None
+    if vec is not None:
+        outer, inner = sch.split(fused, [None, vec])
+        sch.vectorize(inner)
+    else:
+        outer = fused
+    if total is None or total >= _MIN_PARALLEL:
+        sch.parallel(outer)
+
+
+def schedule_rest(sch: Schedule, lanes: int) -> None:
+    """Schedule every top-level spatial block not yet under a parallel loop."""
+    root = sch.get_sblock("root")
+    for block in sch.get_child_blocks(root):
+        stmt = sch.get(block)
+        if is_layout_preproc(sch, block) or any(
+            it.iter_type != tirx.IterVar.DataPar for it in stmt.iter_vars
+        ):
+            continue
+        schedule_injective_block(sch, block, lanes)
+
+
+class Elementwise(ScheduleRule):
+    """Parallel, vectorized schedule of functions without reductions."""
+
+    def is_target_available(self, target) -> bool:
+        return target.kind.name == "llvm"
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = Schedule(func, error_render_level="none")
+        try:
+            infos = normalize_prim_func(sch)
+            if infos is None or any(not info.is_injective() for info in infos):
+                return None
+            infos = try_inline_contiguous_spatial(sch, infos)
+            if infos is None:
+                return None
+            lanes = cpu_info(target).lanes()
+            for info in infos:
+                schedule_injective_block(sch, info.block_rv, lanes)
+            return sch
+        except Exception:  # noqa: BLE001 - any failed step: let the next rule try
+            return None
+
+
+__all__ = ["Elementwise", "schedule_injective_block", "schedule_rest"]

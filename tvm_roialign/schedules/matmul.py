@@ -1,0 +1,94 @@
+"""Rule: dense / matmul / batched matmul (``[..., M, K] x [..., K, N]`` or ``x [N, K]^T``) + epilogue.
+
+The matmul block is a :class:`~.contraction.Contraction` (``N`` the columns, ``M`` the rows, ``K``
+the reduction), register-tiled by :func:`~.contraction.schedule_contraction` with a constant weight
+packed at compile time into ``[N / (cols * lanes), K, cols * lanes]``.
+
+When ``a`` does not fit in half of L2 and several column blocks read it (the ``[1000, 12544] x
+[12544, 1024]`` fc6 of a box head), the reduction is cut into chunks whose slice of ``a`` does
+(GEMM blocking): without it every column block streams all of ``a`` from memory again. The tile
+then accumulates in the output across chunks, and the epilogue is a separate parallel pass.
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.s_tir import Schedule
+from tvm.s_tir.dlight.base import ScheduleRule
+
+from .contraction import (
+    analyze_contraction,
+    choose_tiling,
+    inline_epilogue,
+    schedule_contraction,
+    vectorize_writeback,
+)
+from .conv2d_nhwc import find_main_reduction, schedule_producers
+from .elementwise import schedule_rest
+from .target_info import cpu_info
+
+
+def _reduce_chunk(
+    extent: int, rows_total: int, column_blocks: int, l2_bytes: int
+) -> int | None:
+    """A divisor of the reduction ``extent`` whose slice of ``a`` (``rows_total`` rows) fills
+    about half of L2, or None when ``a`` fits whole or only one column block reuses it."""
+    if column_blocks < 2 or rows_total * extent * 4 <= l2_bytes // 2:
+        return None
+    budget = max(l2_bytes // 2 // (rows_total * 4), 1)
+    best = None
+    for chunk in range(1, min(budget, extent) + 1):
+        if extent % chunk == 0:
+            best = chunk
+    return best if best is not None and best >= 32 else None
+
+
+class Matmul(ScheduleRule):
+    """Register-tiled matmul with packed constant weights and a fused epilogue."""
+
+    def __init__(self, reduce_chunks: bool = True):
+        self.reduce_chunks = reduce_chunks
+
+    def is_target_available(self, target) -> bool:
+        return target.kind.name == "llvm"
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = Schedule(func, error_render_level="none")
+        try:
+            block = find_main_reduction(sch)
+            if block is None:
+                return None
+            name = sch.get(block).name_hint
+            if not any(key in name for key in ("matmul", "dense")):
+                return None
+            contraction = analyze_contraction(sch, block)
+            if contraction is None or contraction.roles.count("R") != 1:
+                return None
+            info = cpu_info(target)
+            tiling = choose_tiling(contraction, info)
+            if tiling is None:
+                return None
+            if self.reduce_chunks:
+                rows_total = 1
+                for role, extent in zip(contraction.roles, contraction.extents):
+                    rows_total *= extent if role == "M" else 1
+                tiling.reduce_chunk = _reduce_chunk(
+                    contraction.extents[contraction.roles.index("R")],
+                    rows_total,
+                    contraction.num_columns // (tiling.cols * tiling.lanes),
+                    info.l2_bytes,
+                )
+            _, local = schedule_contraction(sch, contraction, tiling)
+            if local is not None:
+                inline_epilogue(sch, local)
+                vectorize_writeback(sch, local, tiling.lanes)
+            schedule_producers(sch, contraction.block, tiling.lanes)
+            schedule_rest(sch, tiling.lanes)
+            return sch
+        except Exception:  # noqa: BLE001 - any failed step: let the next rule try
+            return None
+
+
+__all__ = ["Matmul"]

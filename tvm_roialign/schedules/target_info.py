@@ -1,0 +1,136 @@
+"""What the CPU schedule rules need to know about an llvm target: vector width, registers, cores, caches.
+
+Everything is derived from the target, never from the machine the compiler runs on, except where the
+target *is* this machine (no ``mtriple``, or this machine's triple, and no explicit attribute): then the
+core count and cache sizes come from the operating system, as TVM's own runtime would see them.
+
+* vector width: from the CPU features LLVM reports for the target's ``mcpu``/``mattr``
+  (``llvm_get_vector_width`` reports 512 bits for every x86 target in TVM 0.27, even baseline x86-64,
+  so it is not used): AVX-512 -> 512 bits and 32 registers, AVX/AVX2 -> 256 bits and 16, SSE -> 128
+  and 16; AArch64 NEON -> 128 bits and 32 registers (SVE is scheduled as 128-bit NEON);
+* ``has_fma``: whether a multiply-add is one instruction (AVX2/FMA, AArch64);
+* cores: the target's ``num-cores``, else this machine's (for a cross target: 4);
+* caches: L1d and L2 per core from ``/sys`` for the host, else 32 KiB and 1 MiB.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import tvm
+
+_DEFAULT_L1 = 32 * 1024
+_DEFAULT_L2 = 1024 * 1024
+_DEFAULT_CROSS_CORES = 4
+
+
+@dataclass(frozen=True)
+class CPUInfo:
+    """Sizes a CPU schedule is derived from."""
+
+    vector_bits: int
+    vector_registers: int
+    has_fma: bool
+    num_cores: int
+    l1_bytes: int
+    l2_bytes: int
+    arch: str
+
+    def lanes(self, dtype: str = "float32") -> int:
+        """Elements of ``dtype`` per vector register."""
+        bits = tvm.runtime.DataType(dtype).bits
+        return max(self.vector_bits // bits, 1)
+
+
+def _features(target: tvm.target.Target) -> set[str]:
+    from tvm.target import codegen
+
+    try:
+        return {str(f) for f in codegen.llvm_get_cpu_features(target)}
+    except Exception:  # noqa: BLE001 - an llvm without this query: assume the baseline
+        return set()
+
+
+def _triple(target: tvm.target.Target) -> str:
+    triple = str(target.attrs.get("mtriple", "") or "")
+    if not triple:
+        from tvm.target import codegen
+
+        triple = str(codegen.llvm_get_system_triple())
+    return triple
+
+
+def _is_host(target: tvm.target.Target) -> bool:
+    triple = str(target.attrs.get("mtriple", "") or "")
+    machine = os.uname().machine.replace("arm64", "aarch64")
+    return not triple or triple.startswith(machine)
+
+
+@functools.cache
+def _host_cache_bytes(level: int) -> int | None:
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            path = os.path.join(base, entry)
+            with open(os.path.join(path, "level")) as f:
+                if int(f.read()) != level:
+                    continue
+            with open(os.path.join(path, "type")) as f:
+                if f.read().strip() not in ("Data", "Unified"):
+                    continue
+            with open(os.path.join(path, "size")) as f:
+                text = f.read().strip().upper()
+            scale = {"K": 1024, "M": 1024 * 1024}.get(text[-1:], 1)
+            return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+_CACHE: dict[str, CPUInfo] = {}
+
+
+def cpu_info(target: tvm.target.Target) -> CPUInfo:
+    """:class:`CPUInfo` of an llvm ``target`` (see the module docstring)."""
+    key = str(target)
+    if key not in _CACHE:
+        _CACHE[key] = _cpu_info(target)
+    return _CACHE[key]
+
+
+def _cpu_info(target: tvm.target.Target) -> CPUInfo:
+    triple = _triple(target)
+    feats = _features(target)
+    if triple.startswith(("aarch64", "arm64")):
+        arch, bits, regs, fma = "aarch64", 128, 32, True
+    elif triple.startswith(("x86_64", "i686", "i386")):
+        arch = "x86"
+        if "avx512f" in feats:
+            bits, regs = 512, 32
+        elif "avx" in feats or "avx2" in feats:
+            bits, regs = 256, 16
+        else:
+            bits, regs = 128, 16
+        fma = "fma" in feats or "avx512f" in feats
+    else:
+        arch, bits, regs, fma = triple.split("-")[0] or "unknown", 128, 16, False
+    host = _is_host(target)
+    cores = target.attrs.get("num-cores")
+    if cores is not None and int(cores) > 0:
+        cores = int(cores)
+    elif host:
+        cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count()
+        )
+    else:
+        cores = _DEFAULT_CROSS_CORES
+    l1 = (_host_cache_bytes(1) if host else None) or _DEFAULT_L1
+    l2 = (_host_cache_bytes(2) if host else None) or _DEFAULT_L2
+    return CPUInfo(bits, regs, fma, max(int(cores or 1), 1), l1, l2, arch)
+
+
+__all__ = ["CPUInfo", "cpu_info"]

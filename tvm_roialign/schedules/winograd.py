@@ -1,0 +1,126 @@
+"""Rule: the input and output transforms of a Winograd convolution
+(:class:`tvm_roialign.passes.WinogradConv2D`); its batched matrix product goes to :class:`~.matmul.Matmul`.
+
+Both transforms are written as one select over the position in the tile of explicit sums with
+constant coefficients. Unrolling that position (the ``a*a`` transformed points of the input, the
+``m x m`` output pixels) turns every select into one of its sums, and lets LLVM load each input
+vector of the tile once for all the sums that use it; the channel axis is vectorized and the tiles
+run in parallel:
+
+* input ``V[e*a + f, p, c]``: loops ``p`` (parallel), channel vectors, ``e*a + f`` (unrolled),
+  lanes (vectorized);
+* output ``Y[n, h, w, k]`` (+ the bias / ReLU epilogue, inlined): ``h`` and ``w`` split by the
+  output tile ``m`` (tile rows and columns parallel, the ``m x m`` pixels unrolled; a predicate
+  crops the last tile when the output is not a multiple of ``m``), channel vectors, lanes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import tirx
+from tvm.s_tir import Schedule
+from tvm.s_tir.dlight.base import ScheduleRule
+
+from .contraction import inline_epilogue, pick_lanes
+from .elementwise import schedule_rest
+from .target_info import cpu_info
+
+INPUT_BLOCK = "winograd_input"
+OUTPUT_BLOCK = "winograd_output"
+
+
+def _static(value) -> int | None:
+    return int(value) if isinstance(value, (int, tirx.IntImm)) else None
+
+
+def _find(sch: Schedule, name: str):
+    try:
+        return sch.get_sblock(name)
+    except Exception:  # noqa: BLE001 - not in this function
+        return None
+
+
+def _stage_in_registers(sch: Schedule, block, loop, vec: int) -> None:
+    """Compute the separable first stage ``block`` per tile under ``loop``, in a local buffer,
+    its tile points unrolled and its channel lanes vectorized."""
+    sch.compute_at(block, loop, preserve_unit_loops=True)
+    sch.set_scope(block, 0, "local")
+    loops = sch.get_loops(block)
+    inner = loops[-4:]
+    for lp in inner[:2]:
+        sch.unroll(lp)
+    if vec > 1:
+        sch.vectorize(inner[-1])
+
+
+def schedule_input_transform(sch: Schedule, block, lanes: int) -> None:
+    ef, p, c = sch.get_loops(block)
+    vec = pick_lanes(_static(sch.get(c).extent), lanes) or 1
+    c_outer, c_inner = sch.split(c, [None, vec])
+    sch.reorder(p, c_outer, ef, c_inner)
+    sch.parallel(p)
+    sch.unroll(ef)
+    if vec > 1:
+        sch.vectorize(c_inner)
+    rows = _find(sch, INPUT_BLOCK + "_rows")
+    if rows is not None:
+        _stage_in_registers(sch, rows, c_outer, vec)
+
+
+def schedule_output_transform(sch: Schedule, block, lanes: int) -> None:
+    stmt = sch.get(block)
+    rows = _find(sch, OUTPUT_BLOCK + "_rows")
+    source = sch.get(rows).reads[0].source if rows is not None else stmt.reads[0].source
+    alpha = math.isqrt(_static(source.ty.shape[0]))
+    tile = alpha - 2
+    inline_epilogue(sch, block)
+    n, h, w, k = sch.get_loops(block)
+    th, a = sch.split(h, [None, tile])
+    tw, b = sch.split(w, [None, tile])
+    vec = pick_lanes(_static(sch.get(k).extent), lanes) or 1
+    k_outer, k_inner = sch.split(k, [None, vec])
+    sch.reorder(n, th, tw, k_outer, a, b, k_inner)
+    sch.parallel(sch.fuse(n, th, tw))
+    sch.unroll(a)
+    sch.unroll(b)
+    if vec > 1:
+        sch.vectorize(k_inner)
+    if rows is not None:
+        _stage_in_registers(sch, rows, k_outer, vec)
+
+
+class WinogradTransforms(ScheduleRule):
+    """Schedules functions holding a Winograd input or output transform block."""
+
+    def is_target_available(self, target) -> bool:
+        return target.kind.name == "llvm"
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        sch = Schedule(func, error_render_level="none")
+        try:
+            lanes = cpu_info(target).lanes()
+            found = False
+            block = _find(sch, INPUT_BLOCK)
+            if block is not None:
+                schedule_input_transform(sch, block, lanes)
+                found = True
+            block = _find(sch, OUTPUT_BLOCK)
+            if block is not None:
+                schedule_output_transform(sch, block, lanes)
+                found = True
+            if not found:
+                return None
+            schedule_rest(sch, lanes)
+            return sch
+        except Exception:  # noqa: BLE001 - any failed step: let the next rule try
+            return None
+
+
+__all__ = [
+    "WinogradTransforms",
+    "schedule_input_transform",
+    "schedule_output_transform",
+]

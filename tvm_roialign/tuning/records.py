@@ -1,0 +1,255 @@
+"""A tuning database directory: its metadata and checks, and applying its records at build time."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+
+from .tasks import DEFAULT_OPS, as_target, is_scheduled, is_static, matches, normalize
+
+#: Beside MetaSchedule's two JSON files: TVM version, target, ops and pipeline options of a tuning.
+METADATA_FILE = "tvm_roialign_tuning.json"
+RECORD_FILE = "database_tuning_record.json"
+_FORMAT = 1
+logger = logging.getLogger(__name__)
+
+
+class TuningRecordsMismatch(ValueError):
+    """A database was tuned with another TVM version or for another CPU."""
+
+
+class CoverageWarning(UserWarning):
+    """Some tunable tasks of a build had no tuning record (the default rules schedule them)."""
+
+
+def isa(target: tvm.target.Target) -> dict:
+    """What records are specific to: the CPU architecture (``mtriple``) and ``mcpu``, resolved."""
+    from tvm.target import codegen
+
+    triple = str(target.attrs.get("mtriple", "") or codegen.llvm_get_system_triple())
+    return {"mtriple": triple, "mcpu": str(target.attrs.get("mcpu", "") or "generic")}
+
+
+def write_metadata(work_dir: Path, target, ops, pipeline_options: dict) -> None:
+    from .. import __version__
+    from ..target import target_config
+
+    meta = {
+        "format": _FORMAT,
+        "tvm": str(tvm.__version__),
+        "tvm_roialign": __version__,
+        "target": target_config(target),
+        "isa": isa(target),
+        "ops": list(ops),
+        "pipeline": dict(pipeline_options),
+    }
+    (Path(work_dir) / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def read_metadata(work_dir) -> dict | None:
+    """The metadata of a database directory (None if it has none)."""
+    path = Path(work_dir) / METADATA_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"tuning metadata {str(path)!r} is not valid JSON ({err.msg})") from None
+
+
+def check_metadata(meta: dict | None, target, where: str, adding: bool = False) -> list[str]:
+    """Notes on ``meta`` (:func:`read_metadata`) against the running TVM and ``target``.
+
+    Another TVM version or CPU architecture raises :class:`TuningRecordsMismatch`; another
+    ``mcpu`` is a note, or raises too when ``adding`` records (one database, one CPU).
+    """
+    if meta is None:
+        return [f"{where} has no {METADATA_FILE}: its TVM version and target cannot be checked"]
+    running, theirs = isa(target), meta.get("isa", {})
+    hint = "; tune into another directory" if adding else "; tune again for this one"
+    if meta.get("tvm") != str(tvm.__version__):
+        raise TuningRecordsMismatch(
+            f"{where} was tuned with TVM {meta.get('tvm')}, this is TVM {tvm.__version__}: "
+            f"records do not carry over between versions{hint}"
+        )
+    if str(theirs.get("mtriple", "")).split("-")[0] != running["mtriple"].split("-")[0]:
+        raise TuningRecordsMismatch(
+            f"{where} was tuned for {theirs.get('mtriple')}, the target is {running['mtriple']}{hint}"
+        )
+    if theirs.get("mcpu") != running["mcpu"]:
+        message = f"{where} was tuned for mcpu {theirs.get('mcpu')}, the target's is {running['mcpu']}"
+        if adding:
+            raise TuningRecordsMismatch(message + hint)
+        return [message + ": its schedules are correct, but were measured on another CPU"]
+    return []
+
+
+def open_database(work_dir):
+    """MetaSchedule's JSON database in ``work_dir`` (its files created if missing)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.database.JSONDatabase(work_dir=str(work_dir), allow_missing=True)
+
+
+@dataclass
+class Coverage:
+    """Which tunable tasks of a module had a record (``tuned``) and which the default rules
+    schedule (``untuned``: static-shape functions of the database's ``ops`` without one)."""
+
+    tuned: list[str]
+    untuned: list[str]
+    ops: tuple
+    label: str = ""
+    symbolic: list[str] = field(default_factory=list)  # of the ops, symbolic shapes: not tunable
+
+    @property
+    def total(self) -> int:
+        return len(self.tuned) + len(self.untuned)
+
+    def __str__(self) -> str:
+        kinds = "/".join(self.ops) + " " if self.ops else ""
+        where = f"{self.label}: " if self.label else ""
+        text = f"{where}tuning records for {len(self.tuned)} of {self.total} {kinds}tasks"
+        if self.untuned:
+            shown = ", ".join(self.untuned[:3]) + (", ..." if len(self.untuned) > 3 else "")
+            text += f"; the default rules schedule the other {len(self.untuned)} ({shown})"
+        if self.symbolic:
+            text += f"; {len(self.symbolic)} more have symbolic shapes, which MetaSchedule cannot tune"
+        return text
+
+
+def _default_report(coverage: Coverage) -> None:
+    if coverage.untuned:
+        warnings.warn(str(coverage), CoverageWarning, stacklevel=2)
+    else:
+        logger.info("%s", coverage)
+
+
+class TuningRecords:
+    """A database directory opened for building: ``pipeline.build(mod, target,
+    tuning_records=records)``; its database is loaded once, for any number of builds.
+
+    Parameters
+    ----------
+    work_dir : str or os.PathLike
+        What ``tvm-roialign tune -o`` (:func:`~tvm_roialign.tuning.tune`) wrote.
+    target : optional
+        Checked at once (:func:`check_metadata`); otherwise each build's target when it runs.
+    report : callable(Coverage) or None
+        Called for each module built; default: a :class:`CoverageWarning` when some tasks had no
+        record.
+    on_mismatch : "error" or "warn"
+        What a database of another TVM version or CPU architecture does.
+    """
+
+    def __init__(self, work_dir, target=None, report: Callable | None = None, on_mismatch="error"):
+        work_dir = Path(work_dir)
+        if not (work_dir / RECORD_FILE).is_file():
+            raise FileNotFoundError(f"{str(work_dir)!r} is not a tuning database (it has no {RECORD_FILE})")
+        if on_mismatch not in ("error", "warn"):
+            raise ValueError(f"on_mismatch must be 'error' or 'warn', got {on_mismatch!r}")
+        self.work_dir = work_dir
+        self.metadata = read_metadata(work_dir)
+        self.ops = tuple(self.metadata.get("ops", DEFAULT_OPS)) if self.metadata else DEFAULT_OPS
+        self.report = report or _default_report
+        self.on_mismatch = on_mismatch
+        self.label = ""
+        self.database = open_database(work_dir)
+        self._checked: set[str] = set()
+        if target is not None:
+            self.check(as_target(target))
+
+    def labelled(self, label: str) -> TuningRecords:
+        """The same records (and loaded database) with ``label`` on their coverage reports."""
+        other = copy.copy(self)
+        other.label = label
+        return other
+
+    def check(self, target: tvm.target.Target) -> None:
+        """:func:`check_metadata` once per ISA: notes become warnings; a mismatch raises, or
+        warns with ``on_mismatch="warn"``."""
+        if target.kind.name != "llvm":
+            raise ValueError(f"tuning records are for llvm (CPU) targets, the target is {target.kind.name}")
+        key = json.dumps(isa(target), sort_keys=True)
+        if key in self._checked:
+            return
+        where = f"tuning database {str(self.work_dir)!r}"
+        try:
+            notes = check_metadata(self.metadata, target, where)
+        except TuningRecordsMismatch as err:
+            if self.on_mismatch == "error":
+                raise
+            notes = [str(err)]
+        for note in notes:
+            warnings.warn(note, UserWarning, stacklevel=3)
+        self._checked.add(key)
+
+    def coverage(self, mod: tvm.IRModule, target: tvm.target.Target) -> Coverage:
+        """Which distinct unscheduled PrimFuncs of ``mod`` (the pipeline's phase-4 module) have a
+        record here."""
+        tuned, untuned, symbolic, seen = [], [], [], set()
+        for gv, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
+                continue
+            norm = normalize(func)
+            key = tvm_ffi.structural_hash(norm)
+            if key in seen:
+                continue
+            seen.add(key)
+            if self.database.query_tuning_record(norm, target, gv.name_hint) is not None:
+                tuned.append(gv.name_hint)
+            elif matches(gv.name_hint, self.ops):
+                (untuned if is_static(func) else symbolic).append(gv.name_hint)
+        return Coverage(sorted(tuned), sorted(untuned), self.ops, self.label, sorted(symbolic))
+
+
+def load_records(work_dir, target=None, report=None, on_mismatch="error") -> TuningRecords:
+    """:class:`TuningRecords` of a database directory (see there)."""
+    return TuningRecords(work_dir, target, report, on_mismatch)
+
+
+def apply_database_pass(records) -> tvm.transform.Pass:
+    """Phase 4 of the build pipeline: the functions that ``records`` (a directory or
+    :class:`TuningRecords`) cover get their best record's schedule and ``tirx.is_scheduled``;
+    the :class:`Coverage` goes to ``records.report``. Runs under the build's target."""
+    if not isinstance(records, TuningRecords):
+        records = TuningRecords(records)
+
+    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignApplyTuningRecords")
+    def apply(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        target = tvm.target.Target.current(allow_none=False)
+        records.check(target)
+        coverage = records.coverage(mod, target)
+        if coverage.tuned:
+            with records.database:  # MetaScheduleApplyDatabase queries the current database
+                mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+        records.report(coverage)
+        return mod
+
+    return apply
+
+
+__all__ = [
+    "METADATA_FILE",
+    "RECORD_FILE",
+    "Coverage",
+    "CoverageWarning",
+    "TuningRecords",
+    "TuningRecordsMismatch",
+    "apply_database_pass",
+    "check_metadata",
+    "isa",
+    "load_records",
+    "open_database",
+    "read_metadata",
+    "write_metadata",
+]

@@ -1,0 +1,355 @@
+"""Searching schedules with MetaSchedule into a database directory: :func:`tune`, :func:`rpc_runner`."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import tvm
+import tvm_ffi
+
+from .records import RECORD_FILE, check_metadata, open_database, read_metadata, write_metadata
+from .tasks import DEFAULT_OPS, Task, as_target, extract_tasks
+
+COST_MODEL_FILE = "cost_model.tar"
+#: A batch's build workers each start a Python with TVM: seconds on a busy machine.
+BUILD_TIMEOUT_S = 120
+_EXTRA = "tune"
+logger = logging.getLogger(__name__)
+
+
+class MissingTuningDependency(ModuleNotFoundError):
+    """A package of the ``tune`` extra is not installed."""
+
+
+def require_dependencies(packages: Iterable[str] = ("xgboost", "psutil")) -> None:
+    """Raise :class:`MissingTuningDependency` naming the first missing package and the extra."""
+    for name in packages:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise MissingTuningDependency(
+                f'tuning needs the Python package {name!r}: pip install "tvm-roialign[{_EXTRA}]"',
+                name=name,
+            ) from None
+
+
+def rpc_runner(tracker: str, key: str, timeout_s: int = 30, number: int = 3, repeat: int = 1):
+    """MetaSchedule's ``RPCRunner`` measuring on the devices registered at ``tracker``
+    (``HOST:PORT``) under ``key``, one measurement worker per device.
+
+    Raises
+    ------
+    ValueError
+        A malformed address, or no tracker or no device of that key answering.
+    """
+    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, RPCConfig, RPCRunner
+
+    host, sep, port = str(tracker).rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"RPC tracker must be HOST:PORT, got {tracker!r}")
+    if not key:
+        raise ValueError("an RPC tracker needs the key its devices registered with")
+    config = RPCConfig(
+        tracker_host=host, tracker_port=int(port), tracker_key=key, session_timeout_sec=timeout_s
+    )
+    try:
+        devices = config.count_num_servers(allow_missing=False)
+    except (ValueError, OSError, RuntimeError) as err:
+        first = str(err).strip().splitlines()[0].rstrip(":")
+        raise ValueError(f"RPC tracker {tracker}, key {key!r}: {first}") from None
+    return RPCRunner(
+        rpc_config=config,
+        evaluator_config=EvaluatorConfig(number=number, repeat=repeat, min_repeat_ms=100),
+        max_workers=devices,
+    )
+
+
+def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params=None):
+    """The build workers' build: MetaSchedule's default one without its import of
+    ``tvm.s_tir.tensor_intrin`` (hundreds of TVMScript functions: 20-80 s in every worker of every
+    batch on a busy 2-core machine). A candidate reaches the builder scheduled, tensorized blocks
+    included, so its build looks no intrinsic up."""
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm.tirx.build(mod, target=target)
+
+
+def check_target(target) -> tvm.target.Target:
+    """``target`` as a Target if it can be tuned for: llvm, with ``num-cores`` (else ValueError)."""
+    from ..target import describe
+
+    target = as_target(target)
+    if target.kind.name != "llvm":
+        raise ValueError(f"tuning is for llvm (CPU) targets, got {describe(target)}")
+    if "num-cores" not in target.attrs:
+        raise ValueError(
+            f"target {describe(target)} has no num-cores, which tuning needs "
+            f"(e.g. '{describe(target)} -num-cores=4')"
+        )
+    return target
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` did: per task, its ``name``, ``weight``, ``trials_before`` this run,
+    ``trials`` after it and ``best_s`` (mean seconds of its best record, None without a valid one)."""
+
+    work_dir: Path
+    tasks: list[dict]
+    symbolic: list[str]
+    trials_run: int
+    search_s: float = 0.0  # seconds in MetaSchedule's task scheduler (setup, search, build, measure)
+
+    def __str__(self) -> str:
+        done = sum(t["trials"] for t in self.tasks)
+        return f"{len(self.tasks)} tasks, {self.trials_run} trials run, {done} in {self.work_dir}"
+
+
+def _trials_so_far(database, tasks: list[Task]) -> list[int]:
+    per_workload: dict[int, int] = {}
+    for record in database.get_all_tuning_records():
+        key = tvm_ffi.structural_hash(record.workload.mod)
+        per_workload[key] = per_workload.get(key, 0) + 1
+    return [per_workload.get(tvm_ffi.structural_hash(t.mod), 0) for t in tasks]
+
+
+def _best_seconds(database, task: Task) -> float | None:
+    if not database.has_workload(task.mod):
+        return None
+    top = database.get_top_k(database.commit_workload(task.mod), 1)
+    if not top:
+        return None
+    secs = [float(s) for s in top[0].run_secs]
+    return sum(secs) / len(secs)
+
+
+def tune(
+    mods,
+    target,
+    work_dir,
+    *,
+    trials_per_task: int = 64,
+    max_trials_global: int | None = None,
+    ops=DEFAULT_OPS,
+    runner="local",
+    num_trials_per_iter: int = 16,
+    seed: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    verbose: bool = False,
+    **pipeline_options,
+) -> TuneResult:
+    """Tune the tasks of ``mods`` (:func:`~.tasks.extract_tasks`) for the llvm ``target`` (with
+    ``num-cores``) into the database directory ``work_dir``.
+
+    ``trials_per_task`` counts the records already in ``work_dir``: a rerun resumes, a larger
+    count goes on. ``max_trials_global`` caps this run (default: what the tasks still need; the
+    gradient task scheduler spends it where it gains most). ``runner``: ``"local"`` or a
+    MetaSchedule ``Runner`` (:func:`rpc_runner`). ``progress(str)`` gets a line per measured
+    batch; MetaSchedule's own log goes to ``work_dir/logs`` (and with ``verbose`` to stdout).
+    ``pipeline_options`` are those the model will be built with (``fold_batch_norm``,
+    ``pad_channels``, ``winograd``): they shape the tasks.
+
+    Raises
+    ------
+    MissingTuningDependency
+        xgboost or psutil is not installed.
+    TuningRecordsMismatch
+        ``work_dir`` holds records of another TVM version or CPU.
+    ValueError
+        Not an llvm target, no ``num-cores``, fewer than one trial, or nothing to tune.
+    """
+    require_dependencies()
+    from tvm.s_tir import meta_schedule as ms
+
+    target = check_target(target)
+    if int(trials_per_task) < 1:
+        raise ValueError(f"trials per task must be at least 1, got {trials_per_task}")
+    ops = tuple(ops or ())
+    work_dir = Path(work_dir)
+    previous = None
+    if (work_dir / RECORD_FILE).is_file():
+        previous = read_metadata(work_dir)
+        for note in check_metadata(previous, target, f"tuning database {str(work_dir)!r}", adding=True):
+            warnings.warn(note, UserWarning, stacklevel=2)
+    found = extract_tasks(mods, target, ops, **pipeline_options)
+    if not found.tasks:
+        why = f" ({len(found.symbolic)} have symbolic shapes)" if found.symbolic else ""
+        raise ValueError(f"no static-shape {'/'.join(ops) or 'any'} tasks to tune{why}")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    write_metadata(work_dir, target, _all_ops(previous, ops), pipeline_options)
+
+    database = open_database(work_dir)
+    before = _trials_so_far(database, found.tasks)
+    todo = [(t, int(trials_per_task) - b) for t, b in zip(found.tasks, before) if b < trials_per_task]
+    trials_run, search_s = 0, 0.0
+    if todo:
+        budget = sum(n for _, n in todo)
+        if max_trials_global is not None:
+            budget = min(budget, int(max_trials_global))
+        # MetaSchedule's console handler takes this level; its files in work_dir/logs get all
+        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.INFO if verbose else logging.WARNING)
+        search = _Search(ms, todo, target, work_dir, progress)
+        t0 = time.perf_counter()
+        trials_run = search.run(database, budget, runner, num_trials_per_iter, seed)
+        search_s = time.perf_counter() - t0
+    after = _trials_so_far(database, found.tasks)
+    tasks = [
+        {
+            "name": t.name,
+            "weight": t.weight,
+            "trials_before": b,
+            "trials": a,
+            "best_s": _best_seconds(database, t),
+        }
+        for t, b, a in zip(found.tasks, before, after)
+    ]
+    return TuneResult(work_dir, tasks, found.symbolic, trials_run, search_s)
+
+
+def _all_ops(previous: dict | None, ops: tuple) -> tuple:
+    """The ops a database holds tasks of, over its runs (empty: all)."""
+    if not ops or (previous is not None and not previous.get("ops", True)):
+        return ()
+    return tuple(dict.fromkeys([*(previous or {}).get("ops", []), *ops]))
+
+
+def _import_tensor_intrinsics() -> None:
+    """Import ``tvm.s_tir.tensor_intrin`` (``TuneContext`` does, once per process) fast.
+
+    Each of its ~500 ``@T.prim_func`` calls ``inspect.stack()``, which looks up the module of every
+    frame; the frames of importlib's frozen modules are not in ``inspect``'s file-to-module cache,
+    so each of their lookups walks all of ``sys.modules`` (thousands of modules with torch
+    loaded): 52 s instead of 9 s on a busy 2-core machine. Their entries (the values the walk
+    would find) go into the cache first."""
+    import inspect
+    import sys
+
+    if "tvm.s_tir.tensor_intrin" in sys.modules:
+        return
+    for name in ("importlib._bootstrap", "importlib._bootstrap_external"):
+        inspect.modulesbyfile.setdefault(os.path.normcase(os.path.abspath(f"<frozen {name}>")), name)
+    importlib.import_module("tvm.s_tir.tensor_intrin")
+
+
+class _Search:
+    """One run of MetaSchedule's task scheduler over ``todo`` ([(task, trials still to do)])."""
+
+    def __init__(self, ms, todo, target, work_dir: Path, progress):
+        self.ms, self.todo, self.target, self.work_dir = ms, todo, target, work_dir
+        self.progress = progress
+        self.names = [t.name for t, _ in todo]
+        self.best: dict[int, float] = {}
+        self.trials = 0
+
+    def run(self, database, budget: int, runner, per_iter: int, seed) -> int:
+        ms = self.ms
+        most = max(n for _, n in self.todo)
+        cores = int(self.target.attrs["num-cores"])
+        cost_model = self._cost_model(cores)
+        try:
+            ms.tune_tasks(
+                tasks=self._contexts(most, seed),
+                task_weights=[float(t.weight) for t, _ in self.todo],
+                work_dir=str(self.work_dir),
+                max_trials_global=budget,
+                max_trials_per_task=most,
+                num_trials_per_iter=min(per_iter, most),
+                builder=ms.builder.LocalBuilder(
+                    max_workers=cores, timeout_sec=BUILD_TIMEOUT_S, f_build=build_candidate
+                ),
+                runner=runner,
+                database=database,
+                cost_model=cost_model,
+                measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), self._callback()],
+            )
+        finally:
+            if cost_model.data:
+                with warnings.catch_warnings():  # xgboost: "Saving model in the UBJSON format..."
+                    warnings.simplefilter("ignore", UserWarning)
+                    cost_model.save(str(self.work_dir / COST_MODEL_FILE))
+        return self.trials
+
+    def _contexts(self, most: int, seed) -> list:
+        ms = self.ms
+        _import_tensor_intrinsics()
+        # MetaSchedule's population of 512 for a handful of trials is search time wasted
+        population = min(512, max(32, 8 * most))
+        loggers = ms.logging.get_loggers_from_work_dir(str(self.work_dir), self.names)
+        contexts = []
+        for (task, _), task_logger, rand in zip(
+            self.todo, loggers, ms.utils.fork_seed(seed, n=len(self.todo))
+        ):
+            strategy = ms.search_strategy.EvolutionarySearch(
+                population_size=population, init_min_unmeasured=min(50, population // 2)
+            )
+            contexts.append(
+                ms.TuneContext(
+                    mod=task.mod,
+                    target=self.target,
+                    space_generator="post-order-apply",
+                    search_strategy=strategy,
+                    task_name=task.name,
+                    logger=task_logger,
+                    rand_state=rand,
+                    num_threads="physical",
+                ).clone()
+            )
+        return contexts
+
+    def _cost_model(self, cores: int):
+        model = self.ms.cost_model.XGBModel(num_tuning_cores=cores, tree_method="auto")
+        path = self.work_dir / COST_MODEL_FILE
+        if path.is_file():
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    model.load(str(path))
+            except Exception as err:  # noqa: BLE001 - stale or broken: a new model learns again
+                logger.warning("cannot load %s (%s); starting a new cost model", path, err)
+        return model
+
+    def _callback(self):
+        from tvm.ir.utils import derived_object
+        from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+        search = self
+
+        @derived_object
+        class _Report(PyMeasureCallback):
+            def apply(self, _scheduler, task_id, candidates, _builds, results):
+                search.batch(int(task_id), len(candidates), results)
+
+        return _Report()
+
+    def batch(self, task_id: int, count: int, results) -> None:
+        self.trials += count
+        for res in results:
+            if res.run_secs is not None and res.error_msg is None:
+                secs = [float(s) for s in res.run_secs]
+                mean = sum(secs) / len(secs)
+                self.best[task_id] = min(self.best.get(task_id, mean), mean)
+        if self.progress is not None:
+            best = self.best.get(task_id)
+            shown = f"best {best * 1e3:.3f} ms" if best is not None else "no valid candidate yet"
+            self.progress(f"{self.names[task_id]}: {count} trials measured, {shown}")
+
+
+__all__ = [
+    "BUILD_TIMEOUT_S",
+    "COST_MODEL_FILE",
+    "MissingTuningDependency",
+    "TuneResult",
+    "build_candidate",
+    "check_target",
+    "require_dependencies",
+    "rpc_runner",
+    "tune",
+]
