@@ -438,21 +438,25 @@ def convert_layout(
     return ConvertLayout(desired)(mod)
 
 
-def _export(module, args, max_rois: int | None):
+def _export(module, args):
+    """``torch.export`` of a piece with static shapes: the heads are compiled for the model's own
+    roi bounds (rois padded with zero boxes in the glue), so that their kernels can be tiled."""
     import torch
 
     from .. import frontend
 
-    dynamic_shapes = None
-    if max_rois:
-        # the upper bound matters: Relax plans static memory for the largest K
-        k = torch.export.Dim("num_rois", min=1, max=max(int(max_rois), 2))
-        dynamic_shapes = (None, None, None, None, {0: k})
     exporter = getattr(frontend, "export", None)
     with torch.no_grad():
         if exporter is not None:
-            return exporter(module, tuple(args), dynamic_shapes=dynamic_shapes)
-        return torch.export.export(module, tuple(args), dynamic_shapes=dynamic_shapes)
+            return exporter(module, tuple(args))
+        return torch.export.export(module, tuple(args))
+
+
+def _static_rois(rois, count: int):
+    """``rois [K, 4]`` padded with zero boxes to ``[count, 4]`` (``K <= count``)."""
+    padded = np.zeros((count, 4), dtype="float32")
+    padded[: rois.shape[0]] = rois
+    return padded
 
 
 class TVMMaskRCNN:
@@ -516,16 +520,15 @@ class TVMMaskRCNN:
         feats = outs[:4]
         boxes = torch.tensor([[10.0, 12.0, 200.0, 180.0], [0.0, 0.0, 60.0, 40.0]])
         pieces = {}
-        max_proposals = int(self.model.rpn._post_nms_top_n["testing"])
-        max_detections = int(self.model.roi_heads.detections_per_img)
-        for name, module, args, max_rois in (
-            ("backbone", backbone, (images,), None),
-            ("box_branch", box_branch, (*feats, boxes), max_proposals),
-            ("mask_branch", mask_branch, (*feats, boxes), max_detections),
+        max_proposals, max_detections = self._roi_bounds()
+        for name, module, args in (
+            ("backbone", backbone, (images,)),
+            ("box_branch", box_branch, (*feats, boxes.repeat(max_proposals, 1)[:max_proposals])),
+            ("mask_branch", mask_branch, (*feats, boxes.repeat(max_detections, 1)[:max_detections])),
         ):
             self.progress(f"import {name}")
             t0 = time.perf_counter()
-            exported = _export(module, args, max_rois)
+            exported = _export(module, args)
             # constants folded first, so that the counts of permute_dims (before/after) are
             # those of activations, not of weights
             fold = relax.transform.FoldConstant()
@@ -541,6 +544,13 @@ class TVMMaskRCNN:
             )
         self.pieces[key] = pieces
         return pieces
+
+    def _roi_bounds(self) -> tuple[int, int]:
+        """Static roi counts of the box and mask branches: the model's proposals and detections."""
+        return (
+            int(self.model.rpn._post_nms_top_n["testing"]),
+            int(self.model.roi_heads.detections_per_img),
+        )
 
     # ---------------------------------------------------------------------------------------------
     def __call__(self, images):
@@ -595,7 +605,11 @@ class TVMMaskRCNN:
             }
             self.glue_s.append(glue_s)
             return detections
-        class_logits, box_regression = pieces["box_branch"](*feats_io[:4], rois)
+        max_proposals, max_detections = self._roi_bounds()
+        class_logits, box_regression = (
+            out[: rois.shape[0]]
+            for out in pieces["box_branch"](*feats_io[:4], _static_rois(rois, max_proposals))
+        )
         self.last = {
             "features": feats_io[:4],
             "proposals": rois,
@@ -616,7 +630,10 @@ class TVMMaskRCNN:
 
         if boxes[0].shape[0] > 0:
             self.progress("run mask branch")
-            (mask_logits,) = pieces["mask_branch"](*feats_io[:4], boxes[0].numpy())
+            (mask_logits,) = pieces["mask_branch"](
+                *feats_io[:4], _static_rois(boxes[0].numpy(), max_detections)
+            )
+            mask_logits = mask_logits[: boxes[0].shape[0]]
             t0 = time.perf_counter()
             with torch.no_grad():
                 (mask_probs,) = maskrcnn_inference(
