@@ -4,11 +4,14 @@ On llvm targets (x86, AArch64) the Relax module goes through :func:`cpu_pipeline
 the named Relax pipeline ``"tvm_roialign_cpu"`` (so ``tvm.compile(mod, target,
 relax_pipeline="tvm_roialign_cpu")`` works once this module is imported). Its phases:
 
-1. **graph rewrites** on Relax ops, before legalization: fold inference batch-norms into the
-   convolutions in front of them (:class:`~tvm_roialign.passes.FoldBatchNorm`), decompose the rest
-   (``DecomposeOpsForInference``), fold constants, and pad the output channels of constant-weight
+1. **graph rewrites** on Relax ops, before legalization: convolutions (and RoIAlign) to NHWC,
+   the layout the rules are written for (``ConvertLayout``; a no-op for an NHWC model); fold
+   inference batch-norms into the convolutions in front of them
+   (:class:`~tvm_roialign.passes.FoldBatchNorm`), decompose the rest
+   (``DecomposeOpsForInference``), fold constants; pad the output channels of constant-weight
    conv2d / matmul to a multiple of the target's vector width
-   (:class:`~tvm_roialign.passes.PadChannels`);
+   (:class:`~tvm_roialign.passes.PadChannels`); 3x3 stride-1 convolutions as Winograd
+   ``F(4x4, 3x3)`` (:class:`~tvm_roialign.passes.WinogradConv2D`);
 2. **legalize and fuse**: TVM's CPU library dispatch, ``LegalizeOps``, ``AnnotateTIROpPattern``,
    ``FoldConstant``, ``FuseOps``, ``FuseTIR`` (a conv and its bias / residual add / ReLU become one
    PrimFunc);
@@ -48,15 +51,32 @@ def cpu_schedule_pass(rules=None) -> tvm.transform.Pass:
     return ApplyDefaultSchedule(*(rules if rules is not None else default_rules()))
 
 
+#: ops that ``layout`` moves (the convolutions, and RoIAlign so that no transpose sits between)
+_LAYOUT_OPS = (
+    "relax.nn.conv2d",
+    "relax.vision.roi_align",
+    "relax.vision.multiscale_roi_align",
+)
+
+
 def _graph_passes(
-    target, fold_batch_norm: bool, pad_channels: bool, winograd: int
+    target, layout: str | None, fold_batch_norm: bool, pad_channels: bool, winograd: int
 ) -> list:
-    from .passes import FoldBatchNorm, PadChannels, WinogradConv2D
+    from .passes import (
+        ConvertLayout,
+        FoldBatchNorm,
+        FoldConstantNumPy,
+        PadChannels,
+        WinogradConv2D,
+    )
     from .schedules import cpu_info
 
-    passes = [
-        relax.transform.FoldConstant()
-    ]  # weights in a converted layout become constants
+    passes = []
+    if layout is not None:
+        passes.append(ConvertLayout({op: [layout, "default"] for op in _LAYOUT_OPS}))
+    # weights in a converted layout (permute_dims of a constant) become constants: NumPy folds
+    # layout and arithmetic ops on constants without compiling them, FoldConstant the rest
+    passes += [FoldConstantNumPy(), relax.transform.FoldConstant()]
     if fold_batch_norm:
         passes.append(FoldBatchNorm())
     passes += [
@@ -82,6 +102,7 @@ def cpu_pipeline(
     target: tvm.target.Target | None = None,
     *,
     tuning_records=None,
+    layout: str | None = "NHWC",
     fold_batch_norm: bool = True,
     pad_channels: bool = True,
     winograd: int = 4,
@@ -97,6 +118,10 @@ def cpu_pipeline(
     tuning_records : str or os.PathLike or None
         A MetaSchedule database directory (``tvm-roialign tune``); its records schedule the
         functions they cover, the default rules the rest.
+    layout : str or None
+        Layout of the convolutions (and RoIAlign) after phase 1 (``"NHWC"``: the layout the conv
+        rules and Winograd are written for; ``ConvertLayout`` adds transposes at the edges of an
+        NCHW model and folds those that cancel); None keeps the model's layouts.
     fold_batch_norm, pad_channels : bool
         Phase 1 rewrites (both on by default).
     winograd : int
@@ -120,7 +145,7 @@ def cpu_pipeline(
         with tgt:
             phases = [
                 # 1. graph rewrites on Relax ops
-                *_graph_passes(tgt, fold_batch_norm, pad_channels, winograd),
+                *_graph_passes(tgt, layout, fold_batch_norm, pad_channels, winograd),
                 # 2. legalize and fuse
                 *cpu_generic.library_dispatch_passes(tgt),
                 *cpu_generic.legalize_passes(tgt),

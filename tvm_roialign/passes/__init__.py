@@ -14,14 +14,18 @@ from .layout import register
 
 __all__ = ["ConvertLayout", "FoldFlattenPermute", "FoldPermuteDims", "layout", "register"]
 
-# whole-model CPU pipeline passes (see tvm_roialign.pipeline)
-from .fold_batch_norm import FoldBatchNorm
-from .pad_channels import PadChannels
 
-__all__ += ["FoldBatchNorm", "PadChannels"]
+# the whole-model CPU pipeline's passes (see tvm_roialign.pipeline)
+from .fold_batch_norm import FoldBatchNorm
+from .fold_constant_numpy import FoldConstantNumPy
+from .fold_layout_rewrite import FoldLayoutRewrite
+from .pad_channels import PadChannels
 from .winograd import WinogradConv2D
 
-__all__ += ["WinogradConv2D"]
-from .fold_layout_rewrite import FoldLayoutRewrite
-
-__all__ += ["FoldLayoutRewrite"]
+__all__ += [
+    "FoldBatchNorm",
+    "FoldConstantNumPy",
+    "FoldLayoutRewrite",
+    "PadChannels",
+    "WinogradConv2D",
+]

@@ -124,15 +124,13 @@ def _solve(a_rows, b):
 def transform_weight(weight_hwio: np.ndarray, m: int) -> np.ndarray:
     """``U [a*a, C, K] = G W G^T`` of an HWIO ``3x3`` weight, computed in float64."""
     _, g, _ = winograd_matrices(m)
-    w = weight_hwio.astype("float64")
-    rows = np.tensordot(g, w, axes=(1, 0))  # [a, 3, C, K]
-    u = np.tensordot(g, rows, axes=(1, 1))  # [a(f), a(e), C, K]
     alpha = g.shape[0]
-    return (
-        np.ascontiguousarray(u.transpose(1, 0, 2, 3))
-        .reshape(alpha * alpha, *w.shape[2:])
-        .astype(weight_hwio.dtype)
-    )
+    w = weight_hwio.astype("float64").reshape(3, -1)  # [a(row), 3 * C * K]
+    rows = (g @ w).reshape(alpha, 3, -1)  # [e, b, C*K]
+    u = g @ rows.transpose(1, 0, 2).reshape(3, -1)  # [f, e * C*K]
+    u = u.reshape(alpha, alpha, -1).transpose(1, 0, 2)  # [e, f, C*K]
+    shape = (alpha * alpha, *weight_hwio.shape[2:])
+    return np.ascontiguousarray(u).reshape(shape).astype(weight_hwio.dtype)
 
 
 def _i64(shape) -> list:

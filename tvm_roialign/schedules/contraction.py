@@ -21,7 +21,8 @@ The schedule (:func:`schedule_contraction`) is the classic CPU micro-kernel:
   marked ``meta_schedule.layout_rewrite_preproc`` that ``SplitLayoutRewritePreproc`` moves out and
   ``FoldConstant`` evaluates);
 * column blocks outermost, so one block of packed weights stays in cache while every row tile
-  uses it; batch, column blocks and row tiles fused into one parallel loop;
+  uses it, unless all the weights fit in half of L2: then row tiles outermost, so that ``a`` is
+  read once; batch, column blocks and row tiles fused into one parallel loop;
 * for long reductions (a large matmul), the reduction is cut into chunks that keep the tile's slice
   of ``w`` in L1 (see :mod:`.matmul`);
 * the epilogue (bias, residual add, ReLU, ...) inlined into the write-back of the tile.
@@ -229,9 +230,10 @@ class Tiling:
     lanes: int
     rows: int
     cols: int
-    reduce_chunk: int | None = (
-        None  # chunk of the innermost reduction loop (None: whole)
-    )
+    #: chunk of the innermost reduction loop (None: whole)
+    reduce_chunk: int | None = None
+    #: row tiles outside column blocks (the weights stay in L2; ``a`` is read once)
+    rows_outer: bool = False
 
 
 def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
@@ -245,7 +247,15 @@ def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
         info.vector_registers,
         lanes * 4,
     )
-    return Tiling(lanes, rows, cols)
+    return Tiling(lanes, rows, cols, rows_outer=weight_bytes(c) <= info.l2_bytes // 2)
+
+
+def weight_bytes(c: Contraction) -> int:
+    """Bytes of ``w`` one batch of ``c`` reads (reduction x columns, float32)."""
+    size = c.num_columns * 4
+    for role, extent in zip(c.roles, c.extents):
+        size *= extent if role == "R" else 1
+    return size
 
 
 def pack_weight(sch: Schedule, c: Contraction, block_cols: int) -> bool:
@@ -310,10 +320,13 @@ def schedule_contraction(
         sch.unroll(m_inner)
         sch.decompose_reduction(c.block, r_out)
         return outer, None
-    sch.reorder(
-        *batch, *n_other, n_outer, *m_loops[:-1], m_outer, *red, m_inner, n_tile, n_lane
-    )
-    outer = sch.fuse(*batch, *n_other, n_outer, *m_loops[:-1], m_outer)
+    # column blocks outermost keep a block of weights in cache while every row tile uses it; when
+    # all the weights fit in L2, row tiles outermost read ``a`` once instead of once per block
+    spatial = [*n_other, n_outer, *m_loops[:-1], m_outer]
+    if tiling.rows_outer:
+        spatial = [*m_loops[:-1], m_outer, *n_other, n_outer]
+    sch.reorder(*batch, *spatial, *red, m_inner, n_tile, n_lane)
+    outer = sch.fuse(*batch, *spatial)
     sch.parallel(outer)
     local = sch.cache_write(c.block, 0, "local")
     sch.reverse_compute_at(local, outer, preserve_unit_loops=True)
