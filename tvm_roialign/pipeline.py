@@ -35,6 +35,8 @@ so that its kernels can be tiled.
 
 from __future__ import annotations
 
+import warnings
+
 import tvm
 from tvm import relax
 
@@ -73,7 +75,9 @@ def _graph_passes(
 
     passes = []
     if layout is not None:
-        passes.append(ConvertLayout({op: [layout, "default"] for op in _LAYOUT_OPS}))
+        passes.append(
+            _try_pass(ConvertLayout({op: [layout, "default"] for op in _LAYOUT_OPS}))
+        )
     # weights in a converted layout (permute_dims of a constant) become constants: NumPy folds
     # layout and arithmetic ops on constants without compiling them, FoldConstant the rest
     passes += [FoldConstantNumPy(), relax.transform.FoldConstant()]
@@ -88,6 +92,27 @@ def _graph_passes(
     if winograd:
         passes.append(WinogradConv2D(tile=winograd))
     return passes
+
+
+def _try_pass(inner: tvm.transform.Pass) -> tvm.transform.Pass:
+    """``inner``, or the module unchanged (with a warning) where ``inner`` fails: a layout
+    conversion is an optimization, and TVM's ConvertLayout runs out of memory on some graphs
+    (torchvision's vit_b_16)."""
+
+    @tvm.transform.module_pass(opt_level=0, name=f"Try{inner.info.name}")
+    def attempt(mod, _ctx):
+        try:
+            return inner(mod)
+        except Exception as err:  # noqa: BLE001 - TVM raises InternalError / TVMError
+            first = (
+                str(err).strip().splitlines()[-1]
+                if str(err).strip()
+                else type(err).__name__
+            )
+            warnings.warn(f"{inner.info.name} skipped: {first}", stacklevel=2)
+            return mod
+
+    return attempt
 
 
 def _database_passes(tuning_records) -> list:
