@@ -115,58 +115,24 @@ def _try_pass(inner: tvm.transform.Pass) -> tvm.transform.Pass:
     return attempt
 
 
-def _database_passes(tuning_records) -> list:
-    if tuning_records is None:
-        return []
-    from .tuning import apply_database_pass
-
-    return [apply_database_pass(tuning_records)]
+def _current(target):
+    return target if target is not None else tvm.target.Target.current(allow_none=False)
 
 
-def cpu_pipeline(
+def prepare_pipeline(
     target: tvm.target.Target | None = None,
     *,
-    tuning_records=None,
     layout: str | None = "NHWC",
     fold_batch_norm: bool = True,
     pad_channels: bool = True,
     winograd: int = 4,
-    pack_weights: bool = True,
-    rules=None,
 ) -> tvm.transform.Pass:
-    """The llvm build pipeline (see the module docstring for its phases).
-
-    Parameters
-    ----------
-    target : tvm.target.Target or None
-        The llvm target; None: the target in scope when the pass runs (``tvm.compile`` sets it).
-    tuning_records : str or os.PathLike or None
-        A MetaSchedule database directory (``tvm-roialign tune``); its records schedule the
-        functions they cover, the default rules the rest.
-    layout : str or None
-        Layout of the convolutions (and RoIAlign) after phase 1 (``"NHWC"``: the layout the conv
-        rules and Winograd are written for; ``ConvertLayout`` adds transposes at the edges of an
-        NCHW model and folds those that cancel); None keeps the model's layouts.
-    fold_batch_norm, pad_channels : bool
-        Phase 1 rewrites (both on by default).
-    winograd : int
-        Output tile of the Winograd rewrite of 3x3 convolutions (4: ``F(4x4, 3x3)``, 2, or 0: off).
-    pack_weights : bool
-        Phase 6 (False: the packing stages stay inside the kernels, run at every call; for tests).
-    rules : list of ScheduleRule or None
-        Phase 5 rules (default :func:`tvm_roialign.schedules.default_rules`).
-    """
+    """Phases 1-3 of :func:`cpu_pipeline`: what schedules (and tuning records) apply to."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    from .passes import FoldLayoutRewrite
-
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignCPUPipeline")
-    def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        tgt = (
-            target
-            if target is not None
-            else tvm.target.Target.current(allow_none=False)
-        )
+    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignCPUPrepare")
+    def prepare(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        tgt = _current(target)
         with tgt:
             phases = [
                 # 1. graph rewrites on Relax ops
@@ -176,11 +142,64 @@ def cpu_pipeline(
                 *cpu_generic.legalize_passes(tgt),
                 # 3. constant weights are layout-free
                 relax.transform.AttachAttrLayoutFreeBuffers(),
-                # 4. tuned schedules (MetaSchedule database), when given
-                *_database_passes(tuning_records),
-                # 5. default schedule rules (skip tirx.is_scheduled functions)
-                cpu_schedule_pass(rules),
             ]
+            return tvm.transform.Sequential(phases)(mod)
+
+    return prepare
+
+
+def cpu_pipeline(
+    target: tvm.target.Target | None = None,
+    *,
+    tuning_records=None,
+    tuning_report=None,
+    pack_weights: bool = True,
+    rules=None,
+    **graph_options,
+) -> tvm.transform.Pass:
+    """The llvm build pipeline (see the module docstring for its phases).
+
+    Parameters
+    ----------
+    target : tvm.target.Target or None
+        The llvm target; None: the target in scope when the pass runs (``tvm.compile`` sets it).
+    tuning_records : str or os.PathLike or None
+        A MetaSchedule database directory (:func:`tvm_roialign.tuning.tune`); its records
+        schedule the functions they cover, the default rules the rest.
+    tuning_report : callable(found, candidates) or None
+        Told how many functions the records covered.
+    pack_weights : bool
+        Phase 6 (False: the packing stages stay inside the kernels, run at every call; for tests).
+    rules : list of ScheduleRule or None
+        Phase 5 rules (default :func:`tvm_roialign.schedules.default_rules`).
+    graph_options
+        Phases 1-3 (:func:`prepare_pipeline`): ``layout`` of the convolutions (and RoIAlign)
+        after phase 1 (``"NHWC"``, the layout the conv rules and Winograd are written for;
+        ``ConvertLayout`` adds transposes at the edges of an NCHW model and folds those that
+        cancel; None keeps the model's layouts), ``fold_batch_norm`` and ``pad_channels``
+        (True), ``winograd``: output tile of the Winograd rewrite of 3x3 convolutions (4:
+        ``F(4x4, 3x3)``, 2, or 0: off).
+    """
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+
+    from .passes import FoldLayoutRewrite
+
+    prepare = prepare_pipeline(target, **graph_options)
+
+    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignCPUPipeline")
+    def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        tgt = _current(target)
+        with tgt:
+            phases = [
+                prepare
+            ]  # 1-3. graph rewrites, legalize and fuse, layout-free weights
+            if tuning_records is not None:
+                from .tuning import apply_database_pass
+
+                # 4. tuned schedules from a MetaSchedule database
+                phases.append(apply_database_pass(tuning_records, tuning_report))
+            # 5. default schedule rules (skip tirx.is_scheduled functions)
+            phases.append(cpu_schedule_pass(rules))
             if pack_weights:
                 # 6. weight packing at compile time
                 phases += [
@@ -190,9 +209,8 @@ def cpu_pipeline(
                     relax.transform.DeadCodeElimination(),
                 ]
             # 7. lowering
-            phases += cpu_generic.dataflow_lower_passes(
-                tgt
-            ) + cpu_generic.finalize_passes(tgt)
+            phases += cpu_generic.dataflow_lower_passes(tgt)
+            phases += cpu_generic.finalize_passes(tgt)
             return tvm.transform.Sequential(phases)(mod)
 
     return pipeline
@@ -292,5 +310,6 @@ __all__ = [
     "build",
     "cpu_pipeline",
     "cpu_schedule_pass",
+    "prepare_pipeline",
     "symbolic_vars",
 ]

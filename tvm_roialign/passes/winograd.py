@@ -157,6 +157,18 @@ def _linear_combination(terms, dtype):
     return expr
 
 
+def _select_of_sums(index, coefficients, values, dtype):
+    """``sum_j coefficients[index][j] * values[j]`` for a (loop-unrolled) ``index``: the values
+    bound once by ``Let`` and each case of the select a sum of their names (a small expression
+    that compiles fast once the select is unrolled), zero coefficients left out."""
+    names = [tirx.Var(f"v{j}", dtype) for j in range(len(values))]
+    cases = [_linear_combination(list(zip(row, names)), dtype) for row in coefficients]
+    body = _select(index, cases, dtype)
+    for name, value in reversed(list(zip(names, values))):
+        body = tirx.Let(name, value, body)
+    return body
+
+
 def _select(index, cases, dtype):
     """``cases[index]`` for a (loop-unrolled) integer ``index`` as a chain of selects."""
     expr = cases[-1] if cases[-1] is not None else tirx.const(0.0, dtype)
@@ -189,11 +201,7 @@ def input_transform(
             inside = tirx.all(hh >= 0, hh < h_, ww >= 0, ww < w_)
             return tirx.if_then_else(inside, x[n, hh, ww, c], tirx.const(0.0, x.dtype))
 
-        cases = [
-            _linear_combination([(bt[f_, j], d(j)) for j in range(alpha)], x.dtype)
-            for f_ in range(alpha)
-        ]
-        return _select(f, cases, x.dtype)
+        return _select_of_sums(f, bt, [d(j) for j in range(alpha)], x.dtype)
 
     partial = te.compute(
         _i64((alpha, alpha, tiles, c_)), rows, name=INPUT_BLOCK + "_rows"
@@ -201,13 +209,8 @@ def input_transform(
 
     def cols(ef, p, c):
         e, f = ef // alpha, ef % alpha
-        cases = [
-            _linear_combination(
-                [(bt[e_, i], partial[i, f, p, c]) for i in range(alpha)], x.dtype
-            )
-            for e_ in range(alpha)
-        ]
-        return _select(e, cases, x.dtype)
+        values = [partial[i, f, p, c] for i in range(alpha)]
+        return _select_of_sums(e, bt, values, x.dtype)
 
     return te.compute(_i64((alpha * alpha, tiles, c_)), cols, name=INPUT_BLOCK)
 
@@ -222,13 +225,8 @@ def output_transform(
     per_image = tiles_h * tiles_w
 
     def rows(a, f, p, k):
-        cases = [
-            _linear_combination(
-                [(at[a_, e], mt[e * alpha + f, p, k]) for e in range(alpha)], mt.dtype
-            )
-            for a_ in range(m)
-        ]
-        return _select(a, cases, mt.dtype)
+        values = [mt[e * alpha + f, p, k] for e in range(alpha)]
+        return _select_of_sums(a, at, values, mt.dtype)
 
     partial = te.compute(
         _i64((m, alpha, int(mt.shape[1]), int(mt.shape[2]))),
@@ -239,13 +237,8 @@ def output_transform(
     def compute(n, h, w, k):
         p = n * per_image + h // m * tiles_w + w // m
         a, b = h % m, w % m
-        cases = [
-            _linear_combination(
-                [(at[b_, f], partial[a, f, p, k]) for f in range(alpha)], mt.dtype
-            )
-            for b_ in range(m)
-        ]
-        return _select(b, cases, mt.dtype)
+        values = [partial[a, f, p, k] for f in range(alpha)]
+        return _select_of_sums(b, at, values, mt.dtype)
 
     return te.compute(_i64(out_shape), compute, name=OUTPUT_BLOCK)
 
