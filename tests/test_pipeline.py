@@ -354,3 +354,72 @@ def test_roi_align_kernels_pass_through_untouched():
         )
     for name, func in scheduled.items():
         tvm.ir.assert_structural_equal(after[name].body, func.body)
+
+
+def test_fold_constant_numpy_matches_fold_constant(rng):
+    from tvm_roialign.passes import FoldConstantNumPy
+
+    value = rng.standard_normal((2, 3, 4)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4, 6], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            t = bb.emit(relax.op.permute_dims(relax.const(value), [2, 0, 1]))
+            t = bb.emit(relax.op.reshape(t, [4, 6]))
+            s = bb.emit(relax.op.sqrt(relax.op.multiply(t, t)))
+            out = bb.emit_output(
+                relax.op.add(x, relax.op.divide(s, relax.const(np.float32(2))))
+            )
+        bb.emit_func_output(out)
+    mod = bb.get()
+    folded = FoldConstantNumPy()(mod)
+    assert not _ops(folded, "relax.permute_dims") and not _ops(folded, "relax.sqrt")
+    data = rng.standard_normal((4, 6)).astype("float32")
+    (ours,) = _run(tvm.compile(folded, target=HOST), data)
+    (theirs,) = _run(
+        tvm.compile(relax.transform.FoldConstant()(mod), target=HOST), data
+    )
+    np.testing.assert_array_equal(ours, theirs)
+    runtime = _one_conv(weight_const=False)
+    assert FoldConstantNumPy()(runtime).same_as(runtime)
+
+
+def _packed_weight(mod):
+    """The constant weight operand of the conv kernel's call in ``mod``'s main."""
+    values = {
+        b.var: b.value for block in mod["main"].body.blocks for b in block.bindings
+    }
+    (call,) = [c for c in _ops(mod, "relax.call_tir") if len(c.args[1].fields) == 2]
+    weight = call.args[1].fields[1]
+    weight = values.get(weight, weight)
+    return weight.value.numpy()
+
+
+@pytest.mark.parametrize("out_channels", [64, 48])
+def test_weight_packing_folds_like_fold_constant(out_channels, rng):
+    """The NumPy evaluation of the packing stages equals TVM running them."""
+    from tvm.s_tir.dlight.base.transform import ApplyDefaultSchedule
+
+    from tvm_roialign.passes import FoldLayoutRewrite
+    from tvm_roialign.schedules import Conv2DNHWC
+
+    mod = _one_conv(weight_const=True, out_channels=out_channels, in_channels=16)
+    with HOST:
+        mod = tvm.transform.Sequential(
+            [
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+                relax.transform.AttachAttrLayoutFreeBuffers(),
+                ApplyDefaultSchedule(Conv2DNHWC()),
+                relax.transform.SplitLayoutRewritePreproc(),
+            ]
+        )(mod)
+    ours = FoldLayoutRewrite()(mod)
+    with HOST:
+        theirs = relax.transform.FoldConstant()(mod)
+    packed = [_packed_weight(m) for m in (ours, theirs)]
+    block = packed[0].shape[-1]
+    assert packed[0].shape == (out_channels // block, 1, 1, 16, block)
+    np.testing.assert_array_equal(*packed)

@@ -131,6 +131,12 @@ def _matmul_module(a_shape, weight, bias, transpose_b=False):
         ((30, 70), 70, 91, True),  # odd output (padded), linear's transposed weight
         ((3, 20, 16), 16, 48, False),  # batched rows, shared weight
         ((6, 1200), 1200, 64, False),  # long reduction
+        (
+            (197, 96),
+            96,
+            48,
+            True,
+        ),  # a prime row count (ViT's 197 tokens): a partial last tile
     ],
 )
 def test_matmul_matches_float64(a_shape, k, n, transpose_b, rng):
@@ -233,7 +239,7 @@ def test_tiles_fit_the_register_file():
     for rows_extent, vectors in [(1000, 64), (14, 16), (128, 4), (7, 1), (13, 3)]:
         for registers in (16, 32):
             rows, cols = pick_tile(rows_extent, vectors, registers)
-            assert rows_extent % rows == 0 and vectors % cols == 0
+            assert rows <= max(rows_extent, 1) and vectors % cols == 0
             assert rows * cols + cols + 1 <= registers
     assert (
         pick_lanes(96, 16) == 16
@@ -281,3 +287,34 @@ def test_scheduled_functions_are_not_touched(rng):
     with HOST:
         out = ApplyDefaultSchedule(Conv2DNHWC(), CPUDefault())(mod)
     tvm.ir.assert_structural_equal(out[name], marked)
+
+
+def test_conv_with_a_silu_epilogue(rng):
+    """The bias add is read twice (``y * sigmoid(y)``): inlined into the tile write-back as one."""
+    weight = (rng.standard_normal((3, 3, 16, 32)) * 0.2).astype("float32")
+    bias = rng.standard_normal(32).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 7, 9, 16], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(
+                relax.op.nn.conv2d(
+                    x,
+                    relax.const(weight),
+                    padding=1,
+                    data_layout="NHWC",
+                    kernel_layout="HWIO",
+                )
+            )
+            y = bb.emit(relax.op.add(y, relax.const(bias)))
+            out = bb.emit_output(relax.op.multiply(y, relax.op.sigmoid(y)))
+        bb.emit_func_output(out)
+    data = rng.standard_normal((1, 7, 9, 16)).astype("float32")
+    y = torch.nn.functional.conv2d(
+        torch.from_numpy(data).permute(0, 3, 1, 2).double(),
+        torch.from_numpy(weight).permute(3, 2, 0, 1).double(),
+        torch.from_numpy(bias).double(),
+        padding=1,
+    )
+    expected = torch.nn.functional.silu(y).permute(0, 2, 3, 1).numpy()
+    _close(_run(bb.get(), data), expected)

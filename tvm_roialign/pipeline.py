@@ -4,11 +4,14 @@ On llvm targets (x86, AArch64) the Relax module goes through :func:`cpu_pipeline
 the named Relax pipeline ``"tvm_roialign_cpu"`` (so ``tvm.compile(mod, target,
 relax_pipeline="tvm_roialign_cpu")`` works once this module is imported). Its phases:
 
-1. **graph rewrites** on Relax ops, before legalization: fold inference batch-norms into the
-   convolutions in front of them (:class:`~tvm_roialign.passes.FoldBatchNorm`), decompose the rest
-   (``DecomposeOpsForInference``), fold constants, and pad the output channels of constant-weight
+1. **graph rewrites** on Relax ops, before legalization: convolutions (and RoIAlign) to NHWC,
+   the layout the rules are written for (``ConvertLayout``; a no-op for an NHWC model); fold
+   inference batch-norms into the convolutions in front of them
+   (:class:`~tvm_roialign.passes.FoldBatchNorm`), decompose the rest
+   (``DecomposeOpsForInference``), fold constants; pad the output channels of constant-weight
    conv2d / matmul to a multiple of the target's vector width
-   (:class:`~tvm_roialign.passes.PadChannels`);
+   (:class:`~tvm_roialign.passes.PadChannels`); 3x3 stride-1 convolutions as Winograd
+   ``F(4x4, 3x3)`` (:class:`~tvm_roialign.passes.WinogradConv2D`);
 2. **legalize and fuse**: TVM's CPU library dispatch, ``LegalizeOps``, ``AnnotateTIROpPattern``,
    ``FoldConstant``, ``FuseOps``, ``FuseTIR`` (a conv and its bias / residual add / ReLU become one
    PrimFunc);
@@ -32,6 +35,8 @@ so that its kernels can be tiled.
 
 from __future__ import annotations
 
+import warnings
+
 import tvm
 from tvm import relax
 
@@ -49,14 +54,25 @@ def cpu_schedule_pass(rules=None) -> tvm.transform.Pass:
 
 
 def _graph_passes(
-    target, fold_batch_norm: bool, pad_channels: bool, winograd: int
+    target, layout: str | None, fold_batch_norm: bool, pad_channels: bool, winograd: int
 ) -> list:
-    from .passes import FoldBatchNorm, PadChannels, WinogradConv2D
+    from .passes import (
+        ConvertLayout,
+        FoldBatchNorm,
+        FoldConstantNumPy,
+        PadChannels,
+        WinogradConv2D,
+        desired_layouts,
+    )
     from .schedules import cpu_info
 
-    passes = [
-        relax.transform.FoldConstant()
-    ]  # weights in a converted layout become constants
+    passes = []
+    if layout is not None:
+        # the convolutions, and RoIAlign so that no transpose sits between them
+        passes.append(_try_pass(ConvertLayout(desired_layouts(layout))))
+    # weights in a converted layout (permute_dims of a constant) become constants: NumPy folds
+    # layout and arithmetic ops on constants without compiling them, FoldConstant the rest
+    passes += [FoldConstantNumPy(), relax.transform.FoldConstant()]
     if fold_batch_norm:
         passes.append(FoldBatchNorm())
     passes += [
@@ -70,47 +86,67 @@ def _graph_passes(
     return passes
 
 
-def pre_schedule_passes(
-    target: tvm.target.Target,
+def _try_pass(inner: tvm.transform.Pass) -> tvm.transform.Pass:
+    """``inner``, or the module unchanged (with a warning) where ``inner`` fails: a layout
+    conversion is an optimization, and TVM's ConvertLayout runs out of memory on some graphs
+    (torchvision's vit_b_16)."""
+
+    @tvm.transform.module_pass(opt_level=0, name=f"Try{inner.info.name}")
+    def attempt(mod, _ctx):
+        try:
+            return inner(mod)
+        except Exception as err:  # noqa: BLE001 - TVM raises InternalError / TVMError
+            first = (
+                str(err).strip().splitlines()[-1]
+                if str(err).strip()
+                else type(err).__name__
+            )
+            warnings.warn(f"{inner.info.name} skipped: {first}", stacklevel=2)
+            return mod
+
+    return attempt
+
+
+def _current(target):
+    return target if target is not None else tvm.target.Target.current(allow_none=False)
+
+
+def prepare_pipeline(
+    target: tvm.target.Target | None = None,
     *,
+    layout: str | None = "NHWC",
     fold_batch_norm: bool = True,
     pad_channels: bool = True,
     winograd: int = 4,
-) -> list:
-    """Phases 1-3 of :func:`cpu_pipeline` (graph rewrites, legalize and fuse, layout-free weights):
-    the module they make is the one the tuned-schedule slot (phase 4) sees. MetaSchedule records
-    are keyed by the structural hash of its fused PrimFuncs, so :mod:`tvm_roialign.tuning`
-    extracts its tasks from it. Run them inside ``with target:``."""
+) -> tvm.transform.Pass:
+    """Phases 1-3 of :func:`cpu_pipeline`: what schedules (and tuning records) apply to."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    return [
-        # 1. graph rewrites on Relax ops
-        *_graph_passes(target, fold_batch_norm, pad_channels, winograd),
-        # 2. legalize and fuse
-        *cpu_generic.library_dispatch_passes(target),
-        *cpu_generic.legalize_passes(target),
-        # 3. constant weights are layout-free
-        relax.transform.AttachAttrLayoutFreeBuffers(),
-    ]
+    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignCPUPrepare")
+    def prepare(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        tgt = _current(target)
+        with tgt:
+            phases = [
+                # 1. graph rewrites on Relax ops
+                *_graph_passes(tgt, layout, fold_batch_norm, pad_channels, winograd),
+                # 2. legalize and fuse
+                *cpu_generic.library_dispatch_passes(tgt),
+                *cpu_generic.legalize_passes(tgt),
+                # 3. constant weights are layout-free
+                relax.transform.AttachAttrLayoutFreeBuffers(),
+            ]
+            return tvm.transform.Sequential(phases)(mod)
 
-
-def _database_passes(tuning_records) -> list:
-    if tuning_records is None:
-        return []
-    from .tuning import apply_database_pass
-
-    return [apply_database_pass(tuning_records)]
+    return prepare
 
 
 def cpu_pipeline(
     target: tvm.target.Target | None = None,
     *,
     tuning_records=None,
-    fold_batch_norm: bool = True,
-    pad_channels: bool = True,
-    winograd: int = 4,
     pack_weights: bool = True,
     rules=None,
+    **graph_options,
 ) -> tvm.transform.Pass:
     """The llvm build pipeline (see the module docstring for its phases).
 
@@ -118,43 +154,41 @@ def cpu_pipeline(
     ----------
     target : tvm.target.Target or None
         The llvm target; None: the target in scope when the pass runs (``tvm.compile`` sets it).
-    tuning_records : str or os.PathLike or None
-        A MetaSchedule database directory (``tvm-roialign tune``); its records schedule the
-        functions they cover, the default rules the rest.
-    fold_batch_norm, pad_channels : bool
-        Phase 1 rewrites (both on by default).
-    winograd : int
-        Output tile of the Winograd rewrite of 3x3 convolutions (4: ``F(4x4, 3x3)``, 2, or 0: off).
+    tuning_records : str, os.PathLike, tvm_roialign.tuning.TuningRecords or None
+        A MetaSchedule database directory (``tvm-roialign tune``, :func:`tvm_roialign.tuning.tune`)
+        or its :class:`~tvm_roialign.tuning.TuningRecords`; its records schedule the functions
+        they cover, the default rules the rest (the coverage goes to the records' ``report``).
     pack_weights : bool
         Phase 6 (False: the packing stages stay inside the kernels, run at every call; for tests).
     rules : list of ScheduleRule or None
         Phase 5 rules (default :func:`tvm_roialign.schedules.default_rules`).
+    graph_options
+        Phases 1-3 (:func:`prepare_pipeline`): ``layout`` of the convolutions (and RoIAlign)
+        after phase 1 (``"NHWC"``, the layout the conv rules and Winograd are written for;
+        ``ConvertLayout`` adds transposes at the edges of an NCHW model and folds those that
+        cancel; None keeps the model's layouts), ``fold_batch_norm`` and ``pad_channels``
+        (True), ``winograd``: output tile of the Winograd rewrite of 3x3 convolutions (4:
+        ``F(4x4, 3x3)``, 2, or 0: off).
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
     from .passes import FoldLayoutRewrite
 
+    prepare = prepare_pipeline(target, **graph_options)
+
     @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignCPUPipeline")
     def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        tgt = (
-            target
-            if target is not None
-            else tvm.target.Target.current(allow_none=False)
-        )
+        tgt = _current(target)
         with tgt:
-            phases = [
-                # 1-3. graph rewrites, legalize and fuse, layout-free weights
-                *pre_schedule_passes(
-                    tgt,
-                    fold_batch_norm=fold_batch_norm,
-                    pad_channels=pad_channels,
-                    winograd=winograd,
-                ),
-                # 4. tuned schedules (MetaSchedule database), when given
-                *_database_passes(tuning_records),
-                # 5. default schedule rules (skip tirx.is_scheduled functions)
-                cpu_schedule_pass(rules),
-            ]
+            # 1-3. graph rewrites, legalize and fuse, layout-free weights
+            phases = [prepare]
+            if tuning_records is not None:
+                from .tuning import apply_database_pass
+
+                # 4. tuned schedules from a MetaSchedule database
+                phases.append(apply_database_pass(tuning_records))
+            # 5. default schedule rules (skip tirx.is_scheduled functions)
+            phases.append(cpu_schedule_pass(rules))
             if pack_weights:
                 # 6. weight packing at compile time
                 phases += [
@@ -164,9 +198,8 @@ def cpu_pipeline(
                     relax.transform.DeadCodeElimination(),
                 ]
             # 7. lowering
-            phases += cpu_generic.dataflow_lower_passes(
-                tgt
-            ) + cpu_generic.finalize_passes(tgt)
+            phases += cpu_generic.dataflow_lower_passes(tgt)
+            phases += cpu_generic.finalize_passes(tgt)
             return tvm.transform.Sequential(phases)(mod)
 
     return pipeline
@@ -224,22 +257,19 @@ def _metal_pipeline(target):
     def pipeline(mod, _ctx):
         with target:
             seq = tvm.transform.Sequential(
-                gpu_generic.library_dispatch_passes(target)
-                + [
+                [
+                    *gpu_generic.library_dispatch_passes(target),
                     relax.transform.LegalizeOps(),
                     relax.transform.AnnotateTIROpPattern(),
                     relax.transform.FoldConstant(),
                     relax.transform.FuseOps(),
                     relax.transform.FuseTIR(),
                     dl.ApplyDefaultSchedule(
-                        dl.gpu.GEMV(),
-                        dl.gpu.Reduction(),
-                        dl.gpu.GeneralReduction(),
-                        dl.gpu.Fallback(),
+                        dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
                     ),
+                    *gpu_generic.dataflow_lower_passes(target),
+                    *gpu_generic.finalize_passes(target),
                 ]
-                + gpu_generic.dataflow_lower_passes(target)
-                + gpu_generic.finalize_passes(target)
             )
             return seq(mod)
 
@@ -266,6 +296,6 @@ __all__ = [
     "build",
     "cpu_pipeline",
     "cpu_schedule_pass",
-    "pre_schedule_passes",
+    "prepare_pipeline",
     "symbolic_vars",
 ]

@@ -161,12 +161,13 @@ class _LastRelaxModule:
 
 
 def _build(mod, target, capture_tir: bool, records=None):
+    """The pipeline's build without its own layout conversion: ``--desired-layout`` decided it."""
     import tvm
 
     from ..pipeline import build
 
     if not capture_tir:
-        return build(mod, target, tuning_records=records), None
+        return build(mod, target, tuning_records=records, layout=None), None
     instrument = tvm.ir.instrument.pass_instrument(_LastRelaxModule)()
     ctx = tvm.transform.PassContext.current()
     with tvm.transform.PassContext(
@@ -176,7 +177,7 @@ def _build(mod, target, capture_tir: bool, records=None):
         config=dict(ctx.config),
         instruments=[*ctx.instruments, instrument],
     ):
-        executable = build(mod, target, tuning_records=records)
+        executable = build(mod, target, tuning_records=records, layout=None)
     return executable, instrument.mod
 
 

@@ -339,7 +339,7 @@ def compile_detector(
     import_s = time.perf_counter() - t0
     progress(f"build for {target.kind.name}")
     t0 = time.perf_counter()
-    executable = build(mod, target)
+    executable = build(mod, target, layout=None)  # import_detector converted the layout
     compile_s = time.perf_counter() - t0
     meta = {
         "kind": METADATA_KIND,

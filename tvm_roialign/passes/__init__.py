@@ -14,12 +14,12 @@
 from . import layout
 from .convert_layout import ConvertLayout
 from .desired_layouts import LAYOUT_OPS, desired_layouts
+from .fold_batch_norm import FoldBatchNorm
+from .fold_constant_numpy import FoldConstantNumPy
 from .fold_flatten_permute import FoldFlattenPermute
+from .fold_layout_rewrite import FoldLayoutRewrite
 from .fold_permute_dims import FoldPermuteDims
 from .layout import register
-
-from .fold_batch_norm import FoldBatchNorm
-from .fold_layout_rewrite import FoldLayoutRewrite
 from .pad_channels import PadChannels
 from .winograd import WinogradConv2D
 
@@ -27,6 +27,7 @@ __all__ = [
     "LAYOUT_OPS",
     "ConvertLayout",
     "FoldBatchNorm",
+    "FoldConstantNumPy",
     "FoldFlattenPermute",
     "FoldLayoutRewrite",
     "FoldPermuteDims",

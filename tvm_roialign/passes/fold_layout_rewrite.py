@@ -77,6 +77,9 @@ def evaluate_layout_rewrite(
     if tuple(extents) != value.shape:
         return None
     out_shape = [int(d) for d in func.params[1].ty.shape]
+    fast = _split_and_move(store.indices, iters, extents, out_shape)
+    if fast is not None:
+        return fast(value)
     grids = np.indices(extents, dtype=np.int64, sparse=True)
     env = dict(zip(iters, grids))
     try:
@@ -86,6 +89,44 @@ def evaluate_layout_rewrite(
     out = np.zeros(out_shape, dtype=value.dtype)
     out[tuple(index)] = value
     return out
+
+
+def _split_and_move(indices, iters, extents, out_shape):
+    """A reshape + transpose for the packing map ``(v[d] // B, v[others]..., v[d] % B)``, the form
+    the contraction schedules write, or None."""
+    if len(indices) != len(iters) + 1:
+        return None
+    first, last = indices[0], indices[-1]
+    if not (isinstance(first, tirx.FloorDiv) and isinstance(last, tirx.FloorMod)):
+        return None
+    if not (isinstance(first.a, tirx.Var) and first.a.same_as(last.a)):
+        return None
+    if not (isinstance(first.b, tirx.IntImm) and isinstance(last.b, tirx.IntImm)):
+        return None
+    block = int(first.b)
+    if block != int(last.b):
+        return None
+    dims = [next((d for d, v in enumerate(iters) if v.same_as(first.a)), None)]
+    for index in indices[1:-1]:
+        dims.append(next((d for d, v in enumerate(iters) if v.same_as(index)), None))
+    if (
+        None in dims
+        or sorted(dims) != list(range(len(iters)))
+        or extents[dims[0]] % block
+    ):
+        return None
+    split = dims[0]
+
+    def apply(value):
+        shape = list(value.shape)
+        shape[split : split + 1] = [shape[split] // block, block]
+        # axes of the split array: d < split -> d, split -> (split, split + 1), d > split -> d + 1
+        axis = [d if d < split else d + 1 for d in range(len(iters))]
+        order = [split] + [axis[d] for d in dims[1:]] + [split + 1]
+        out = np.ascontiguousarray(value.reshape(shape).transpose(order))
+        return out if list(out.shape) == out_shape else None
+
+    return apply
 
 
 @mutator

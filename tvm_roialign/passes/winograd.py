@@ -96,7 +96,7 @@ def _matrices(m: int, r: int, points: tuple):
 
 def _solve(a_rows, b):
     """Least-squares-free exact solve of an overdetermined but consistent rational system."""
-    rows = [list(row) + [rhs] for row, rhs in zip(a_rows, b)]
+    rows = [[*list(row), rhs] for row, rhs in zip(a_rows, b)]
     ncols = len(a_rows[0])
     pivots = []
     r = 0
@@ -124,15 +124,13 @@ def _solve(a_rows, b):
 def transform_weight(weight_hwio: np.ndarray, m: int) -> np.ndarray:
     """``U [a*a, C, K] = G W G^T`` of an HWIO ``3x3`` weight, computed in float64."""
     _, g, _ = winograd_matrices(m)
-    w = weight_hwio.astype("float64")
-    rows = np.tensordot(g, w, axes=(1, 0))  # [a, 3, C, K]
-    u = np.tensordot(g, rows, axes=(1, 1))  # [a(f), a(e), C, K]
     alpha = g.shape[0]
-    return (
-        np.ascontiguousarray(u.transpose(1, 0, 2, 3))
-        .reshape(alpha * alpha, *w.shape[2:])
-        .astype(weight_hwio.dtype)
-    )
+    w = weight_hwio.astype("float64").reshape(3, -1)  # [a(row), 3 * C * K]
+    rows = (g @ w).reshape(alpha, 3, -1)  # [e, b, C*K]
+    u = g @ rows.transpose(1, 0, 2).reshape(3, -1)  # [f, e * C*K]
+    u = u.reshape(alpha, alpha, -1).transpose(1, 0, 2)  # [e, f, C*K]
+    shape = (alpha * alpha, *weight_hwio.shape[2:])
+    return np.ascontiguousarray(u).reshape(shape).astype(weight_hwio.dtype)
 
 
 def _i64(shape) -> list:
@@ -157,6 +155,18 @@ def _linear_combination(terms, dtype):
         else:
             expr = expr - term if negative else expr + term
     return expr
+
+
+def _select_of_sums(index, coefficients, values, dtype):
+    """``sum_j coefficients[index][j] * values[j]`` for a (loop-unrolled) ``index``: the values
+    bound once by ``Let`` and each case of the select a sum of their names (a small expression
+    that compiles fast once the select is unrolled), zero coefficients left out."""
+    names = [tirx.Var(f"v{j}", dtype) for j in range(len(values))]
+    cases = [_linear_combination(list(zip(row, names)), dtype) for row in coefficients]
+    body = _select(index, cases, dtype)
+    for name, value in reversed(list(zip(names, values))):
+        body = tirx.Let(name, value, body)
+    return body
 
 
 def _select(index, cases, dtype):
@@ -191,11 +201,7 @@ def input_transform(
             inside = tirx.all(hh >= 0, hh < h_, ww >= 0, ww < w_)
             return tirx.if_then_else(inside, x[n, hh, ww, c], tirx.const(0.0, x.dtype))
 
-        cases = [
-            _linear_combination([(bt[f_, j], d(j)) for j in range(alpha)], x.dtype)
-            for f_ in range(alpha)
-        ]
-        return _select(f, cases, x.dtype)
+        return _select_of_sums(f, bt, [d(j) for j in range(alpha)], x.dtype)
 
     partial = te.compute(
         _i64((alpha, alpha, tiles, c_)), rows, name=INPUT_BLOCK + "_rows"
@@ -203,13 +209,8 @@ def input_transform(
 
     def cols(ef, p, c):
         e, f = ef // alpha, ef % alpha
-        cases = [
-            _linear_combination(
-                [(bt[e_, i], partial[i, f, p, c]) for i in range(alpha)], x.dtype
-            )
-            for e_ in range(alpha)
-        ]
-        return _select(e, cases, x.dtype)
+        values = [partial[i, f, p, c] for i in range(alpha)]
+        return _select_of_sums(e, bt, values, x.dtype)
 
     return te.compute(_i64((alpha * alpha, tiles, c_)), cols, name=INPUT_BLOCK)
 
@@ -224,13 +225,8 @@ def output_transform(
     per_image = tiles_h * tiles_w
 
     def rows(a, f, p, k):
-        cases = [
-            _linear_combination(
-                [(at[a_, e], mt[e * alpha + f, p, k]) for e in range(alpha)], mt.dtype
-            )
-            for a_ in range(m)
-        ]
-        return _select(a, cases, mt.dtype)
+        values = [mt[e * alpha + f, p, k] for e in range(alpha)]
+        return _select_of_sums(a, at, values, mt.dtype)
 
     partial = te.compute(
         _i64((m, alpha, int(mt.shape[1]), int(mt.shape[2]))),
@@ -241,13 +237,8 @@ def output_transform(
     def compute(n, h, w, k):
         p = n * per_image + h // m * tiles_w + w // m
         a, b = h % m, w % m
-        cases = [
-            _linear_combination(
-                [(at[b_, f], partial[a, f, p, k]) for f in range(alpha)], mt.dtype
-            )
-            for b_ in range(m)
-        ]
-        return _select(b, cases, mt.dtype)
+        values = [partial[a, f, p, k] for f in range(alpha)]
+        return _select_of_sums(b, at, values, mt.dtype)
 
     return te.compute(_i64(out_shape), compute, name=OUTPUT_BLOCK)
 
@@ -256,7 +247,7 @@ def _static_shape(expr):
     shape = expr.ty.shape if isinstance(expr.ty, relax.TensorType) else None
     if not isinstance(shape, relax.ShapeExpr):
         return None
-    values = [v for v in shape.values]
+    values = list(shape.values)
     if not all(isinstance(v, tirx.IntImm) for v in values):
         return None
     return [int(v) for v in values]

@@ -21,7 +21,8 @@ The schedule (:func:`schedule_contraction`) is the classic CPU micro-kernel:
   marked ``meta_schedule.layout_rewrite_preproc`` that ``SplitLayoutRewritePreproc`` moves out and
   ``FoldConstant`` evaluates);
 * column blocks outermost, so one block of packed weights stays in cache while every row tile
-  uses it; batch, column blocks and row tiles fused into one parallel loop;
+  uses it, unless all the weights fit in half of L2: then row tiles outermost, so that ``a`` is
+  read once; batch, column blocks and row tiles fused into one parallel loop;
 * for long reductions (a large matmul), the reduction is cut into chunks that keep the tile's slice
   of ``w`` in L1 (see :mod:`.matmul`);
 * the epilogue (bias, residual add, ReLU, ...) inlined into the write-back of the tile.
@@ -43,6 +44,10 @@ _MAX_ACCUMULATORS = 28
 #: doubled to cover the loads feeding them); measured on AVX-512: 16 accumulators run a
 #: [1000, 1024] x [1024, 1024] matmul 1.3x faster than 20 or 24, and 2x faster than 8
 _LATENCY_CHAINS = 16
+#: bytes per cycle a core streams from L2 while computing (the packed weights of a tile); measured
+#: on AVX-512: a 4x4 tile (256 weight bytes per 16 multiply-adds) runs a [1024, 256] x [256, 256]
+#: matmul at 0.67x the speed of an 8x2 tile (128 bytes)
+_L2_BYTES_PER_CYCLE = 16
 
 
 @dataclass
@@ -191,14 +196,16 @@ def pick_tile(
 ) -> tuple[int, int]:
     """``(rows, cols)`` of the register tile.
 
-    ``rows`` divides the innermost row extent and ``cols`` the number of column vectors; the tile
+    ``cols`` divides the number of column vectors; ``rows`` need not divide the innermost row
+    extent (a predicate guards the last tile, whose idle rows count as lost work). The tile
     needs ``rows * cols`` accumulators, ``cols`` weight vectors and a broadcast register. A step of
     the reduction issues ``rows * cols`` multiply-adds (two per cycle) and ``rows + cols`` loads
-    (two per cycle), streams ``cols`` weight vectors from L2 (about 32 bytes per cycle), and cannot
+    (two per cycle), streams ``cols`` weight vectors from L2 (:data:`_L2_BYTES_PER_CYCLE`), and cannot
     be shorter than the latency of one accumulator chain (:data:`_LATENCY_CHAINS`). The tile with
     the best throughput under this model wins, then the one with the fewest loads per step.
-    Measured on AVX-512 (one core, fraction of PyTorch's oneDNN time): 8x2 and 4x4 tiles ~1.0,
-    14x2 best on 14-wide rows, 2x8 (weight-stream bound) 1.5, 4x2 (latency bound) 1.3.
+    Measured on AVX-512 (one core, time relative to PyTorch's oneDNN on direct convolutions): 8x2
+    ~1.0, 14x2 best on 14-wide rows, 2x8 (weight-stream bound) 1.5, 4x2 (latency bound) 1.3;
+    on a matmul whose weights are re-read from L2 per row tile, 8x2 1.5x faster than 4x4.
     """
     best, best_key = (1, 1), None
     for cols in range(1, min(vectors, 8) + 1):
@@ -206,19 +213,17 @@ def pick_tile(
             continue
         for rows in range(1, min(rows_extent, 32) + 1):
             acc = rows * cols
-            if (
-                rows_extent % rows
-                or acc + cols + 1 > registers
-                or acc > _MAX_ACCUMULATORS
-            ):
+            if acc + cols + 1 > registers or acc > _MAX_ACCUMULATORS:
                 continue
             cycles = max(
                 acc / 2,
                 (rows + cols) / 2,
                 _LATENCY_CHAINS / 2,
-                cols * vector_bytes / 32,
+                cols * vector_bytes / _L2_BYTES_PER_CYCLE,
             )
-            key = (round(acc / 2 / cycles, 3), -(rows + cols), -rows)
+            # a last, partial tile (rows not dividing the extent) computes padding rows
+            used = rows_extent / (-(-rows_extent // rows) * rows)
+            key = (round(acc / 2 / cycles * used, 3), -(rows + cols), -rows)
             if best_key is None or key > best_key:
                 best, best_key = (rows, cols), key
     return best
@@ -229,9 +234,10 @@ class Tiling:
     lanes: int
     rows: int
     cols: int
-    reduce_chunk: int | None = (
-        None  # chunk of the innermost reduction loop (None: whole)
-    )
+    #: chunk of the innermost reduction loop (None: whole)
+    reduce_chunk: int | None = None
+    #: row tiles outside column blocks (the weights stay in L2; ``a`` is read once)
+    rows_outer: bool = False
 
 
 def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
@@ -245,7 +251,15 @@ def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
         info.vector_registers,
         lanes * 4,
     )
-    return Tiling(lanes, rows, cols)
+    return Tiling(lanes, rows, cols, rows_outer=weight_bytes(c) <= info.l2_bytes // 2)
+
+
+def weight_bytes(c: Contraction) -> int:
+    """Bytes of ``w`` one batch of ``c`` reads (reduction x columns, float32)."""
+    size = c.num_columns * 4
+    for role, extent in zip(c.roles, c.extents):
+        size *= extent if role == "R" else 1
+    return size
 
 
 def pack_weight(sch: Schedule, c: Contraction, block_cols: int) -> bool:
@@ -310,10 +324,13 @@ def schedule_contraction(
         sch.unroll(m_inner)
         sch.decompose_reduction(c.block, r_out)
         return outer, None
-    sch.reorder(
-        *batch, *n_other, n_outer, *m_loops[:-1], m_outer, *red, m_inner, n_tile, n_lane
-    )
-    outer = sch.fuse(*batch, *n_other, n_outer, *m_loops[:-1], m_outer)
+    # column blocks outermost keep a block of weights in cache while every row tile uses it; when
+    # all the weights fit in L2, row tiles outermost read ``a`` once instead of once per block
+    spatial = [*n_other, n_outer, *m_loops[:-1], m_outer]
+    if tiling.rows_outer:
+        spatial = [*m_loops[:-1], m_outer, *n_other, n_outer]
+    sch.reorder(*batch, *spatial, *red, m_inner, n_tile, n_lane)
+    outer = sch.fuse(*batch, *spatial)
     sch.parallel(outer)
     local = sch.cache_write(c.block, 0, "local")
     sch.reverse_compute_at(local, outer, preserve_unit_loops=True)
@@ -325,15 +342,41 @@ def schedule_contraction(
 
 
 def inline_epilogue(sch: Schedule, writer) -> list:
-    """Inline the chain of elementwise consumers of ``writer`` into it; returns those left."""
+    """Inline the elementwise consumers of ``writer`` into it; returns the consumers left.
+
+    Intermediate blocks of the epilogue are first inlined into their own consumers (a SiLU reads
+    the bias add twice: ``y * sigmoid(y)``), so that one block, the last, reads ``writer``; that
+    block is then inlined into ``writer`` (TIR inlines a consumer only into a sole producer)."""
+    changed = True
+    while changed:
+        changed = False
+        pending, seen = list(sch.get_consumers(writer)), set()
+        while pending:
+            block = pending.pop()
+            name = sch.get(block).name_hint
+            if name in seen:
+                continue
+            seen.add(name)
+            later = sch.get_consumers(block)
+            if later and try_step(sch.compute_inline, block):
+                changed = True
+                break
+            pending.extend(later)
     while True:
         consumers = sch.get_consumers(writer)
-        if not consumers:
-            return []
-        try:
-            sch.reverse_compute_inline(consumers[0])
-        except Exception:  # noqa: BLE001 - not inlinable (a slice, a reduction): schedule apart
+        if len(consumers) != 1 or not try_step(
+            sch.reverse_compute_inline, consumers[0]
+        ):
             return consumers
+
+
+def try_step(step, *args) -> bool:
+    """Run a schedule step; False where TIR refuses it (the schedule is left as it was)."""
+    try:
+        step(*args)
+    except Exception:  # noqa: BLE001 - TIR raises ScheduleError subclasses
+        return False
+    return True
 
 
 def vectorize_writeback(sch: Schedule, writer, lanes: int) -> None:
@@ -356,5 +399,6 @@ __all__ = [
     "pick_lanes",
     "pick_tile",
     "schedule_contraction",
+    "try_step",
     "vectorize_writeback",
 ]

@@ -27,6 +27,7 @@ from .contraction import (
     inline_epilogue,
     is_layout_preproc,
     schedule_contraction,
+    try_step,
     vectorize_writeback,
     walk,
 )
@@ -69,18 +70,11 @@ def schedule_producers(sch: Schedule, block, lanes: int) -> None:
     for producer in sch.get_producers(block):
         if is_layout_preproc(sch, producer):
             continue
-        if not _has_condition(sch.get(producer)) and _try(sch.compute_inline, producer):
+        if not _has_condition(sch.get(producer)) and try_step(
+            sch.compute_inline, producer
+        ):
             continue
         schedule_injective_block(sch, producer, lanes)
-
-
-def _try(step, *args) -> bool:
-    """Run a schedule step; False where TIR refuses it (the schedule is left as it was)."""
-    try:
-        step(*args)
-    except Exception:  # noqa: BLE001 - TIR raises ScheduleError subclasses
-        return False
-    return True
 
 
 class Conv2DNHWC(ScheduleRule):

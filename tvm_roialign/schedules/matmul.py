@@ -70,7 +70,7 @@ class Matmul(ScheduleRule):
             tiling = choose_tiling(contraction, info)
             if tiling is None:
                 return None
-            if self.reduce_chunks:
+            if self.reduce_chunks and not tiling.rows_outer:
                 rows_total = 1
                 for role, extent in zip(contraction.roles, contraction.extents):
                     rows_total *= extent if role == "M" else 1

@@ -72,12 +72,13 @@ def is_scheduled(func) -> bool:
 
 def slot_module(mod: tvm.IRModule, target, **pipeline_options) -> tvm.IRModule:
     """``mod`` as the tuned-schedule phase of the build pipeline sees it (``pipeline_options``:
-    ``fold_batch_norm``, ``pad_channels``, ``winograd``, as given to ``pipeline.build``)."""
-    from ..pipeline import pre_schedule_passes
+    ``layout``, ``fold_batch_norm``, ``pad_channels``, ``winograd``, as given to
+    ``pipeline.build``)."""
+    from ..pipeline import prepare_pipeline
 
     target = as_target(target)
     with target:
-        return tvm.transform.Sequential(pre_schedule_passes(target, **pipeline_options))(mod)
+        return prepare_pipeline(target, **pipeline_options)(mod)
 
 
 def extract_tasks(mods, target, ops=DEFAULT_OPS, **pipeline_options) -> TaskSet:

@@ -50,6 +50,7 @@ from .pieces import (
     export_piece,
     permutes_adjacent_to_roi_align,
     piece_modules,
+    static_rois,
 )
 from .report import MaskRCNNReport
 from .timing import time_roi_align, time_torch_pieces
@@ -75,6 +76,7 @@ __all__ = [
     "permutes_adjacent_to_roi_align",
     "piece_modules",
     "run_maskrcnn_report",
+    "static_rois",
     "time_roi_align",
     "time_torch_pieces",
 ]

@@ -19,7 +19,13 @@ from tvm import relax
 from ...passes import ConvertLayout, desired_layouts
 from ...pipeline import build
 from ...target import describe, device_or_none, parse_target
-from .pieces import count_permutes, export_piece, permutes_adjacent_to_roi_align, piece_modules
+from .pieces import (
+    count_permutes,
+    export_piece,
+    permutes_adjacent_to_roi_align,
+    piece_modules,
+    static_rois,
+)
 
 #: ConvertLayout's desired layouts for the NHWC build (conv2d and both RoIAlign ops).
 DEFAULT_LAYOUTS = desired_layouts("NHWC")
@@ -160,7 +166,8 @@ class TVMMaskRCNN:
             self.progress(f"compile {name} for {describe(self.target)} ({self.layout})")
             t0 = time.perf_counter()
             records = self.tuning_records.labelled(name) if self.tuning_records else None
-            executable = build(mod, self.target, tuning_records=records)
+            # layout=None: relax_modules converted the layout
+            executable = build(mod, self.target, tuning_records=records, layout=None)
             compile_s = time.perf_counter() - t0
             pieces[name] = Piece(name, imported, mod, executable, self.device, import_s, compile_s)
         self.pieces[key] = pieces
@@ -178,17 +185,16 @@ class TVMMaskRCNN:
         with torch.no_grad():
             feats = backbone(images)[:4]
         boxes = torch.tensor([[10.0, 12.0, 200.0, 180.0], [0.0, 0.0, 60.0, 40.0]])
-        max_proposals = int(self.model.rpn._post_nms_top_n["testing"])
-        max_detections = int(self.model.roi_heads.detections_per_img)
+        max_proposals, max_detections = self.roi_bounds()
         modules = {}
-        for name, module, args, max_rois in (
-            ("backbone", backbone, (images,), None),
-            ("box_branch", box_branch, (*feats, boxes), max_proposals),
-            ("mask_branch", mask_branch, (*feats, boxes), max_detections),
+        for name, module, args in (
+            ("backbone", backbone, (images,)),
+            ("box_branch", box_branch, (*feats, boxes.repeat(max_proposals, 1)[:max_proposals])),
+            ("mask_branch", mask_branch, (*feats, boxes.repeat(max_detections, 1)[:max_detections])),
         ):
             self.progress(f"import {name}")
             t0 = time.perf_counter()
-            exported = export_piece(module, args, max_rois)
+            exported = export_piece(module, args)
             # constants folded first, so that the counts of permute_dims (before/after) are those
             # of activations, not of weights
             fold = relax.transform.FoldConstant()
@@ -196,6 +202,14 @@ class TVMMaskRCNN:
             mod = fold(convert_layout(imported, self.layout))
             modules[name] = (imported, mod, time.perf_counter() - t0)
         return modules
+
+    def roi_bounds(self) -> tuple[int, int]:
+        """Static roi counts of the box and mask branches: the model's proposals and detections
+        (the glue pads the rois to them with zero boxes and drops the extra rows)."""
+        return (
+            int(self.model.rpn._post_nms_top_n["testing"]),
+            int(self.model.roi_heads.detections_per_img),
+        )
 
     # ---------------------------------------------------------------------------------------------
     def __call__(self, images) -> list[dict]:
@@ -254,7 +268,14 @@ class TVMMaskRCNN:
             }
             return run
 
-        class_logits, box_regression = self._piece(run, pieces, "box_branch", *run.features, run.proposals)
+        max_proposals, max_detections = self.roi_bounds()
+        num = run.proposals.shape[0]
+        class_logits, box_regression = (
+            out[:num]
+            for out in self._piece(
+                run, pieces, "box_branch", *run.features, static_rois(run.proposals, max_proposals)
+            )
+        )
         t0 = time.perf_counter()
         with torch.no_grad():
             boxes, scores, labels = model.roi_heads.postprocess_detections(
@@ -268,7 +289,14 @@ class TVMMaskRCNN:
         result = {"boxes": boxes[0], "labels": labels[0], "scores": scores[0]}
 
         if boxes[0].shape[0] > 0:
-            (mask_logits,) = self._piece(run, pieces, "mask_branch", *run.features, run.detection_boxes)
+            (mask_logits,) = self._piece(
+                run,
+                pieces,
+                "mask_branch",
+                *run.features,
+                static_rois(run.detection_boxes, max_detections),
+            )
+            mask_logits = mask_logits[: run.detection_boxes.shape[0]]
             t0 = time.perf_counter()
             with torch.no_grad():
                 (mask_probs,) = maskrcnn_inference(torch.from_numpy(mask_logits), labels)

@@ -15,6 +15,7 @@ Two operators are swapped for equivalent forms that TVM compiles better (``rewri
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import tvm
 from tvm import relax
@@ -165,20 +166,24 @@ def piece_modules(model, io_layout: str, image_size: tuple[int, int], rewrite: b
     )
 
 
-def export_piece(module, args, max_rois: int | None = None):
-    """``tvm_roialign.frontend.export`` of one piece; the branches with a symbolic roi count.
-
-    ``max_rois`` bounds the roi count (the last argument's first axis): Relax plans static memory
-    for the largest count, so the model's own bound (proposals, detections) is given.
-    """
+def export_piece(module, args):
+    """``tvm_roialign.frontend.export`` of one piece with static shapes: the branches are exported
+    for the model's own roi bounds (1000 proposals, 100 detections; :func:`static_rois` pads), so
+    that their kernels can be tiled and tuned."""
     from ... import frontend
 
-    dynamic_shapes = None
-    if max_rois:
-        num_rois = torch.export.Dim("num_rois", min=1, max=max(int(max_rois), 2))
-        dynamic_shapes = (*([None] * (len(args) - 1)), {0: num_rois})
     with torch.no_grad():
-        return frontend.export(module, tuple(args), dynamic_shapes=dynamic_shapes)
+        return frontend.export(module, tuple(args))
+
+
+def static_rois(rois: np.ndarray, count: int) -> np.ndarray:
+    """``rois [K, 4]`` padded with zero boxes to ``[count, 4]`` (``K <= count``); the rows past
+    ``K`` of a branch's outputs are to be dropped."""
+    if rois.shape[0] > count:
+        raise ValueError(f"{rois.shape[0]} rois for a branch compiled for at most {count}")
+    padded = np.zeros((count, 4), dtype="float32")
+    padded[: rois.shape[0]] = rois
+    return padded
 
 
 # --------------------------------------------------------------------------------------------------
