@@ -80,75 +80,65 @@ def _export_onnx(model, args, path: str, **kwargs) -> float:
 # Mask R-CNN
 
 
-def bench_maskrcnn(args, threads: int, target, workdir: str) -> dict:
+def bench_maskrcnn(args, threads: int, target) -> dict:
     import torch
 
     from tvm_roialign.models import maskrcnn as mr
 
     model = mr.build_torch_model(mr.MaskRCNNConfig())
     image = mr.load_image(args.image)
-    with torch.no_grad():
-        image_list, _ = model.transform([image])
+    shape = mr.TVMMaskRCNN(model, target).padded_shape(image)
     builds = {"tvm": mr.TVMMaskRCNN(model, target, "NHWC")}
+    if args.tuning_records:
+        builds["tvm_tuned"] = mr.TVMMaskRCNN(model, target, "NHWC", tuning_records=args.tuning_records)
     compile_s = {}
     for name, detector in builds.items():
-        seconds, pieces = _timed(lambda d=detector: d.compile(image_list.tensors.shape))
+        seconds, pieces = _timed(lambda d=detector: d.compile(shape))
         compile_s[name] = {
             "wall_s": seconds,
             "pieces": {k: p.compile_s for k, p in pieces.items()},
             "import": {k: p.import_s for k, p in pieces.items()},
         }
 
-    ort_session = None
+    ort = None
     if not args.no_ort:
-        onnx_path = os.path.join(workdir, "maskrcnn.onnx")
-        compile_s["ort_export_s"] = _export_onnx(model, ([image],), onnx_path)
-        seconds, ort_session = _timed(lambda: _ort_session(onnx_path, threads))
-        compile_s["ort_session_s"] = seconds
-    ort_input = (
-        {ort_session.get_inputs()[0].name: image.numpy()} if ort_session else None
-    )
+        ort = mr.OnnxRuntimeDetector(model, image, threads)
+        compile_s["ort_export_s"], compile_s["ort_session_s"] = ort.export_s, ort.session_s
 
     # warm up, then interleave end-to-end runs
+    runs = {"eager": lambda: model([image])[0]}
+    for name, detector in builds.items():
+        runs[name] = lambda d=detector: d.run(image)
+    if ort is not None:
+        runs["ort"] = lambda: ort(image)
     outs = {}
+    e2e = {name: [] for name in runs}
     with torch.no_grad():
-        for name, detector in builds.items():
-            (outs[name],) = detector([image])
-            detector.glue_s.clear()
-            for piece in detector.pieces[tuple(image_list.tensors.shape)].values():
-                piece.run_s.clear()
-        (outs["eager"],) = model([image])
-        if ort_session:
-            outs["ort"] = ort_session.run(None, ort_input)
-        e2e = {
-            name: [] for name in [*builds, "eager", *(["ort"] if ort_session else [])]
-        }
+        for name, fn in runs.items():
+            outs[name] = fn()
         for _ in range(args.repeat):
-            for name, detector in builds.items():
-                e2e[name].append(_timed(lambda d=detector: d([image]))[0])
-            e2e["eager"].append(_timed(lambda: model([image]))[0])
-            if ort_session:
-                e2e["ort"].append(_timed(lambda: ort_session.run(None, ort_input))[0])
+            for name, fn in runs.items():
+                seconds, outs[name] = _timed(fn)
+                e2e[name].append(seconds)
 
-    pieces = _pieces(mr, model, image_list, builds, args.repeat)
-    comparison = {
-        name: mr.compare_detections(outs[name], outs["eager"]) for name in builds
-    }
-    for result in comparison.values():
+    base = outs["tvm"]
+    pieces = _pieces(mr, model, image, builds, base, args.repeat)
+    comparison = {}
+    for name in builds:
+        result = mr.compare_detections(outs[name].detections, outs["eager"])
         result["passed"] = bool(
             result["num_detections_tvm"] == result["num_detections_torch"] > 0
             and result["same_labels"]
             and result["max_box_diff"] <= 1e-2
             and result["mask_pixel_agreement"] >= 0.999
         )
-    if ort_session:
-        ort_boxes = np.asarray(outs["ort"][0])
-        ref = outs["eager"]["boxes"].numpy()
+        comparison[name] = result
+    if ort is not None:
+        from tvm_roialign.models.maskrcnn.onnxruntime_peer import max_box_diff
+
         comparison["ort"] = {
-            "num_detections": int(ort_boxes.shape[0]),
-            "max_box_diff_first_10": float(np.abs(ort_boxes[:10] - ref[:10]).max())
-            if ort_boxes.shape == ref.shape
-            else None,
+            "num_detections": int(np.asarray(outs["ort"][0]).shape[0]),
+            "max_box_diff": max_box_diff(outs["ort"], outs["eager"]),
         }
     return {
         "end_to_end_s": {k: _median(v) for k, v in e2e.items()},
@@ -156,26 +146,25 @@ def bench_maskrcnn(args, threads: int, target, workdir: str) -> dict:
         "pieces_s": pieces,
         "compile_s": compile_s,
         "comparison": comparison,
-        "num_proposals": int(builds["tvm"].last["proposals"].shape[0]),
-        "num_detections": int(outs["tvm"]["boxes"].shape[0]),
+        "num_proposals": int(base.proposals.shape[0]),
+        "num_detections": int(base.detections["boxes"].shape[0]),
     }
 
 
-def _pieces(mr, model, image_list, builds, repeat: int) -> dict:
-    """Median seconds per piece: TVM builds and PyTorch eager on the same inputs, interleaved."""
+def _pieces(mr, model, image, builds, base, repeat: int) -> dict:
+    """Median seconds per piece: TVM builds and PyTorch eager on the same inputs, interleaved.
+    ``base`` is a :class:`~tvm_roialign.models.maskrcnn.DetectionRun` of the default build (its
+    features, proposals and detection boxes are the inputs)."""
     import torch
 
-    key = tuple(image_list.tensors.shape)
-    base = builds["tvm"]
-    rois = base.last["proposals"]
-    boxes = base.last["detection_boxes"]
-    max_proposals, max_detections = base._roi_bounds()
-    size = tuple(image_list.tensors.shape[-2:])
-    eager = mr._piece_modules(model, "NCHW", size, rewrite=False)
-    images = image_list.tensors
+    detector = builds["tvm"]
+    key = detector.padded_shape(image)
+    max_proposals, max_detections = detector.roi_bounds()
+    eager = mr.piece_modules(model, "NCHW", key[-2:], rewrite=False)
     with torch.no_grad():
+        images = model.transform([image])[0].tensors
         feats = eager[0](images)[:4]
-    feats_io = base.last["features"]
+    rois, boxes, feats_io = base.proposals, base.detection_boxes, base.features
     calls = {
         "backbone": (lambda p: p(images.numpy()), lambda: eager[0](images)),
         "box_branch": (
@@ -188,17 +177,18 @@ def _pieces(mr, model, image_list, builds, repeat: int) -> dict:
         ),
     }
     times = {name: {b: [] for b in [*builds, "eager"]} for name in calls}
+    glue = {b: [] for b in builds}
     with torch.no_grad():
         for _ in range(repeat):
             for name, (tvm_call, eager_call) in calls.items():
-                for build, detector in builds.items():
-                    piece = detector.pieces[key][name]
-                    times[name][build].append(
-                        _timed(lambda c=tvm_call, p=piece: c(p))[0]
-                    )
+                for build, det in builds.items():
+                    piece = det.pieces[key][name]
+                    times[name][build].append(_timed(lambda c=tvm_call, p=piece: c(p))[0])
                 times[name]["eager"].append(_timed(eager_call)[0])
+            for build, det in builds.items():
+                glue[build].append(det.run(image).glue_s)
     result = {name: {b: _median(v) for b, v in t.items()} for name, t in times.items()}
-    result["glue (PyTorch)"] = {b: _median(d.glue_s) for b, d in builds.items()}
+    result["glue (PyTorch)"] = {b: _median(v) for b, v in glue.items()}
     return result
 
 
@@ -351,6 +341,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
     parser.add_argument(
+        "--tuning-records",
+        default=None,
+        metavar="DIR",
+        help="also time a build with these MetaSchedule records (tvm-roialign tune maskrcnn)",
+    )
+    parser.add_argument(
         "--no-resnet18", action="store_true", help="skip the ResNet-18 row"
     )
     parser.add_argument(
@@ -373,7 +369,7 @@ def main(argv=None) -> int:
         "repeat": args.repeat,
     }
     with tempfile.TemporaryDirectory() as workdir:
-        result["maskrcnn"] = bench_maskrcnn(args, threads, target, workdir)
+        result["maskrcnn"] = bench_maskrcnn(args, threads, target)
         if not args.no_resnet18:
             result["resnet18"] = bench_resnet18(args, threads, workdir)
     out = Path(args.out_dir)

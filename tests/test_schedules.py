@@ -318,3 +318,46 @@ def test_conv_with_a_silu_epilogue(rng):
     )
     expected = torch.nn.functional.silu(y).permute(0, 2, 3, 1).numpy()
     _close(_run(bb.get(), data), expected)
+
+
+def test_padded_conv_slice_stays_inside_its_output(rng):
+    """A conv whose output channels PadChannels padded (3 -> 4) is sliced back before its bias
+    add: the add must not be run over the padded tile, or it writes past the end of its smaller
+    output (a heap corruption that crashed Mask R-CNN's RPN head). The output is a view into a
+    larger buffer whose tail is checked."""
+    from tvm.s_tir import dlight  # noqa: F401 - ApplyDefaultSchedule's rules package
+
+    from tvm_roialign.pipeline import prepare_pipeline
+
+    # the shape of Mask R-CNN's RPN objectness conv at the first FPN level (512x512 photo)
+    x_shape, out_channels = (1, 128, 128, 256), 3
+    weight = rng.standard_normal((1, 1, 256, out_channels)).astype("float32")
+    bias = rng.standard_normal(out_channels).astype("float32")
+    with HOST:
+        prepared = prepare_pipeline(HOST, layout=None, winograd=0)(
+            _conv_module(x_shape, weight, bias, (1, 1), (0, 0), (1, 1), 1, "NHWC", relu=False)
+        )
+    (name,) = [
+        gv.name_hint
+        for gv, f in prepared.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc) and "strided_slice" in gv.name_hint
+    ]
+    sch = Conv2DNHWC().apply(prepared[name].with_attr("global_symbol", "main"), HOST, False)
+    assert sch is not None
+    lib = tvm.compile(sch.mod, target=HOST)
+    params = prepared[name].params
+    padded = [int(d) for d in params[1].ty.shape]
+    x = rng.standard_normal(x_shape).astype("float32")
+    w = np.zeros(padded, "float32")
+    w[..., :out_channels] = weight
+    b = bias.reshape(1, 1, 1, -1)
+    guard = 64
+    size = 128 * 128 * out_channels
+    storage = torch.full((size + guard,), 12345.0)
+    out = storage[:size].view(1, 128, 128, out_channels)
+    lib["main"](
+        tvm.runtime.tensor(x), tvm.runtime.tensor(w), tvm.runtime.tensor(b), tvm.runtime.from_dlpack(out)
+    )
+    assert (storage[-guard:] == 12345.0).all(), "the kernel wrote past the end of its output"
+    expected = np.einsum("nhwc,co->nhwo", x.astype("float64"), weight[0, 0].astype("float64")) + bias
+    np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=RTOL * np.abs(expected).max())

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+
 
 def _seconds(value, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(peer, ours) -> str:
+    """How many times faster TVM is than a peer (> 1: TVM is faster)."""
+    return "-" if not peer or not ours else f"{peer / ours:.2f}x"
 
 
 def print_summary(report, out, report_path) -> None:
@@ -13,10 +20,19 @@ def print_summary(report, out, report_path) -> None:
 
     from ..target import describe
 
-    console = Console()
-    table = Table(title=f"Mask R-CNN: TVM ({describe(report.config.target)}) vs PyTorch eager")
-    for name in ("piece", "TVM import s", "TVM compile s", "TVM run s", "PyTorch run s"):
+    # a pipe or a log file gets the whole table, not one cut to 80 columns
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    totals = report.totals
+    ort = totals.onnxruntime_end_to_end_s
+    peers = "PyTorch eager" + (" and ONNX Runtime" if ort is not None else "")
+    table = Table(title=f"Mask R-CNN: TVM ({describe(report.config.target)}) vs {peers}")
+    # seconds (best run) and speed-ups: eager/TVM > 1 means TVM is faster
+    columns = ["piece", "import s", "compile s", "TVM s", "eager s", "eager/TVM"]
+    if ort is not None:
+        columns += ["ORT s", "ORT/TVM"]
+    for name in columns:
         table.add_column(name, justify="left" if name == "piece" else "right")
+    blank = ["-", "-"] if ort is not None else []
     for name, row in report.pieces.items():
         table.add_row(
             name,
@@ -24,15 +40,18 @@ def print_summary(report, out, report_path) -> None:
             _seconds(row.tvm_compile_s, 1),
             _seconds(row.tvm_run_s, 3),
             _seconds(row.torch_run_s, 3),
+            _ratio(row.torch_run_s, row.tvm_run_s),
+            *blank,
         )
-    totals = report.totals
-    table.add_row("glue (PyTorch)", "-", "-", _seconds(totals.tvm_glue_pytorch_s, 3), "-")
+    table.add_row("glue (PyTorch)", "-", "-", _seconds(totals.tvm_glue_pytorch_s, 3), "-", "-", *blank)
     table.add_row(
         "end to end",
         _seconds(totals.tvm_import_s, 1),
         _seconds(totals.tvm_compile_s, 1),
         _seconds(totals.tvm_end_to_end_s, 3),
         _seconds(totals.torch_eager_end_to_end_s, 3),
+        _ratio(totals.torch_eager_end_to_end_s, totals.tvm_end_to_end_s),
+        *([_seconds(ort, 3), _ratio(ort, totals.tvm_end_to_end_s)] if ort is not None else []),
         style="bold",
     )
     console.print(table)
@@ -48,6 +67,11 @@ def print_summary(report, out, report_path) -> None:
         ),
         highlight=False,
     )
+    if totals.onnxruntime_max_box_diff is not None:
+        console.print(
+            f"ONNX Runtime vs PyTorch eager: max box diff {totals.onnxruntime_max_box_diff:.2e} px",
+            highlight=False,
+        )
     perm = report.transposes
     console.print(
         f"permute_dims before/after ConvertLayout: {perm.total_before} / {perm.total_after}; "

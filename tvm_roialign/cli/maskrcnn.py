@@ -7,6 +7,8 @@ JSON report (:class:`~tvm_roialign.models.maskrcnn.MaskRCNNReport`) are written.
 
 from __future__ import annotations
 
+import sys
+
 from ._common import CLIError, device_for, first_line, output_path, resolve_target, tvm_messages
 from ._progress import Progress
 from ._tuning import add_records_argument, open_records, print_coverage
@@ -37,6 +39,11 @@ def register(subparsers, parents) -> None:
     p.add_argument("--repeat", type=int, default=2, help="timed runs per piece (the best is reported)")
     p.add_argument("--draw-top", type=int, default=8, help="detections drawn on the picture")
     p.add_argument("--no-roi-timing", action="store_true", help="skip ours-vs-stock roi_align timing")
+    p.add_argument(
+        "--no-onnxruntime",
+        action="store_true",
+        help="skip the ONNX Runtime peer (the whole model through torch.onnx.export; needs the onnx extra)",
+    )
     p.add_argument("--check", action="store_true", help="exit 3 when TVM and PyTorch disagree")
     p.add_argument(
         "--compile-only",
@@ -101,6 +108,14 @@ def main(args) -> int:
     if not args.compile_only:
         device_for(target)
     image, config, model = model_inputs(args, mr)
+    onnxruntime = not (args.no_onnxruntime or args.compile_only)
+    if onnxruntime and not mr.onnxruntime_available():
+        print(
+            "note: onnxruntime is not installed, so ONNX Runtime is not timed "
+            "(pip install 'tvm-roialign[onnx]', or pass --no-onnxruntime)",
+            file=sys.stderr,
+        )
+        onnxruntime = False
     with Progress(args.quiet) as progress, tvm_messages(args.quiet):
         records, coverages = open_records(args.tuning_records, target)
         if args.compile_only:
@@ -122,6 +137,7 @@ def main(args) -> int:
                 config,
                 args.image,
                 records,
+                onnxruntime,
             )
             progress(f"write {out}")
             mr.draw_detections(image, report.detections, out, top=args.draw_top, caption=report.caption())

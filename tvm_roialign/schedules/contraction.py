@@ -346,7 +346,10 @@ def inline_epilogue(sch: Schedule, writer) -> list:
 
     Intermediate blocks of the epilogue are first inlined into their own consumers (a SiLU reads
     the bias add twice: ``y * sigmoid(y)``), so that one block, the last, reads ``writer``; that
-    block is then inlined into ``writer`` (TIR inlines a consumer only into a sole producer)."""
+    block is then inlined into ``writer`` (TIR inlines a consumer only into a sole producer), but
+    only where it writes a buffer of the writer's shape: a consumer that reads part of the tile (the
+    slice after a conv whose output channels were padded) would otherwise be run over the whole tile
+    and write past the end of its smaller output."""
     changed = True
     while changed:
         changed = False
@@ -364,10 +367,25 @@ def inline_epilogue(sch: Schedule, writer) -> list:
             pending.extend(later)
     while True:
         consumers = sch.get_consumers(writer)
-        if len(consumers) != 1 or not try_step(
-            sch.reverse_compute_inline, consumers[0]
+        if (
+            len(consumers) != 1
+            or not _same_output_shape(sch, writer, consumers[0])
+            or not try_step(sch.reverse_compute_inline, consumers[0])
         ):
             return consumers
+
+
+def _same_output_shape(sch: Schedule, writer, consumer) -> bool:
+    """Whether ``consumer`` writes a buffer of the shape ``writer`` writes."""
+
+    def shape(block):
+        writes = sch.get(block).writes
+        if len(writes) != 1:
+            return None
+        return [_static(dim) for dim in writes[0].source.ty.shape]
+
+    ours, theirs = shape(writer), shape(consumer)
+    return ours is not None and None not in ours and ours == theirs
 
 
 def try_step(step, *args) -> bool:

@@ -44,6 +44,8 @@ from .compare import compare_detections
 from .detector import DEFAULT_LAYOUTS, DetectionRun, Piece, TVMMaskRCNN, convert_layout
 from .draw import draw_detections
 from .job import compile_maskrcnn_report, run_maskrcnn_report
+from .onnxruntime_peer import OnnxRuntimeDetector
+from .onnxruntime_peer import available as onnxruntime_available
 from .pieces import (
     conv_transpose_as_conv,
     count_permutes,
@@ -61,6 +63,7 @@ __all__ = [
     "DetectionRun",
     "MaskRCNNConfig",
     "MaskRCNNReport",
+    "OnnxRuntimeDetector",
     "Piece",
     "TVMMaskRCNN",
     "build_torch_model",
@@ -73,6 +76,7 @@ __all__ = [
     "draw_detections",
     "export_piece",
     "load_image",
+    "onnxruntime_available",
     "permutes_adjacent_to_roi_align",
     "piece_modules",
     "run_maskrcnn_report",

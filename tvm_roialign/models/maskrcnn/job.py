@@ -9,6 +9,7 @@ import torch
 from ...target import parse_target, target_config
 from .compare import compare_detections, passed
 from .detector import TVMMaskRCNN
+from .onnxruntime_peer import max_box_diff
 from .pieces import PIECE_NAMES
 from .report import (
     Comparison,
@@ -97,8 +98,10 @@ def run_maskrcnn_report(
     config: MaskRCNNConfig | None = None,
     image_name: str | None = None,
     tuning_records=None,
+    onnxruntime: bool = True,
 ) -> MaskRCNNReport:
-    """Run the TVM detector and PyTorch eager on ``image`` and gather a :class:`MaskRCNNReport`.
+    """Run the TVM detector, PyTorch eager and (``onnxruntime``) ONNX Runtime on ``image``, runs
+    interleaved, and gather a :class:`MaskRCNNReport` (best of ``repeat`` after a warm-up run).
 
     ``config`` and ``image_name`` (how the model and photo were made) only fill ``report.config``;
     ``tuning_records`` as :class:`~.detector.TVMMaskRCNN` takes them.
@@ -112,21 +115,37 @@ def run_maskrcnn_report(
     with torch.no_grad():
         image_list, _ = model.transform([image])
     pieces = detector.compile(image_list.tensors.shape)
-    runs, totals = [], []
+    peer = None
+    if onnxruntime:
+        from .onnxruntime_peer import OnnxRuntimeDetector
+
+        progress("ONNX Runtime: torch.onnx.export and session")
+        peer = OnnxRuntimeDetector(model, image)
+    # warm-up runs (first calls allocate), then the three interleaved so that a slow minute on a
+    # shared machine slows all of them
+    progress("warm-up runs")
+    detector.run(image)
+    with torch.no_grad():
+        model([image])
+    if peer is not None:
+        peer(image)
+    runs, totals, eager, ort_s = [], [], [], []
+    ref = ort_out = None
     for i in range(repeat):
-        progress(f"TVM run {i + 1}/{repeat}")
+        progress(f"timed run {i + 1}/{repeat}: TVM, PyTorch eager" + (", ONNX Runtime" if peer else ""))
         t0 = time.perf_counter()
         runs.append(detector.run(image))
         totals.append(time.perf_counter() - t0)
-    last = runs[-1]
-
-    progress("PyTorch eager run")
-    eager, ref = [], None
-    with torch.no_grad():
-        for _ in range(repeat):
+        with torch.no_grad():
             t0 = time.perf_counter()
             (ref,) = model([image])
             eager.append(time.perf_counter() - t0)
+        if peer is not None:
+            t0 = time.perf_counter()
+            ort_out = peer(image)
+            ort_s.append(time.perf_counter() - t0)
+    last = runs[-1]
+
     progress("PyTorch eager pieces")
     torch_s = time_torch_pieces(model, image, last.proposals, last.detection_boxes, repeat)
 
@@ -150,6 +169,9 @@ def run_maskrcnn_report(
             tvm_end_to_end_s=min(totals),
             tvm_glue_pytorch_s=min(r.glue_s for r in runs),
             torch_eager_end_to_end_s=min(eager),
+            onnxruntime_end_to_end_s=min(ort_s) if ort_s else None,
+            onnxruntime_export_s=peer.export_s if peer else None,
+            onnxruntime_max_box_diff=max_box_diff(ort_out, ref) if peer else None,
         ),
         transposes=_transposes(detector),
         comparison=Comparison(**cmp),

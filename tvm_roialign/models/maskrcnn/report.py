@@ -43,6 +43,13 @@ class Totals:
     tvm_end_to_end_s: float | None = _doc("TVM detector on the photo, glue included, seconds (best)")
     tvm_glue_pytorch_s: float | None = _doc("PyTorch glue between TVM pieces (resize, NMS, paste), s")
     torch_eager_end_to_end_s: float | None = _doc("torchvision model([image]) eagerly, seconds (best)")
+    onnxruntime_end_to_end_s: float | None = _doc(
+        "ONNX Runtime on the whole model (torch.onnx.export, opset 17), seconds (best); null: not run"
+    )
+    onnxruntime_export_s: float | None = _doc("torch.onnx.export of the whole model, seconds")
+    onnxruntime_max_box_diff: float | None = _doc(
+        "largest box difference of ONNX Runtime's detections from eager's, input pixels"
+    )
 
 
 @dataclass

@@ -1,0 +1,71 @@
+"""ONNX Runtime as a peer: the whole torchvision model through ``torch.onnx.export`` (TorchScript
+exporter, opset 17), run on the CPU with as many threads as PyTorch uses.
+
+The main job times it beside the TVM detector and PyTorch eager (same photo, runs interleaved);
+``onnxruntime`` is an optional dependency (the ``onnx`` extra), :func:`available` says whether it is
+installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+#: opset of the export (the lowest at which torchvision's detection ops export cleanly)
+OPSET = 17
+
+
+def available() -> bool:
+    """Whether ``onnxruntime`` and ``onnx`` are importable."""
+    return all(importlib.util.find_spec(name) is not None for name in ("onnxruntime", "onnx"))
+
+
+class OnnxRuntimeDetector:
+    """``model`` (eval mode) exported to ONNX for one photo's size and opened in ONNX Runtime.
+
+    Calling it on an image ``[3, H, W]`` returns torchvision's ``boxes, labels, scores, masks``
+    as NumPy arrays. ``export_s`` and ``session_s`` say how long the export and the session
+    creation took.
+    """
+
+    def __init__(self, model, image: torch.Tensor, threads: int | None = None):
+        import onnxruntime as ort
+
+        threads = threads or torch.get_num_threads()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "maskrcnn.onnx")
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                torch.onnx.export(model, ([image],), path, dynamo=False, opset_version=OPSET)
+            self.export_s = time.perf_counter() - t0
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            options.log_severity_level = 3
+            t0 = time.perf_counter()
+            self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+            self.session_s = time.perf_counter() - t0
+        self.threads = threads
+        self._input = self.session.get_inputs()[0].name
+
+    def __call__(self, image: torch.Tensor) -> list[np.ndarray]:
+        return self.session.run(None, {self._input: image.numpy()})
+
+
+def max_box_diff(ort_outputs, reference: dict) -> float | None:
+    """Largest box difference of ONNX Runtime's detections from ``reference`` (torchvision's
+    output), None where the detection counts differ."""
+    boxes = np.asarray(ort_outputs[0])
+    ref = reference["boxes"].numpy()
+    if boxes.shape != ref.shape:
+        return None
+    return float(np.abs(boxes - ref).max()) if boxes.size else 0.0
+
+
+__all__ = ["OPSET", "OnnxRuntimeDetector", "available", "max_box_diff"]
