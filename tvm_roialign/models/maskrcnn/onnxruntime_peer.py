@@ -12,6 +12,7 @@ import importlib.util
 import os
 import tempfile
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -40,7 +41,9 @@ class OnnxRuntimeDetector:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "maskrcnn.onnx")
             t0 = time.perf_counter()
-            with torch.no_grad():
+            # the TorchScript exporter warns about every trace-time constant of the detection code
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 torch.onnx.export(model, ([image],), path, dynamo=False, opset_version=OPSET)
             self.export_s = time.perf_counter() - t0
             options = ort.SessionOptions()
