@@ -141,6 +141,9 @@ def main(args) -> int:
                 seed=args.search_seed,
                 progress=progress,
                 verbose=args.verbose,
+                # the layout is converted above (--desired-layout / --layout), as compile and
+                # maskrcnn build: the pipeline's own conversion is off there too
+                layout=None,
             )
         except TuningRecordsMismatch as err:
             raise CLIError(f"-o: {err}") from None
