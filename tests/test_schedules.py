@@ -361,3 +361,37 @@ def test_padded_conv_slice_stays_inside_its_output(rng):
     assert (storage[-guard:] == 12345.0).all(), "the kernel wrote past the end of its output"
     expected = np.einsum("nhwc,co->nhwo", x.astype("float64"), weight[0, 0].astype("float64")) + bias
     np.testing.assert_allclose(out.numpy(), expected, rtol=RTOL, atol=RTOL * np.abs(expected).max())
+
+
+def test_symbolic_conv_runs_and_keeps_no_whole_output_local_buffer(rng):
+    """A conv whose image size is symbolic (an ONNX model exported with dynamic height and width)
+    is scheduled by the fallback rule without a ``local`` accumulator: TIR would size it by the
+    whole output, one stack array per parallel task, and the model segfaulted at 224x224."""
+    h, w = tvm.tirx.Var("h", "int64"), tvm.tirx.Var("w", "int64")
+    weight = rng.standard_normal((3, 3, 8, 16)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, h, w, 8], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(
+                relax.op.nn.conv2d(
+                    x, relax.const(weight), padding=(1, 1), data_layout="NHWC", kernel_layout="HWIO"
+                )
+            )
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    from tvm_roialign.pipeline import cpu_schedule_pass, prepare_pipeline
+
+    with HOST:
+        scheduled = cpu_schedule_pass()(prepare_pipeline(HOST)(bb.get()))
+    texts = [f.script() for _gv, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert texts and not any('scope="local"' in text for text in texts)
+    vm = relax.VirtualMachine(build(bb.get(), HOST), tvm.cpu())
+    data = rng.standard_normal((1, 96, 80, 8)).astype("float32")
+    got = vm["main"](tvm.runtime.tensor(data)).numpy()
+    expected = torch.nn.functional.conv2d(
+        torch.from_numpy(data).permute(0, 3, 1, 2).double(),
+        torch.from_numpy(weight).permute(3, 2, 0, 1).double(),
+        padding=1,
+    ).relu().permute(0, 2, 3, 1).numpy()
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=RTOL * np.abs(expected).max())

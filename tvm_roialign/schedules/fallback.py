@@ -85,11 +85,14 @@ def _schedule_reduction(
     sch.reorder(*outer, *r_loops, *tail)
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     sch.parallel(fused)
-    # accumulate the (rows x lanes) tile in a local buffer that LLVM keeps in registers
-    with contextlib.suppress(Exception):  # else: accumulate in place
-        local = sch.cache_write(info.block_rv, 0, "local")
-        sch.reverse_compute_at(local, fused, preserve_unit_loops=True)
-        sch.vectorize(sch.get_loops(local)[-1])
+    # accumulate the (rows x lanes) tile in a local buffer that LLVM keeps in registers; not with
+    # symbolic extents, where TIR sizes the local buffer by the whole output (a stack array of
+    # unknown size per parallel task: a segfault on a dynamic-size image)
+    if all(_static(it.dom) is not None for it in info.iters):
+        with contextlib.suppress(Exception):  # else: accumulate in place
+            local = sch.cache_write(info.block_rv, 0, "local")
+            sch.reverse_compute_at(local, fused, preserve_unit_loops=True)
+            sch.vectorize(sch.get_loops(local)[-1])
     sch.vectorize(col_inner)
     if row_inner is not None:
         sch.unroll(row_inner)
