@@ -278,7 +278,9 @@ def test_winograd_rewrite_structure_and_accuracy(tile):
             out = bb.emit_output(y)
         bb.emit_func_output(out)
     mod = bb.get()
-    rewritten = WinogradConv2D(tile=tile)(mod)
+    # 2 images of 3 x 3 tiles (tile 4) are fewer than the default min_tiles: a direct conv
+    assert _ops(WinogradConv2D(tile=4)(mod), "relax.nn.conv2d")
+    rewritten = WinogradConv2D(tile=tile, min_tiles=0)(mod)
     assert not _ops(rewritten, "relax.nn.conv2d")
     (mm,) = _ops(rewritten, "relax.matmul")
     assert [int(v) for v in mm.args[1].ty.shape] == [(tile + 2) ** 2, 64, 64]

@@ -192,7 +192,7 @@ def cpu_pipeline(
             if pack_weights:
                 # 6. weight packing at compile time
                 phases += [
-                    relax.transform.SplitLayoutRewritePreproc(),
+                    _split_layout_rewrite_preproc(),
                     FoldLayoutRewrite(),
                     relax.transform.FoldConstant(),
                     relax.transform.DeadCodeElimination(),
@@ -203,6 +203,40 @@ def cpu_pipeline(
             return tvm.transform.Sequential(phases)(mod)
 
     return pipeline
+
+
+_PREPROC = "meta_schedule.layout_rewrite_preproc"
+
+
+def _has_preproc_block(func) -> bool:
+    from .schedules.contraction import walk
+
+    found = []
+    walk(func.body, tvm.s_tir.SBlock, lambda block: found.append(_PREPROC in block.annotations))
+    return any(found)
+
+
+def _split_layout_rewrite_preproc() -> tvm.transform.Pass:
+    """``SplitLayoutRewritePreproc`` over the functions that have weight-packing stages only. TVM's
+    pass visits every PrimFunc and stops at one whose root holds a single opaque block (an extern
+    ``argsort``, the NMS kernel), so those are set aside while it runs and put back after."""
+
+    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignSplitLayoutRewritePreproc")
+    def split(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        aside = {
+            gv: func
+            for gv, func in mod.functions_items()
+            if isinstance(func, tvm.tirx.PrimFunc) and not _has_preproc_block(func)
+        }
+        if all(isinstance(f, relax.Function) or gv in aside for gv, f in mod.functions_items()):
+            return mod  # nothing to split
+        kept = {gv: func for gv, func in mod.functions_items() if gv not in aside}
+        out = relax.transform.SplitLayoutRewritePreproc()(tvm.IRModule(kept, attrs=mod.attrs))
+        for gv, func in aside.items():
+            out[gv] = func
+        return out
+
+    return split
 
 
 def _register() -> None:
