@@ -205,14 +205,11 @@ def cpu_pipeline(
     return pipeline
 
 
-_PREPROC = "meta_schedule.layout_rewrite_preproc"
-
-
 def _has_preproc_block(func) -> bool:
-    from .schedules.contraction import walk
+    from .schedules.contraction import PREPROC_ATTR, walk
 
     found = []
-    walk(func.body, tvm.s_tir.SBlock, lambda block: found.append(_PREPROC in block.annotations))
+    walk(func.body, tvm.s_tir.SBlock, lambda block: found.append(PREPROC_ATTR in block.annotations))
     return any(found)
 
 

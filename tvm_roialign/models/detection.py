@@ -4,9 +4,10 @@
 program exported with :func:`tvm_roialign.frontend.detection.export_detector`), exports it for one
 input image size in its static form (:mod:`tvm_roialign.frontend.static_rcnn`), imports it with
 tvm-roialign's converters, converts it to NHWC (:class:`~tvm_roialign.passes.ConvertLayout`) and
-builds it with the CPU pipeline (:func:`tvm_roialign.pipeline.build`). The result,
-:class:`DetectorArtifact`, is written as a library plus a ``.json`` of metadata, which
-:class:`tvm_roialign.runtime.Detector` runs with TVM's runtime, NumPy and Pillow only.
+builds it with the CPU pipeline (:func:`tvm_roialign.pipeline.build`; for this machine's CPU unless
+another target is given). The result, :class:`DetectorArtifact`, is written as a library plus a
+``.json`` of metadata, which :class:`tvm_roialign.runtime.Detector` runs with TVM's runtime, NumPy
+and Pillow only.
 
 The artifact's ``main(image)`` takes ``[3, H, W]`` float32 in ``[0, 1]`` and returns
 ``boxes [1, D, 4]``, ``scores [1, D]``, ``labels [1, D]`` (int64), ``masks [1, D, M, M]`` (Mask
@@ -27,7 +28,9 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
-from ..runtime.detector import METADATA_KIND
+from ..passes.desired_layouts import desired_layouts
+from ..runtime.detector import METADATA_KIND, read_image
+from ._torchvision import RCNNConfig, build_rcnn, category_names
 
 __all__ = [
     "DETECTORS",
@@ -53,31 +56,21 @@ DETECTORS = (
     "fasterrcnn_mobilenet_v3_large_fpn",
 )
 
-#: ConvertLayout's desired layouts for the NHWC artifact.
-NHWC_LAYOUTS = {
-    "relax.nn.conv2d": ["NHWC", "default"],
-    "relax.vision.roi_align": ["NHWC", "default"],
-    "relax.vision.multiscale_roi_align": ["NHWC", "default"],
-}
+#: ConvertLayout's desired layouts for the NHWC artifact (the package's whole-model NHWC set).
+NHWC_LAYOUTS = desired_layouts("NHWC")
 
 
 @dataclass
-class DetectorConfig:
+class DetectorConfig(RCNNConfig):
     """How a named torchvision detector is built (torchvision's own keyword arguments).
 
     Weights: ``weights=None, weights_backbone=None`` and ``seed`` (nothing is downloaded), or a
     state_dict file. ``min_size`` / ``max_size`` are torchvision's resize bounds (512 here, so
     that the 512x512 astronaut photo is used at its own size); the caps are torchvision's.
+    ``extra``: further keyword arguments of the torchvision builder. The fields other than
+    ``extra`` are those of :class:`tvm_roialign.models.maskrcnn.MaskRCNNConfig` (one base).
     """
 
-    seed: int = 3
-    weights: str | None = None
-    min_size: int = 512
-    max_size: int = 512
-    rpn_pre_nms_top_n_test: int = 1000
-    rpn_post_nms_top_n_test: int = 1000
-    box_detections_per_img: int = 100
-    box_score_thresh: float = 0.05
     extra: dict = field(default_factory=dict)
 
 
@@ -91,55 +84,18 @@ def build_torch_detector(name: str, config: DetectorConfig | None = None):
     FileNotFoundError
         ``config.weights`` does not exist.
     """
-    import torch
-    import torchvision
-
     if name not in DETECTORS:
         raise ValueError(
             f"unknown detector {name!r}: use one of {', '.join(DETECTORS)}"
         )
     config = config or DetectorConfig()
-    torch.manual_seed(config.seed)
-    model = getattr(torchvision.models.detection, name)(
-        weights=None,
-        weights_backbone=None,
-        min_size=config.min_size,
-        max_size=config.max_size,
-        rpn_pre_nms_top_n_test=config.rpn_pre_nms_top_n_test,
-        rpn_post_nms_top_n_test=config.rpn_post_nms_top_n_test,
-        box_detections_per_img=config.box_detections_per_img,
-        box_score_thresh=config.box_score_thresh,
-        **config.extra,
-    )
-    if config.weights is not None:
-        path = Path(config.weights)
-        if not path.is_file():
-            raise FileNotFoundError(f"weights file {str(path)!r} does not exist")
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            nested = isinstance(state, dict) and "model" in state
-            if nested and not any(str(k).startswith("backbone") for k in state):
-                state = state["model"]
-            model.load_state_dict(state)
-        except Exception as err:  # noqa: BLE001 - unreadable or not this model's
-            first = (
-                str(err).strip().splitlines()[0]
-                if str(err).strip()
-                else type(err).__name__
-            )
-            raise ValueError(
-                f"{str(path)!r} is not a {name} state_dict: {first}"
-            ) from None
-    return model.eval()
+    return build_rcnn(name, config, **config.extra)
 
 
 def _categories(model) -> list[str] | None:
     """COCO category names when the model has torchvision's 91 COCO classes."""
-    try:
-        from torchvision.models.detection import MaskRCNN_ResNet50_FPN_Weights
-
-        names = list(MaskRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"])
-    except Exception:  # noqa: BLE001 - metadata moved: numbers instead of names
+    names = category_names()
+    if names is None:  # metadata moved: numbers instead of names
         return None
     predictor = getattr(model.roi_heads.box_predictor, "cls_score", None)
     classes = getattr(predictor, "out_features", None)
@@ -207,7 +163,7 @@ def import_detector(
     fold = relax.transform.FoldConstant()
     mod = fold(from_exported_program(program, keep_params_as_input=False))
     if layout == "NHWC":
-        mod = fold(ConvertLayout(NHWC_LAYOUTS)(mod))
+        mod = fold(ConvertLayout(desired_layouts(layout))(mod))
     return mod, meta
 
 
@@ -295,7 +251,7 @@ def _linker(target: dict, path: Path) -> dict:
 def compile_detector(
     model,
     image_size=None,
-    target="llvm",
+    target=None,
     layout: str = "NHWC",
     config: DetectorConfig | None = None,
     progress: Callable[[str], None] | None = None,
@@ -310,8 +266,12 @@ def compile_detector(
         in eval mode, or an exported detector program (in memory or a ``.pt2`` file).
     image_size : (int, int)
         ``(H, W)`` of the input photos (not needed for an exported program).
-    target : str | dict | tvm.target.Target
-        ``"llvm"`` (portable x86-64), a JSON / dict target (e.g. with the host's ``mcpu``), ...
+    target : str | dict | tvm.target.Target | None
+        Anything :func:`tvm_roialign.target.parse_target` takes: a short name (``"native"``,
+        ``"llvm-generic"``, ``"aarch64"``, ``"cuda"``...), a tvmc string, a JSON/dict target or a
+        Target. Default (None): ``native``, this machine's CPU, as for
+        :class:`~tvm_roialign.models.maskrcnn.TVMMaskRCNN`; ``"llvm"`` is a portable build for the
+        generic CPU of this machine's architecture.
     layout : str
         ``"NHWC"`` (ConvertLayout of conv2d and RoIAlign) or ``"NCHW"``.
     offset_trick_max_numel : int
@@ -379,11 +339,8 @@ def sample_photo(name: str):
 
     if name == "grace_hopper":
         from matplotlib import cbook
-        from PIL import Image
 
-        path = cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)
-        with Image.open(path) as img:
-            return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
+        return read_image(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
     if name not in SAMPLE_PHOTOS:
         raise ValueError(
             f"unknown sample photo {name!r}: use one of {', '.join(SAMPLE_PHOTOS)}"

@@ -17,19 +17,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import mutator
 
-from ._mutator import FunctionRewriter, rewrite_module
-
-
-def _op_call(expr, name: str) -> bool:
-    return (
-        isinstance(expr, relax.Call)
-        and isinstance(expr.op, tvm.ir.Op)
-        and expr.op.name == name
-    )
-
-
-def _const(expr):
-    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module
 
 
 def count_uses(func: relax.Function) -> dict:
@@ -71,13 +59,13 @@ class _BatchNormFolder(FunctionRewriter):
         if op.index != 0:
             return op
         bn = self.lookup(op.tuple_value)
-        if not _op_call(bn, "relax.nn.batch_norm"):
+        if not is_op_call(bn, "relax.nn.batch_norm"):
             return op
         conv = self.lookup(bn.args[0])
-        if not _op_call(conv, "relax.nn.conv2d") or self.uses.get(bn.args[0], 0) != 1:
+        if not is_op_call(conv, "relax.nn.conv2d") or self.uses.get(bn.args[0], 0) != 1:
             return op
-        weight = _const(conv.args[1])
-        params = [_const(a) for a in bn.args[1:5]]
+        weight = const_value(conv.args[1])
+        params = [const_value(a) for a in bn.args[1:5]]
         if weight is None or any(p is None for p in params):
             return op
         gamma, beta, mean, var = (p.astype("float64") for p in params)

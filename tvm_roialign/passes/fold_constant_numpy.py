@@ -15,7 +15,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import mutator
 
-from ._mutator import FunctionRewriter, rewrite_module
+from ._mutator import ConstantFolder, const_value, rewrite_module
 
 _BINARY = {
     "relax.add": np.add,
@@ -52,9 +52,7 @@ def evaluate(call, lookup=lambda expr: None) -> np.ndarray | None:
     (``lookup`` gives the value bound to a variable, if any)."""
     name = call.op.name
     args = [_bound(a, lookup) for a in call.args]
-    consts = [
-        a.value.numpy() if isinstance(a, tvm.ir.expr.Constant) else None for a in args
-    ]
+    consts = [const_value(a) for a in args]
     if name in _BINARY and len(args) == 2 and all(c is not None for c in consts):
         a, b = consts
         if a.dtype != b.dtype:
@@ -81,19 +79,12 @@ def evaluate(call, lookup=lambda expr: None) -> np.ndarray | None:
 
 
 @mutator
-class _NumPyFolder(FunctionRewriter):
-    def visit_call_(self, call):  # pylint: disable=arguments-renamed
-        call = self.visit_expr_post_order(call)
-        if not isinstance(call.op, tvm.ir.Op):
-            return call
+class _NumPyFolder(ConstantFolder):
+    def fold(self, call):
         try:
-            value = evaluate(call, self.lookup)
+            return evaluate(call, self.lookup)
         except (ValueError, TypeError, AttributeError):
-            value = None
-        if value is None:
-            return call
-        self.changed = True
-        return relax.const(value)
+            return None
 
 
 @tvm.transform.module_pass(opt_level=0, name="FoldConstantNumPy")

@@ -20,27 +20,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import mutator
 
-from ._mutator import FunctionRewriter, rewrite_module
-
-
-def _op_call(expr, name: str) -> bool:
-    return (
-        isinstance(expr, relax.Call)
-        and isinstance(expr.op, tvm.ir.Op)
-        and expr.op.name == name
-    )
-
-
-def _static_shape(expr):
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or not isinstance(
-        ty.shape, relax.ShapeExpr
-    ):
-        return None
-    dims = []
-    for dim in ty.shape.values:
-        dims.append(int(dim) if isinstance(dim, tvm.tirx.IntImm) else None)
-    return dims
+from ._mutator import FunctionRewriter, is_op_call, rewrite_module, tensor_shape
 
 
 @mutator
@@ -51,7 +31,7 @@ class _FlattenPermuteFolder(FunctionRewriter):
             value = expr.value.numpy()
             return value if value.ndim == 2 else None
         bound = self.lookup(expr)
-        if _op_call(bound, "relax.permute_dims") and isinstance(
+        if is_op_call(bound, "relax.permute_dims") and isinstance(
             bound.args[0], tvm.ir.expr.Constant
         ):
             value = bound.args[0].value.numpy()
@@ -62,18 +42,18 @@ class _FlattenPermuteFolder(FunctionRewriter):
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = self.visit_expr_post_order(call)
-        if not _op_call(call, "relax.matmul"):
+        if not is_op_call(call, "relax.matmul"):
             return call
         flat = self.lookup(call.args[0])
         weight = self._constant_weight(call.args[1])
-        if weight is None or not _op_call(flat, "relax.reshape"):
+        if weight is None or not is_op_call(flat, "relax.reshape"):
             return call
         permuted = self.lookup(flat.args[0])
-        if not _op_call(permuted, "relax.permute_dims"):
+        if not is_op_call(permuted, "relax.permute_dims"):
             return call
         source = permuted.args[0]
-        source_shape = _static_shape(source)
-        flat_shape = _static_shape(flat)
+        source_shape = tensor_shape(source)
+        flat_shape = tensor_shape(flat)
         if source_shape is None or flat_shape is None or len(flat_shape) != 2:
             return call
         ndim = len(source_shape)

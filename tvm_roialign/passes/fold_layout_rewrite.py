@@ -15,7 +15,7 @@ import tvm
 from tvm import relax, s_tir, tirx
 from tvm.relax.expr_functor import mutator
 
-from ._mutator import FunctionRewriter, rewrite_module
+from ._mutator import ConstantFolder, const_value, is_op_call, rewrite_module
 
 _BINARY = {
     tirx.Add: np.add,
@@ -130,25 +130,16 @@ def _split_and_move(indices, iters, extents, out_shape):
 
 
 @mutator
-class _LayoutRewriteFolder(FunctionRewriter):
-    def visit_call_(self, call):  # pylint: disable=arguments-renamed
-        call = self.visit_expr_post_order(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir"):
-            return call
+class _LayoutRewriteFolder(ConstantFolder):
+    def fold(self, call):
+        if not is_op_call(call, "relax.call_tir"):
+            return None
         gvar, args = call.args[0], call.args[1]
         if not isinstance(args, relax.Tuple) or len(args.fields) != 1:
-            return call
-        const = args.fields[0]
+            return None
         func = self.mod[gvar] if gvar in self.mod.get_global_vars() else None
-        if not isinstance(const, tvm.ir.expr.Constant) or not isinstance(
-            func, tirx.PrimFunc
-        ):
-            return call
-        folded = evaluate_layout_rewrite(func, const.value.numpy())
-        if folded is None:
-            return call
-        self.changed = True
-        return relax.const(folded)
+        value = const_value(args.fields[0]) if isinstance(func, tirx.PrimFunc) else None
+        return None if value is None else evaluate_layout_rewrite(func, value)
 
 
 @tvm.transform.module_pass(opt_level=0, name="FoldLayoutRewrite")

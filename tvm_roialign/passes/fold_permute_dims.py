@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import mutator
 
-from ._mutator import FunctionRewriter, rewrite_module
+from ._mutator import FunctionRewriter, is_op_call, rewrite_module
 
 
 @mutator
@@ -41,11 +41,7 @@ class _PermuteDimsFolder(FunctionRewriter):
 
 
 def _is_permute(expr) -> bool:
-    return (
-        isinstance(expr, relax.Call)
-        and isinstance(expr.op, tvm.ir.Op)
-        and expr.op.name == "relax.permute_dims"
-    )
+    return is_op_call(expr, "relax.permute_dims")
 
 
 def _axes(call, ndim: int) -> list[int]:

@@ -19,17 +19,8 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import mutator
 
-from ._mutator import FunctionRewriter, rewrite_module
-
-
-def _op_call(expr, name: str) -> bool:
-    return (
-        isinstance(expr, relax.Call)
-        and isinstance(expr.op, tvm.ir.Op)
-        and expr.op.name == name
-    )
+from ._mutator import FunctionRewriter, is_op_call, rewrite_module
 
 
 def padded_size(channels: int, multiple: int, max_growth: float = 0.5) -> int | None:
@@ -61,9 +52,9 @@ class _ChannelPadder(FunctionRewriter):
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = self.visit_expr_post_order(call)
-        if _op_call(call, "relax.nn.conv2d"):
+        if is_op_call(call, "relax.nn.conv2d"):
             return self._conv(call)
-        if _op_call(call, "relax.matmul"):
+        if is_op_call(call, "relax.matmul"):
             return self._matmul(call)
         return call
 
@@ -138,14 +129,9 @@ class PadChannels:  # pylint: disable=too-few-public-methods
         self.max_growth = float(max_growth)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        padder = mutator(
-            type(
-                "ChannelPadder",
-                (_ChannelPadder,),
-                {"multiple": self.multiple, "max_growth": self.max_growth},
-            )
+        return rewrite_module(
+            _ChannelPadder, mod, multiple=self.multiple, max_growth=self.max_growth
         )
-        return rewrite_module(padder, mod)
 
 
 __all__ = ["PadChannels", "padded_size"]

@@ -41,9 +41,8 @@ from fractions import Fraction
 import numpy as np
 import tvm
 from tvm import relax, te, tirx
-from tvm.relax.expr_functor import mutator
 
-from ._mutator import FunctionRewriter, rewrite_module
+from ._mutator import FunctionRewriter, is_op_call, rewrite_module, tensor_shape
 
 #: interpolation points (the point at infinity is implied) per output tile size
 POINTS = {
@@ -247,13 +246,8 @@ def output_transform(
 
 
 def _static_shape(expr):
-    shape = expr.ty.shape if isinstance(expr.ty, relax.TensorType) else None
-    if not isinstance(shape, relax.ShapeExpr):
-        return None
-    values = list(shape.values)
-    if not all(isinstance(v, tirx.IntImm) for v in values):
-        return None
-    return [int(v) for v in values]
+    shape = tensor_shape(expr)
+    return None if shape is None or None in shape else shape
 
 
 class _WinogradRewriter(FunctionRewriter):
@@ -263,7 +257,7 @@ class _WinogradRewriter(FunctionRewriter):
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = self.visit_expr_post_order(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+        if not is_op_call(call, "relax.nn.conv2d"):
             return call
         weight = call.args[1]
         attrs = call.attrs
@@ -361,14 +355,13 @@ class WinogradConv2D:  # pylint: disable=too-few-public-methods
         self.min_tiles = int(min_tiles)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        rewriter = mutator(
-            type(
-                "WinogradRewriter",
-                (_WinogradRewriter,),
-                {"tile": self.tile, "min_channels": self.min_channels, "min_tiles": self.min_tiles},
-            )
+        return rewrite_module(
+            _WinogradRewriter,
+            mod,
+            tile=self.tile,
+            min_channels=self.min_channels,
+            min_tiles=self.min_tiles,
         )
-        return rewrite_module(rewriter, mod)
 
 
 __all__ = [

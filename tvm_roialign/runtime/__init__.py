@@ -1,7 +1,7 @@
 """Running compiled detectors without PyTorch: TVM's runtime, NumPy and Pillow only.
 
 Nothing in this package imports PyTorch or the compile-time parts of tvm-roialign, so a machine
-with the core install (``apache-tvm``, ``numpy``) and Pillow runs a detector artifact::
+with the core install (``apache-tvm``, ``numpy``, ``pillow``) runs a detector artifact::
 
     from tvm_roialign.runtime import Detector, read_image
     result = Detector("model.so")(read_image("photo.jpg"))   # boxes, labels, scores, masks

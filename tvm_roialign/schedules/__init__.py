@@ -1,9 +1,11 @@
 """Default CPU schedule rules (dlight style: ``ScheduleRule.apply(func, target, tunable)``).
 
 Each rule recognizes one kind of fused PrimFunc and returns a schedule, or None to let the next rule
-try; :func:`default_rules` is the ordered list the pipeline applies (first match wins), ending with
-:class:`CPUDefault`, which schedules anything left. Tiles and vector lanes come from the target
-(:func:`~.target_info.cpu_info`), never from the machine the compiler runs on.
+try. All are :class:`~.base.CPURule` subclasses (llvm targets only, a fresh schedule handed to their
+``schedule(sch, func, target)``). :func:`default_rules` is the ordered list the pipeline applies
+(first match wins), ending with :class:`CPUDefault`, which schedules anything left. Tiles and vector
+lanes come from the target (:func:`~.target_info.cpu_info`), never from the machine the compiler
+runs on.
 
 ==========================  =====================================================================
 rule                        what
@@ -22,6 +24,7 @@ never offered to the rules.
 
 from __future__ import annotations
 
+from .base import CPURule
 from .conv2d_nhwc import Conv2DNHWC
 from .elementwise import Elementwise
 from .fallback import CPUDefault
@@ -38,6 +41,7 @@ def default_rules() -> list:
 __all__ = [
     "CPUDefault",
     "CPUInfo",
+    "CPURule",
     "Conv2DNHWC",
     "Elementwise",
     "Matmul",

@@ -36,6 +36,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import Schedule
 
+from .base import static_int
 from .target_info import CPUInfo
 
 #: largest register tile (accumulators) considered; beyond it the gain is nil and spills start
@@ -80,10 +81,6 @@ def _vars_of(expr) -> set:
     return found
 
 
-def _static(value) -> int | None:
-    return int(value) if isinstance(value, (int, tirx.IntImm)) else None
-
-
 def analyze_contraction(sch: Schedule, block) -> Contraction | None:
     """The :class:`Contraction` view of ``block``, or None when it is not one."""
     stmt = sch.get(block)
@@ -96,8 +93,8 @@ def analyze_contraction(sch: Schedule, block) -> Contraction | None:
     extents = []
     for loop, it in zip(loops, iters):
         loop_stmt = sch.get(loop)
-        extent = _static(loop_stmt.extent)
-        if extent is None or _static(it.dom.extent) != extent:
+        extent = static_int(loop_stmt.extent)
+        if extent is None or static_int(it.dom.extent) != extent:
             return None
         extents.append(extent)
     # every iter bound to its own loop, in order (the normal form dlight's analysis checks)
@@ -127,7 +124,7 @@ def analyze_contraction(sch: Schedule, block) -> Contraction | None:
         for d, r in enumerate(wregion)
         if isinstance(r.min, tirx.Var) and r.min.same_as(column_var)
     ]
-    if len(dims) != 1 or not all(_static(r.extent) == 1 for r in wregion):
+    if len(dims) != 1 or not all(static_int(r.extent) == 1 for r in wregion):
         return None
     roles = []
     for it in iters:
@@ -382,7 +379,7 @@ def _same_output_shape(sch: Schedule, writer, consumer) -> bool:
         writes = sch.get(block).writes
         if len(writes) != 1:
             return None
-        return [_static(dim) for dim in writes[0].source.ty.shape]
+        return [static_int(dim) for dim in writes[0].source.ty.shape]
 
     ours, theirs = shape(writer), shape(consumer)
     return ours is not None and None not in ours and ours == theirs
@@ -400,7 +397,7 @@ def try_step(step, *args) -> bool:
 def vectorize_writeback(sch: Schedule, writer, lanes: int) -> None:
     """Vectorize the innermost loop of a tile write-back (its extent is a multiple of ``lanes``)."""
     loops = sch.get_loops(writer)
-    extent = _static(sch.get(loops[-1]).extent)
+    extent = static_int(sch.get(loops[-1]).extent)
     if extent is not None and extent % lanes == 0:
         _, inner = sch.split(loops[-1], [None, lanes])
         sch.vectorize(inner)

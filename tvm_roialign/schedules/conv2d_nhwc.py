@@ -19,8 +19,8 @@ from __future__ import annotations
 import tvm
 from tvm import tirx
 from tvm.s_tir import Schedule
-from tvm.s_tir.dlight.base import ScheduleRule
 
+from .base import CPURule, find_block
 from .contraction import (
     analyze_contraction,
     choose_tiling,
@@ -47,7 +47,7 @@ def _has_condition(stmt) -> bool:
 
 def find_main_reduction(sch: Schedule):
     """The single reduction block of the function (all others spatial), or None."""
-    root = sch.get_sblock("root") if _has_root(sch) else None
+    root = find_block(sch, "root")
     blocks = sch.get_child_blocks(root) if root is not None else []
     reductions = [
         b
@@ -55,14 +55,6 @@ def find_main_reduction(sch: Schedule):
         if any(it.iter_type == tirx.IterVar.CommReduce for it in sch.get(b).iter_vars)
     ]
     return reductions[0] if len(reductions) == 1 else None
-
-
-def _has_root(sch: Schedule) -> bool:
-    try:
-        sch.get_sblock("root")
-        return True
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def schedule_producers(sch: Schedule, block, lanes: int) -> None:
@@ -77,35 +69,25 @@ def schedule_producers(sch: Schedule, block, lanes: int) -> None:
         schedule_injective_block(sch, producer, lanes)
 
 
-class Conv2DNHWC(ScheduleRule):
+class Conv2DNHWC(CPURule):
     """Register-tiled NHWC conv2d with packed constant weights and a fused epilogue."""
 
-    def is_target_available(self, target) -> bool:
-        return target.kind.name == "llvm"
-
-    def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+    def schedule(self, sch, func, target):
+        block = find_main_reduction(sch)
+        if block is None or not sch.get(block).name_hint.startswith("conv2d_nhwc"):
             return None
-        sch = Schedule(func, error_render_level="none")
-        try:
-            block = find_main_reduction(sch)
-            if block is None or not sch.get(block).name_hint.startswith("conv2d_nhwc"):
-                return None
-            contraction = analyze_contraction(sch, block)
-            if contraction is None or contraction.roles.count("M") != 3:
-                return None
-            info = cpu_info(target)
-            tiling = choose_tiling(contraction, info)
-            if tiling is None:
-                return None
-            _, local = schedule_contraction(sch, contraction, tiling)
-            inline_epilogue(sch, local)
-            vectorize_writeback(sch, local, tiling.lanes)
-            schedule_producers(sch, contraction.block, tiling.lanes)
-            schedule_rest(sch, tiling.lanes)
-            return sch
-        except Exception:  # noqa: BLE001 - any failed step: let the next rule try
+        contraction = analyze_contraction(sch, block)
+        if contraction is None or contraction.roles.count("M") != 3:
             return None
+        tiling = choose_tiling(contraction, cpu_info(target))
+        if tiling is None:
+            return None
+        _, local = schedule_contraction(sch, contraction, tiling)
+        inline_epilogue(sch, local)
+        vectorize_writeback(sch, local, tiling.lanes)
+        schedule_producers(sch, contraction.block, tiling.lanes)
+        schedule_rest(sch, tiling.lanes)
+        return sch
 
 
 __all__ = ["Conv2DNHWC", "find_main_reduction", "schedule_producers"]

@@ -12,17 +12,14 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.s_tir import Schedule
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import ScheduleRule, try_inline_contiguous_spatial
+from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
 
+from .base import CPURule, static_int
 from .contraction import is_layout_preproc, pick_lanes
 from .target_info import cpu_info
 
 #: below this many elements a loop runs serially (a parallel launch costs more than the work)
 _MIN_PARALLEL = 4096
-
-
-def _static(value) -> int | None:
-    return int(value) if isinstance(value, (int, tirx.IntImm)) else None
 
 
 def _is_parallel(sch: Schedule, loop) -> bool:
@@ -34,10 +31,10 @@ def schedule_injective_block(sch: Schedule, block, lanes: int) -> None:
     loops = sch.get_loops(block)
     if not loops or any(_is_parallel(sch, lp) for lp in loops):
         return
-    inner_extent = _static(sch.get(loops[-1]).extent)
+    inner_extent = static_int(sch.get(loops[-1]).extent)
     total = 1
     for lp in loops:
-        extent = _static(sch.get(lp).extent)
+        extent = static_int(sch.get(lp).extent)
         total = total * extent if (extent is not None and total is not None) else None
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     vec = pick_lanes(inner_extent, lanes) if inner_extent is not None else None
@@ -62,29 +59,20 @@ def schedule_rest(sch: Schedule, lanes: int) -> None:
         schedule_injective_block(sch, block, lanes)
 
 
-class Elementwise(ScheduleRule):
+class Elementwise(CPURule):
     """Parallel, vectorized schedule of functions without reductions."""
 
-    def is_target_available(self, target) -> bool:
-        return target.kind.name == "llvm"
-
-    def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+    def schedule(self, sch, func, target):
+        infos = normalize_prim_func(sch)
+        if infos is None or any(not info.is_injective() for info in infos):
             return None
-        sch = Schedule(func, error_render_level="none")
-        try:
-            infos = normalize_prim_func(sch)
-            if infos is None or any(not info.is_injective() for info in infos):
-                return None
-            infos = try_inline_contiguous_spatial(sch, infos)
-            if infos is None:
-                return None
-            lanes = cpu_info(target).lanes()
-            for info in infos:
-                schedule_injective_block(sch, info.block_rv, lanes)
-            return sch
-        except Exception:  # noqa: BLE001 - any failed step: let the next rule try
+        infos = try_inline_contiguous_spatial(sch, infos)
+        if infos is None:
             return None
+        lanes = cpu_info(target).lanes()
+        for info in infos:
+            schedule_injective_block(sch, info.block_rv, lanes)
+        return sch
 
 
 __all__ = ["Elementwise", "schedule_injective_block", "schedule_rest"]

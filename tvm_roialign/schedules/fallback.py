@@ -18,35 +18,23 @@ from __future__ import annotations
 
 import contextlib
 
-from tvm import tirx
 from tvm.s_tir import Schedule
 from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import ScheduleRule, try_inline_contiguous_spatial
+from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
 
+from .base import CPURule, static_int
+from .contraction import pick_lanes
 from .target_info import cpu_info
 
-_VECTOR_LANES = (16, 8, 4)
 
-
-def _lane_choices(target, matmul: bool) -> tuple[int, ...]:
-    """Vector lanes to try (widest first), from the target's float32 vector width."""
-    lanes = cpu_info(target).lanes() if target is not None else 16
-    widest = lanes * 2 if matmul else lanes
-    return tuple(v for v in (widest, widest // 2, widest // 4) if v >= 4) or (4,)
-
-
-def _static(extent) -> int | None:
-    return int(extent) if isinstance(extent, (int, tirx.IntImm)) else None
-
-
-def _pick_lanes(extent, choices=_VECTOR_LANES) -> int | None:
-    value = _static(extent)
+def _pick_lanes(extent, target, matmul: bool) -> int | None:
+    """The widest vector (the target's float32 width, doubled for a matmul; or half, or a quarter,
+    not below 4) that divides the static ``extent``, else None."""
+    value = static_int(extent)
     if value is None:
         return None
-    for lanes in choices:
-        if value % lanes == 0:
-            return lanes
-    return None
+    lanes = cpu_info(target).lanes() if target is not None else 16
+    return pick_lanes(value, max(lanes * 2 if matmul else lanes, 4))
 
 
 def _schedule_reduction(
@@ -61,7 +49,7 @@ def _schedule_reduction(
     # a matmul (rows x columns, one reduction) reuses each weight vector over more rows; measured
     # here: fc6 of the box head 2.5x faster with 8 rows x 32 lanes than 4 x 16, convolutions not
     matmul = kinds == "SSR"
-    lanes = _pick_lanes(info.iters[num_s - 1].dom, _lane_choices(target, matmul))
+    lanes = _pick_lanes(info.iters[num_s - 1].dom, target, matmul)
     if row_tile is None:
         row_tile = 8 if matmul else 4
     if lanes is None:
@@ -73,7 +61,7 @@ def _schedule_reduction(
     # register tile: a few rows of the second-to-last spatial axis share each weight vector
     row_inner = None
     if num_s >= 2:
-        rows = _static(info.iters[num_s - 2].dom)
+        rows = static_int(info.iters[num_s - 2].dom)
         if rows is None or rows >= row_tile:
             row_outer, row_inner = sch.split(s_loops[-2], [None, row_tile])
             outer = [*s_loops[:-2], row_outer, col_outer]
@@ -105,7 +93,7 @@ def _schedule_injective(sch: Schedule, info, target=None) -> bool:
     if not loops:
         return True
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    lanes = _pick_lanes(info.iters[-1].dom, _lane_choices(target, False))
+    lanes = _pick_lanes(info.iters[-1].dom, target, False)
     if lanes is not None:
         outer, inner = sch.split(fused, [None, lanes])
         sch.parallel(outer)
@@ -115,36 +103,27 @@ def _schedule_injective(sch: Schedule, info, target=None) -> bool:
     return True
 
 
-class CPUDefault(ScheduleRule):
+class CPUDefault(CPURule):
     """Parallel + vectorized default schedule for unscheduled llvm PrimFuncs (see module docstring)."""
 
-    def is_target_available(self, target) -> bool:
-        return target.kind.name == "llvm"
-
-    def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+    def schedule(self, sch, func, target):
+        infos = normalize_prim_func(sch)
+        if infos is None:
             return None
-        sch = Schedule(func, error_render_level="none")
-        try:
-            infos = normalize_prim_func(sch)
-            if infos is None:
-                return None
-            infos = try_inline_contiguous_spatial(sch, infos)
-            if infos is None:
-                return None
-            for info in infos:
-                ok = (
-                    _schedule_reduction(sch, info, target)
-                    if info.is_reduction()
-                    else _schedule_injective(sch, info, target)
-                    if info.is_injective()
-                    else False
-                )
-                if not ok and len(infos) == 1:
-                    return None
-            return sch
-        except Exception:  # noqa: BLE001 - any failed step: keep the function unscheduled
+        infos = try_inline_contiguous_spatial(sch, infos)
+        if infos is None:
             return None
+        for info in infos:
+            ok = (
+                _schedule_reduction(sch, info, target)
+                if info.is_reduction()
+                else _schedule_injective(sch, info, target)
+                if info.is_injective()
+                else False
+            )
+            if not ok and len(infos) == 1:
+                return None
+        return sch
 
 
 __all__ = ["CPUDefault"]

@@ -12,10 +12,7 @@ then accumulates in the output across chunks, and the epilogue is a separate par
 
 from __future__ import annotations
 
-from tvm import tirx
-from tvm.s_tir import Schedule
-from tvm.s_tir.dlight.base import ScheduleRule
-
+from .base import CPURule
 from .contraction import (
     analyze_contraction,
     choose_tiling,
@@ -43,52 +40,43 @@ def _reduce_chunk(
     return best if best is not None and best >= 32 else None
 
 
-class Matmul(ScheduleRule):
+class Matmul(CPURule):
     """Register-tiled matmul with packed constant weights and a fused epilogue."""
 
     def __init__(self, reduce_chunks: bool = True):
         self.reduce_chunks = reduce_chunks
 
-    def is_target_available(self, target) -> bool:
-        return target.kind.name == "llvm"
-
-    def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+    def schedule(self, sch, func, target):
+        block = find_main_reduction(sch)
+        if block is None:
             return None
-        sch = Schedule(func, error_render_level="none")
-        try:
-            block = find_main_reduction(sch)
-            if block is None:
-                return None
-            name = sch.get(block).name_hint
-            if not any(key in name for key in ("matmul", "dense")):
-                return None
-            contraction = analyze_contraction(sch, block)
-            if contraction is None or contraction.roles.count("R") != 1:
-                return None
-            info = cpu_info(target)
-            tiling = choose_tiling(contraction, info)
-            if tiling is None:
-                return None
-            if self.reduce_chunks and not tiling.rows_outer:
-                rows_total = 1
-                for role, extent in zip(contraction.roles, contraction.extents):
-                    rows_total *= extent if role == "M" else 1
-                tiling.reduce_chunk = _reduce_chunk(
-                    contraction.extents[contraction.roles.index("R")],
-                    rows_total,
-                    contraction.num_columns // (tiling.cols * tiling.lanes),
-                    info.l2_bytes,
-                )
-            _, local = schedule_contraction(sch, contraction, tiling)
-            if local is not None:
-                inline_epilogue(sch, local)
-                vectorize_writeback(sch, local, tiling.lanes)
-            schedule_producers(sch, contraction.block, tiling.lanes)
-            schedule_rest(sch, tiling.lanes)
-            return sch
-        except Exception:  # noqa: BLE001 - any failed step: let the next rule try
+        name = sch.get(block).name_hint
+        if not any(key in name for key in ("matmul", "dense")):
             return None
+        contraction = analyze_contraction(sch, block)
+        if contraction is None or contraction.roles.count("R") != 1:
+            return None
+        info = cpu_info(target)
+        tiling = choose_tiling(contraction, info)
+        if tiling is None:
+            return None
+        if self.reduce_chunks and not tiling.rows_outer:
+            rows_total = 1
+            for role, extent in zip(contraction.roles, contraction.extents):
+                rows_total *= extent if role == "M" else 1
+            tiling.reduce_chunk = _reduce_chunk(
+                contraction.extents[contraction.roles.index("R")],
+                rows_total,
+                contraction.num_columns // (tiling.cols * tiling.lanes),
+                info.l2_bytes,
+            )
+        _, local = schedule_contraction(sch, contraction, tiling)
+        if local is not None:
+            inline_epilogue(sch, local)
+            vectorize_writeback(sch, local, tiling.lanes)
+        schedule_producers(sch, contraction.block, tiling.lanes)
+        schedule_rest(sch, tiling.lanes)
+        return sch
 
 
 __all__ = ["Matmul"]

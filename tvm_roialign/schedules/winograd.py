@@ -18,27 +18,15 @@ from __future__ import annotations
 
 import math
 
-from tvm import tirx
 from tvm.s_tir import Schedule
-from tvm.s_tir.dlight.base import ScheduleRule
 
+from .base import CPURule, find_block, static_int
 from .contraction import inline_epilogue, pick_lanes
 from .elementwise import schedule_rest
 from .target_info import cpu_info
 
 INPUT_BLOCK = "winograd_input"
 OUTPUT_BLOCK = "winograd_output"
-
-
-def _static(value) -> int | None:
-    return int(value) if isinstance(value, (int, tirx.IntImm)) else None
-
-
-def _find(sch: Schedule, name: str):
-    try:
-        return sch.get_sblock(name)
-    except Exception:  # noqa: BLE001 - not in this function
-        return None
 
 
 def _stage_in_registers(sch: Schedule, block, loop, vec: int) -> None:
@@ -56,29 +44,29 @@ def _stage_in_registers(sch: Schedule, block, loop, vec: int) -> None:
 
 def schedule_input_transform(sch: Schedule, block, lanes: int) -> None:
     ef, p, c = sch.get_loops(block)
-    vec = pick_lanes(_static(sch.get(c).extent), lanes) or 1
+    vec = pick_lanes(static_int(sch.get(c).extent), lanes) or 1
     c_outer, c_inner = sch.split(c, [None, vec])
     sch.reorder(p, c_outer, ef, c_inner)
     sch.parallel(p)
     sch.unroll(ef)
     if vec > 1:
         sch.vectorize(c_inner)
-    rows = _find(sch, INPUT_BLOCK + "_rows")
+    rows = find_block(sch, INPUT_BLOCK + "_rows")
     if rows is not None:
         _stage_in_registers(sch, rows, c_outer, vec)
 
 
 def schedule_output_transform(sch: Schedule, block, lanes: int) -> None:
     stmt = sch.get(block)
-    rows = _find(sch, OUTPUT_BLOCK + "_rows")
+    rows = find_block(sch, OUTPUT_BLOCK + "_rows")
     source = sch.get(rows).reads[0].source if rows is not None else stmt.reads[0].source
-    alpha = math.isqrt(_static(source.ty.shape[0]))
+    alpha = math.isqrt(static_int(source.ty.shape[0]))
     tile = alpha - 2
     inline_epilogue(sch, block)
     n, h, w, k = sch.get_loops(block)
     th, a = sch.split(h, [None, tile])
     tw, b = sch.split(w, [None, tile])
-    vec = pick_lanes(_static(sch.get(k).extent), lanes) or 1
+    vec = pick_lanes(static_int(sch.get(k).extent), lanes) or 1
     k_outer, k_inner = sch.split(k, [None, vec])
     sch.reorder(n, th, tw, k_outer, a, b, k_inner)
     sch.parallel(sch.fuse(n, th, tw))
@@ -90,33 +78,24 @@ def schedule_output_transform(sch: Schedule, block, lanes: int) -> None:
         _stage_in_registers(sch, rows, k_outer, vec)
 
 
-class WinogradTransforms(ScheduleRule):
+class WinogradTransforms(CPURule):
     """Schedules functions holding a Winograd input or output transform block."""
 
-    def is_target_available(self, target) -> bool:
-        return target.kind.name == "llvm"
-
-    def apply(self, func, target, _tunable):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+    def schedule(self, sch, func, target):
+        lanes = cpu_info(target).lanes()
+        found = False
+        block = find_block(sch, INPUT_BLOCK)
+        if block is not None:
+            schedule_input_transform(sch, block, lanes)
+            found = True
+        block = find_block(sch, OUTPUT_BLOCK)
+        if block is not None:
+            schedule_output_transform(sch, block, lanes)
+            found = True
+        if not found:
             return None
-        sch = Schedule(func, error_render_level="none")
-        try:
-            lanes = cpu_info(target).lanes()
-            found = False
-            block = _find(sch, INPUT_BLOCK)
-            if block is not None:
-                schedule_input_transform(sch, block, lanes)
-                found = True
-            block = _find(sch, OUTPUT_BLOCK)
-            if block is not None:
-                schedule_output_transform(sch, block, lanes)
-                found = True
-            if not found:
-                return None
-            schedule_rest(sch, lanes)
-            return sch
-        except Exception:  # noqa: BLE001 - any failed step: let the next rule try
-            return None
+        schedule_rest(sch, lanes)
+        return sch
 
 
 __all__ = [

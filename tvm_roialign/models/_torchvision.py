@@ -1,0 +1,124 @@
+"""torchvision's R-CNN detectors as both model routes build them: no download, a seed or a file.
+
+:class:`RCNNConfig` holds torchvision's own keyword arguments and the weights; it is the base of
+:class:`~tvm_roialign.models.maskrcnn.MaskRCNNConfig` (the three-piece Mask R-CNN) and of
+:class:`~tvm_roialign.models.detection.DetectorConfig` (the standalone artifact, any detector).
+:func:`build_rcnn` builds a named model from one, :func:`load_state_dict` checks a weights file
+against the model. torch and torchvision are imported when a model is built, not on import
+(``tvm_roialign.models.detection``, which uses this module, must import without them).
+
+Errors name the file and what is wrong with it, never a command-line flag (the CLI adds its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class RCNNConfig:
+    """How a torchvision R-CNN is built (see the subclasses for the fields)."""
+
+    seed: int = 3
+    weights: str | None = None
+    min_size: int = 512
+    max_size: int = 512
+    rpn_pre_nms_top_n_test: int = 1000
+    rpn_post_nms_top_n_test: int = 1000
+    box_detections_per_img: int = 100
+    box_score_thresh: float = 0.05
+
+    def describe_weights(self) -> str:
+        """One line: the weights file, or how the random weights were made."""
+        if self.weights is not None:
+            return str(self.weights)
+        return f"random (weights=None, weights_backbone=None, seed {self.seed})"
+
+
+def load_state_dict(path: str, model, name: str = "maskrcnn_resnet50_fpn") -> dict:
+    """The state_dict in ``path`` checked against ``model``'s (torchvision's ``name``) parameter
+    names and shapes.
+
+    A ``{"model": state_dict}`` checkpoint (torchvision's reference scripts) is unwrapped.
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` does not exist.
+    ValueError
+        ``path`` was not written by ``torch.save``, holds something other than a dict of tensors,
+        or its names or shapes are not those of ``model``.
+    """
+    import torch
+
+    how = "write one with torch.save(model.state_dict(), path)"
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"weights file {path!r} does not exist") from None
+    except Exception:  # noqa: BLE001 - torch raises KeyError, UnpicklingError, RuntimeError...
+        raise ValueError(
+            f"weights file {path!r} is not a PyTorch file written by torch.save ({how})"
+        ) from None
+    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+        state = state["model"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(
+            f"weights file {path!r} holds a {type(state).__name__}, not a state_dict "
+            f"(a dict of parameter names to tensors; {how})"
+        )
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
+    if missing or unexpected or wrong:
+        parts = []
+        for what, keys in (("missing", missing), ("unexpected", unexpected), ("misshapen", wrong)):
+            if keys:
+                parts.append(f"{len(keys)} {what} (e.g. {keys[0]})")
+        raise ValueError(f"weights file {path!r} is not a {name} state_dict: {', '.join(parts)}")
+    return state
+
+
+def build_rcnn(name: str, config: RCNNConfig, **extra):
+    """torchvision's ``torchvision.models.detection.<name>`` in eval mode, built with ``config``
+    (and ``extra`` keyword arguments): seeded random weights, or ``config.weights`` loaded.
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        ``config.weights`` does not exist or is not a state_dict of this model
+        (see :func:`load_state_dict`).
+    """
+    import torch
+    import torchvision
+
+    torch.manual_seed(config.seed)
+    model = getattr(torchvision.models.detection, name)(
+        weights=None,
+        weights_backbone=None,
+        min_size=config.min_size,
+        max_size=config.max_size,
+        rpn_pre_nms_top_n_test=config.rpn_pre_nms_top_n_test,
+        rpn_post_nms_top_n_test=config.rpn_post_nms_top_n_test,
+        box_detections_per_img=config.box_detections_per_img,
+        box_score_thresh=config.box_score_thresh,
+        **extra,
+    )
+    if config.weights is not None:
+        model.load_state_dict(load_state_dict(str(config.weights), model, name))
+    return model.eval()
+
+
+def category_names() -> list[str] | None:
+    """COCO category names of torchvision's detection models (index = label), or None without
+    torchvision (or where its metadata moved)."""
+    try:
+        from torchvision.models.detection import MaskRCNN_ResNet50_FPN_Weights
+
+        return list(MaskRCNN_ResNet50_FPN_Weights.DEFAULT.meta["categories"])
+    except Exception:  # noqa: BLE001 - no torchvision, or its weights metadata changed
+        return None
+
+
+__all__ = ["RCNNConfig", "build_rcnn", "category_names", "load_state_dict"]
