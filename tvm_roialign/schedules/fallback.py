@@ -76,7 +76,7 @@ def _schedule_reduction(
     # accumulate the (rows x lanes) tile in a local buffer that LLVM keeps in registers; not with
     # symbolic extents, where TIR sizes the local buffer by the whole output (a stack array of
     # unknown size per parallel task: a segfault on a dynamic-size image)
-    if all(_static(it.dom) is not None for it in info.iters):
+    if all(static_int(it.dom) is not None for it in info.iters):
         with contextlib.suppress(Exception):  # else: accumulate in place
             local = sch.cache_write(info.block_rv, 0, "local")
             sch.reverse_compute_at(local, fused, preserve_unit_loops=True)
