@@ -4,7 +4,8 @@
 
 Builds torchvision's maskrcnn_resnet50_fpn (random weights, seed 3: no download), compiles its
 three static graphs with tvm-roialign (backbone + FPN + RPN head, box branch, mask branch; the
-last two with a symbolic number of rois), runs it next to PyTorch eager and compares.
+last two for the model's roi bounds, 1000 proposals and 100 detections, the rois padded in the
+glue), runs it next to PyTorch eager and compares.
 """
 
 import torch

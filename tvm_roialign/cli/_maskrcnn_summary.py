@@ -66,17 +66,20 @@ def print_summary(report, out, report_path) -> None:
             else ""
         ),
         highlight=False,
+        soft_wrap=True,
     )
     if totals.onnxruntime_max_box_diff is not None:
         console.print(
             f"ONNX Runtime vs PyTorch eager: max box diff {totals.onnxruntime_max_box_diff:.2e} px",
             highlight=False,
+            soft_wrap=True,
         )
     perm = report.transposes
     console.print(
         f"permute_dims before/after ConvertLayout: {perm.total_before} / {perm.total_after}; "
         f"adjacent to roi_align after: {perm.adjacent_to_roi_align_after}",
         highlight=False,
+        soft_wrap=True,
     )
     roi = report.roi_align
     if roi:
@@ -88,8 +91,9 @@ def print_summary(report, out, report_path) -> None:
             f"stock TVM (per level) {roi.stock_s * 1e3:.2f} ms ({roi.speedup:.1f}x; ours per "
             f"level {roi.ours_per_level_s * 1e3:.2f} ms, {roi.speedup_per_level:.1f}x){share}",
             highlight=False,
+            soft_wrap=True,
         )
-    console.print(f"wrote {out} and {report_path}", highlight=False)
+    console.print(f"wrote {out} and {report_path}", highlight=False, soft_wrap=True)
 
 
 def print_compile_only(report, report_path) -> None:

@@ -10,11 +10,11 @@ piece                     content                                               
 ``backbone``              ResNet-50 + FPN + RPN head; ``[1, 3, H, W]`` -> 5 feature     TVM
                           maps (NHWC), objectness and box deltas per level (NHWC)
 ``box_branch``            ``MultiScaleRoIAlign`` (7x7) + box head + box predictor;       TVM
-                          4 feature maps + proposals ``[K, 4]`` (K symbolic) ->
-                          class logits ``[K, 91]``, box regression ``[K, 364]``
+                          4 feature maps + proposals ``[1000, 4]`` (padded) ->
+                          class logits ``[1000, 91]``, box regression ``[1000, 364]``
 ``mask_branch``           ``MultiScaleRoIAlign`` (14x14) + mask head + mask predictor;   TVM
-                          4 feature maps + boxes ``[D, 4]`` (D symbolic) -> mask
-                          logits ``[D, 91, 28, 28]``
+                          4 feature maps + boxes ``[100, 4]`` (padded) -> mask
+                          logits ``[100, 91, 28, 28]``
 glue                      transform (resize, normalize, pad), anchors, proposal          PyTorch
                           decoding + NMS, box decoding + per-class NMS, mask paste
 ========================  ===========================================================  ========
