@@ -397,8 +397,10 @@ def test_report_schema_documents_every_field(detector, model, image):
 
 
 def test_draw_regions_not_a_lattice(tmp_path, image):
-    """A random model's checkerboard mask is drawn as a solid region, not as a lattice."""
-    from tvm_roialign.models.maskrcnn.draw import _regions
+    """A random model's checkerboard mask is drawn as a solid region, not as a lattice, by both
+    drawers (torchvision.utils here, Pillow only in the runner); the NumPy window mean equals
+    torch's average pooling without the padding."""
+    from tvm_roialign.runtime.draw import _window_mean, draw_detections, mask_regions
 
     box = torch.tensor([[100.0, 100.0, 380.0, 380.0]])
     cell = 280 / 28
@@ -406,10 +408,19 @@ def test_draw_regions_not_a_lattice(tmp_path, image):
     checker = (((yy - 100) // cell + (xx - 100) // cell) % 2 == 0).float() * 0.9 + 0.2
     inside = (yy >= 100) & (yy < 380) & (xx >= 100) & (xx < 380)
     mask = torch.where(inside, checker, torch.zeros(()))
-    region = _regions(mask[None], box, 0.5)[0]
+    region = mask_regions(mask[None].numpy(), box.numpy(), 0.5)[0]
     core = region[120:360, 120:360]
     assert bool(core.all())  # solid inside the box
     assert not bool(region[:80].any())  # nothing far outside it
+    pooled = torch.nn.functional.avg_pool2d(
+        mask[None, None].double(), (21, 19), stride=1, padding=(10, 9), count_include_pad=False
+    )[0, 0]
+    np.testing.assert_allclose(_window_mean(mask.numpy(), 21, 19), pooled.numpy(), rtol=1e-9, atol=1e-12)
+    rgb = (image.permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+    runner_picture = draw_detections(
+        rgb, {"boxes": box.numpy(), "labels": [1], "scores": [0.9], "masks": mask[None].numpy()}, caption="c"
+    )
+    assert runner_picture.width == 512 and runner_picture.height > 512
     path = tmp_path / "picture.png"
     dets = {
         "boxes": box,
