@@ -355,7 +355,17 @@ def test_compile_errors(pt2_model, onnx_model, workdir, capfd):
         (["compile", str(workdir / "missing.pt2"), "-o", out], ["does not exist"]),
         (["compile", str(garbage), "-o", out], ["cannot read", "torch.export.save"]),
         (["compile", str(bad_onnx), "-o", out], ["onnx"]),
-        (["compile", str(workdir / "tiny_in.npz"), "-o", out], ["unknown model format"]),
+        (
+            ["compile", str(workdir / "tiny_in.npz"), "-o", out],
+            ["unknown model format", ".pt2 or .onnx", "detector name", "maskrcnn_resnet50_fpn"],
+        ),
+        (
+            ["compile", str(model), "--tuning-records", str(workdir / "no_records"), "-o", out],
+            ["--tuning-records", "no_records", "does not exist"],
+        ),
+        (["compile", str(model), "--weights", str(garbage), "-o", out], ["--weights", "detector name"]),
+        (["compile", str(model), "--input-size", "64x64", "-o", out], ["--input-size", "detector name"]),
+        (["compile", str(onnx_path), "--seed", "1", "-o", out], ["--seed", "detector name"]),
         (["compile", str(model), "--target", "tpu", "-o", out], ["--target", "unknown target"]),
         (["compile", str(model), "--target", '{"kind": "bogus"}', "-o", out], ["invalid target"]),
         (
@@ -393,6 +403,66 @@ def test_compile_errors(pt2_model, onnx_model, workdir, capfd):
         _one_line_error(err, *words)
     assert not (workdir / "never.so").exists()
     assert not (workdir / "no_such_dir").exists()
+    # without -q too, a missing model file is one line: no progress line before it
+    code = cli.main(["compile", str(workdir / "missing.pt2"), "-o", out])
+    assert code == 1
+    _one_line_error(capfd.readouterr().err, "does not exist")
+
+
+def test_compile_detector_weights_errors(workdir, capsys):
+    """--weights of a detector name that is not its state_dict: one line naming --weights (the
+    torchvision model is built, nothing is compiled)."""
+    garbage = workdir / "garbage.pth"
+    garbage.write_bytes(b"not a torch file")
+    a_list = workdir / "list.pth"
+    torch.save([torch.zeros(2)], a_list)
+    other = workdir / "linear.pth"
+    torch.save(torch.nn.Linear(2, 2).state_dict(), other)
+    out = str(workdir / "never_det.so")
+    name = "fasterrcnn_mobilenet_v3_large_fpn"
+    cases = [
+        (garbage, ["not a PyTorch file written by torch.save"]),
+        (a_list, ["holds a list, not a state_dict"]),
+        (other, [f"not a {name} state_dict", "missing", "unexpected"]),
+        (workdir / "nothing.pth", ["does not exist"]),
+    ]
+    for weights, words in cases:
+        code, _, err = _cli(["compile", name, "--weights", str(weights), "-o", out], capsys)
+        assert code == 1, (weights, err)
+        _one_line_error(err, "--weights", *words)
+    assert not (workdir / "never_det.so").exists()
+
+
+def test_missing_package_names_the_pip_package():
+    assert "'pillow' (module 'PIL')" in cli.missing_package("run", "PIL")
+    assert "pip install pillow" in cli.missing_package("run", "PIL")
+    assert "'scikit-image' (module 'skimage')" in cli.missing_package("maskrcnn", "skimage")
+    assert 'pip install "tvm-roialign[cli]"' in cli.missing_package("maskrcnn", "skimage.data")
+    assert 'pip install "tvm-roialign[onnx]"' in cli.missing_package("compile", "onnx")
+    assert 'pip install "tvm-roialign[tune]"' in cli.missing_package("tune", "xgboost")
+
+
+def test_symbolic_onnx_inputs_get_one_note(workdir, capsys):
+    """An ONNX model with dynamic axes builds, with one note (not under -q) suggesting static shapes."""
+    path = _onnx_model(
+        workdir / "dyn.onnx",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
+    )
+    lib = str(workdir / "dyn.so")
+    code, _, err = _cli(["compile", str(path), "-o", lib], capsys, quiet=False)
+    assert code == 0, err
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1, err
+    assert "x [batch, 3, height, width]" in notes[0], notes
+    assert '--input-shapes "x:[1,3,224,224]"' in notes[0], notes
+    code, _, err = _cli(["compile", str(path), "-o", lib], capsys)
+    assert code == 0 and "note:" not in err, err
+    code, _, err = _cli(
+        ["compile", str(path), "--input-shapes", "x:[1,3,8,8]", "-o", lib], capsys, quiet=False
+    )
+    assert code == 0 and "note:" not in err, err
 
 
 def test_missing_optional_dependency_is_one_line(pt2_model, workdir, capsys, monkeypatch):
@@ -562,9 +632,12 @@ def test_run_errors(pt2_lib, pt2_model, workdir, capsys):
         ),
         (
             ["run", lib, "--inputs", str(wrong_shape)],
-            ["input 'x' has shape [1, 3, 16, 16]", "[1, 3, 32, 32]"],
+            ["--inputs: input 'x' has shape [1, 3, 16, 16]", "[1, 3, 32, 32]"],
         ),
-        (["run", lib, "--inputs", str(wrong_dtype)], ["input 'x' has dtype float64", "float32"]),
+        (
+            ["run", lib, "--inputs", str(wrong_dtype)],
+            ["--inputs: input 'x' has dtype float64", "float32"],
+        ),
         (["run", lib, "--inputs", str(only_y), "--inputs-by-order"], ["has 1 arrays, the model takes 2"]),
         (
             ["run", lib, "--outputs", str(workdir / "nowhere" / "o.npz")],

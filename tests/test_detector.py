@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 from collections import OrderedDict
 from pathlib import Path
 
@@ -184,7 +185,7 @@ def _tiny_detector():
     ).eval()
 
 
-def test_users_own_detector_from_pt2(tmp_path):
+def test_users_own_detector_from_pt2(tmp_path, capfd):
     """A detector of the user's making, exported with ``export_detector`` to a ``.pt2`` and
     compiled with ``tvm-roialign compile``: the artifact equals torchvision eager (the coffee
     photo, resized inside to 160x240; more candidates than the caps: 20 detections)."""
@@ -195,9 +196,21 @@ def test_users_own_detector_from_pt2(tmp_path):
     program, _ = export_detector(model, rgb.shape[:2])
     torch.export.save(program, tmp_path / "tiny.pt2")
     library = tmp_path / "tiny.so"
+    for flag, value in (("--weights", "w.pth"), ("--input-size", "64x64"), ("--seed", "1")):
+        argv = ["-q", "compile", str(tmp_path / "tiny.pt2"), flag, value, "-o", str(library)]
+        assert cli.main(argv) == 1
+        err = capfd.readouterr().err
+        assert err.startswith(f"tvm-roialign: error: {flag} only applies to a detector name"), err
     assert (
         cli.main(["-q", "compile", str(tmp_path / "tiny.pt2"), "-o", str(library)]) == 0
     )
+    captured = capfd.readouterr()
+    assert captured.err == "", captured.err  # -q: no progress and no TVM warnings
+    assert re.search(
+        r"-> .*tiny\.so \(\+ tiny\.so\.json\) in [\d.]+ s \(import [\d.]+ s, build [\d.]+ s, "
+        r"export [\d.]+ s\)$",
+        captured.out.strip(),
+    ), captured.out
     meta = json.loads((tmp_path / "tiny.so.json").read_text())
     assert meta["kind"] == "detector" and meta["model"] == "tiny"
     assert meta["outputs"] == ["boxes", "scores", "labels", "num_detections"]

@@ -210,6 +210,39 @@ def test_runner_errors(artifact, tmp_path):
         Detector(tmp_path / "riscv.so")
 
 
+def test_cli_run_on_a_detector(artifact, tmp_path, capsys, monkeypatch):
+    """``run`` of a detector library: --image is needed and named in its errors; the mask paste
+    time is printed only for a model with masks."""
+    from tvm_roialign import cli, runtime
+
+    library, photo, _, _ = artifact
+
+    def run(*argv):
+        code = cli.main(["-q", "run", str(library), *argv])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    code, _, err = run("--print-time", "--repeat", "2")
+    assert code == 1 and err.count("\n") == 1, err
+    assert "is a detector library" in err and "--image PHOTO" in err, err
+    not_image = tmp_path / "notanimage.npz"
+    np.savez(not_image, x=np.zeros(3))
+    code, _, err = run("--image", str(not_image), "--out", str(tmp_path / "r.png"))
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith("tvm-roialign: error: --image: ") and "not a readable image" in err, err
+    code, out, err = run("--image", str(photo), "--out", str(tmp_path / "r.png"))
+    assert code == 0, err
+    assert "12 detections in" in out and "with the mask paste" in out, out
+    # a Faster R-CNN artifact (no masks output): no mask paste
+    meta = runtime.read_metadata(library)
+    assert "masks" in meta["outputs"]
+    no_masks = {**meta, "outputs": [o for o in meta["outputs"] if o != "masks"]}
+    monkeypatch.setattr(runtime, "read_metadata", lambda _library: no_masks)
+    code, out, err = run("--image", str(photo), "--out", str(tmp_path / "r.png"))
+    assert code == 0, err
+    assert "detections in" in out and "mask paste" not in out, out
+
+
 _BLOCK_TORCH = """
 import importlib.abc, json, sys
 class Block(importlib.abc.MetaPathFinder):

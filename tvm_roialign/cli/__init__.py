@@ -73,6 +73,31 @@ def _version() -> str:
     return f"tvm-roialign {__version__} (Apache TVM {tvm.__version__})"
 
 
+#: Python module -> (pip package, the tvm-roialign extra that installs it or None).
+OPTIONAL_PACKAGES = {
+    "torch": ("torch", "torch"),
+    "torchvision": ("torchvision", "torch"),
+    "onnx": ("onnx", "onnx"),
+    "onnxruntime": ("onnxruntime", "onnx"),
+    "skimage": ("scikit-image", "cli"),
+    "PIL": ("pillow", None),  # a core dependency: only a broken install lacks it
+    "matplotlib": ("matplotlib", "bench"),
+    "xgboost": ("xgboost", "tune"),
+    "psutil": ("psutil", "tune"),
+    "tornado": ("tornado", "tune"),
+    "rich": ("rich", None),
+}
+
+
+def missing_package(command: str, module: str | None) -> str:
+    """The error for ``command`` failing to import ``module``: the pip package that provides it."""
+    top = (module or "").split(".")[0]
+    package, extra = OPTIONAL_PACKAGES.get(top, (top, None))
+    how = f'pip install "tvm-roialign[{extra}]"' if extra else f"pip install {package}"
+    module_text = f" (module {top!r})" if top != package else ""
+    return f"{command} needs the Python package {package!r}{module_text}; install it: {how}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tvm-roialign",
@@ -102,15 +127,11 @@ def main(argv=None) -> int:
         print(f"tvm-roialign: error: {err}", file=sys.stderr)
         return 1
     except ModuleNotFoundError as err:  # an optional dependency of this subcommand
-        print(
-            f"tvm-roialign: error: {args.command} needs the Python package {err.name!r}; "
-            'install the extras: pip install "tvm-roialign[torch,onnx,cli]"',
-            file=sys.stderr,
-        )
+        print(f"tvm-roialign: error: {missing_package(args.command, err.name)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("tvm-roialign: interrupted", file=sys.stderr)
         return 130
 
 
-__all__ = ["SUBCOMMANDS", "CLIError", "build_parser", "main"]
+__all__ = ["SUBCOMMANDS", "CLIError", "build_parser", "main", "missing_package"]

@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -35,6 +36,26 @@ def seconds_since_process_start() -> float | None:
 def first_line(err) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+def add_total(times: dict, t_start: float, startup_s: float | None) -> dict:
+    """``times`` with ``total_s`` (since ``t_start``) and, on a real command line, the process's
+    startup before main() (Python and TVM starting) first and in the total."""
+    times = {**times, "total_s": time.perf_counter() - t_start}
+    if startup_s is not None:
+        times = {"startup_s": startup_s, **times}
+        times["total_s"] += startup_s
+    return times
+
+
+def format_times(times: dict) -> str:
+    """``"52.0 s (startup 1.2 s, import 3.4 s, ...)"``: the total and each stage."""
+    stages = ", ".join(
+        f"{name[:-2].replace('_', ' ')} {seconds:.1f} s"
+        for name, seconds in times.items()
+        if name != "total_s"
+    )
+    return f"{times['total_s']:.1f} s ({stages})"
 
 
 def resolve_target(text, flag: str = "--target"):

@@ -9,21 +9,57 @@ with :mod:`tvm_roialign.runtime` (TVM's runtime, NumPy and Pillow only).
 
 from __future__ import annotations
 
+import time
 import zipfile
 from pathlib import Path
 
-from ._common import CLIError, first_line, output_path
+from ._common import CLIError, add_total, first_line, format_times, output_path, tvm_messages
 from ._progress import Progress
 
 #: What marks a .pt2 as a detector exported in the static form (its NMS custom op).
 _DETECTOR_OP = b"tvm_roialign.batched_nms"
 
+#: The defaults of the options that only detector names take (None in the parser: "not given").
+DEFAULT_INPUT_SIZE = "512x512"
+DEFAULT_SEED = 3
+
+#: The options that only detector names take: (attribute, flag).
+_NAME_OPTIONS = (("weights", "--weights"), ("input_size", "--input-size"), ("seed", "--seed"))
+
+
+def _names() -> str:
+    from ..models.detection import DETECTORS
+
+    return ", ".join(DETECTORS)
+
+
+def alternatives() -> str:
+    """The other kind of ``compile`` MODEL, for the unknown-format message."""
+    return f", or a detector name ({_names()})"
+
 
 def add_compile_arguments(p) -> None:
-    group = p.add_argument_group("detectors (MODEL is a torchvision detector name or its .pt2)")
-    group.add_argument("--input-size", default="512x512", help="height x width of the photos")
+    group = p.add_argument_group(
+        "detectors (MODEL is a torchvision detector name; --input-size, --weights and --seed "
+        "only apply to a name)"
+    )
+    group.add_argument(
+        "--input-size", default=None, help=f"height x width of the photos (default: {DEFAULT_INPUT_SIZE})"
+    )
     group.add_argument("--weights", default=None, help="a state_dict (default: random weights, --seed)")
-    group.add_argument("--seed", type=int, default=3, help="seed of the random weights")
+    group.add_argument(
+        "--seed", type=int, default=None, help=f"seed of the random weights (default: {DEFAULT_SEED})"
+    )
+
+
+def reject_detector_options(args) -> None:
+    """The options of detector names, given with a model file: an error naming the first."""
+    for attr, flag in _NAME_OPTIONS:
+        if getattr(args, attr, None) is not None:
+            raise CLIError(
+                f"{flag} only applies to a detector name ({_names()}), not to the model file "
+                f"{args.model!r}"
+            )
 
 
 def add_run_arguments(p) -> None:
@@ -47,6 +83,13 @@ def is_detector(model: str) -> bool:
         return any(_DETECTOR_OP in archive.read(n) for n in archive.namelist() if n.endswith(".json"))
 
 
+def is_detector_library(library: str) -> bool:
+    """A library written by ``compile DETECTOR`` (its metadata says so)."""
+    from ..runtime import is_detector as _is_detector
+
+    return Path(library).is_file() and _is_detector(library)
+
+
 def _input_size(text: str) -> tuple[int, int]:
     try:
         height, width = (int(v) for v in text.lower().split("x"))
@@ -57,44 +100,68 @@ def _input_size(text: str) -> tuple[int, int]:
     return height, width
 
 
-def compile_main(args, target, out: Path, layout: str) -> int:
-    """``compile`` of a whole detector (``layout``: NHWC or NCHW)."""
-    from ..models.detection import DETECTORS, DetectorConfig, compile_detector
+def compile_main(args, target, out: Path, layout: str, t_start: float) -> int:
+    """``compile`` of a whole detector (``layout``: NHWC or NCHW); ``t_start``: when ``main``
+    started (the total time printed counts from it)."""
+    from ..models.detection import DETECTORS, DetectorConfig, build_torch_detector, compile_detector
     from ..target import describe
 
-    size = _input_size(args.input_size) if args.model in DETECTORS else None
+    name = args.model if args.model in DETECTORS else None
+    if name is None:  # an exported .pt2: its size, weights and seed are fixed in it
+        reject_detector_options(args)
+    size = _input_size(args.input_size or DEFAULT_INPUT_SIZE) if name else None
     if args.weights is not None and not Path(args.weights).is_file():
         raise CLIError(f"--weights {args.weights!r} does not exist")
-    config = DetectorConfig(seed=args.seed, weights=args.weights)
-    with Progress(args.quiet) as progress:
+    seed = DEFAULT_SEED if args.seed is None else args.seed
+    times = {}
+    with Progress(args.quiet) as progress, tvm_messages(args.quiet):
+        model = args.model
+        if name is not None:
+            progress(f"build torchvision {name}")
+            t0 = time.perf_counter()
+            try:
+                model = build_torch_detector(name, DetectorConfig(seed=seed, weights=args.weights))
+            except (ValueError, FileNotFoundError) as err:
+                raise CLIError(f"--weights: {first_line(err)}") from None
+            times["model_s"] = time.perf_counter() - t0
         try:
-            artifact = compile_detector(args.model, size, target, layout, config, progress=progress)
+            artifact = compile_detector(model, size, target, layout, progress=progress, name=name)
+            times["import_s"], times["build_s"] = artifact.import_s, artifact.compile_s
             progress(f"export {out}")
+            t0 = time.perf_counter()
             artifact.export(out)
+            times["export_s"] = time.perf_counter() - t0
         except (ValueError, FileNotFoundError) as err:
             raise CLIError(first_line(err)) from None
+    times = add_total(times, t_start, args.startup_s)
     height, width = artifact.meta["input"]["shape"][1:3]
     print(
-        f"compiled {args.model} ({height}x{width}, {describe(target)}, layout {layout}) in "
-        f"{artifact.compile_s:.1f} s -> {out} (+ {out.name}.json)"
+        f"compiled {args.model} ({height}x{width}, {describe(target)}, layout {layout}) -> {out} "
+        f"(+ {out.name}.json) in {format_times(times)}"
     )
     return 0
 
 
 def run_main(args) -> int:
     """``run --image``: the detector artifact on a photo."""
-    from ..runtime import detect_to_files
+    from ..runtime import detect_to_files, read_image, read_metadata
 
     if args.draw_top < 0:
         raise CLIError(f"--draw-top must be >= 0, got {args.draw_top}")
     out = output_path(args.out, "--out", (".png", ".jpg", ".jpeg"))
     report = output_path(args.json, "--json", (".json",)) if args.json else out.with_suffix(".json")
     try:
+        read_image(args.image)
+    except (ValueError, FileNotFoundError) as err:
+        raise CLIError(f"--image: {first_line(err)}") from None
+    try:
+        masks = "masks" in (read_metadata(args.library).get("outputs") or ())
         summary = detect_to_files(args.library, args.image, out, report, top=args.draw_top)
     except (ValueError, FileNotFoundError) as err:
         raise CLIError(first_line(err)) from None
+    paste = f" ({summary['total_ms']:.0f} ms with the mask paste)" if masks else ""
     print(
-        f"{summary['num_detections']} detections in {summary['run_ms']:.0f} ms "
-        f"({summary['total_ms']:.0f} ms with the mask paste) -> {out}, {report}"
+        f"{summary['num_detections']} detections in {summary['run_ms']:.0f} ms{paste} "
+        f"-> {out}, {report}"
     )
     return 0

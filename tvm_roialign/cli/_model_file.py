@@ -102,16 +102,51 @@ def _load_onnx(path: Path, shapes: dict):
         raise CLIError(f"cannot import {str(path)!r} into TVM: {first_line(err)}") from None
 
 
-def load_model(path: Path, shapes: dict | None = None):
-    """Import ``path`` (.pt2 or .onnx) into a Relax IRModule with tvm-roialign's importers."""
+MODEL_SUFFIXES = (*PT2_SUFFIXES, ".onnx")
+
+
+def check_model_file(path: Path, alternatives: str = "") -> None:
+    """That ``path`` exists and is a .pt2 or .onnx, before any work starts (``alternatives``: the
+    other kinds of MODEL the subcommand takes, for the message)."""
+    if path.suffix.lower() not in MODEL_SUFFIXES:
+        raise CLIError(
+            f"unknown model format {path.suffix.lower() or '(no suffix)'!r} for {str(path)!r}: "
+            f"expected .pt2 or .onnx{alternatives}"
+        )
     if not path.is_file():
         raise CLIError(f"model file {str(path)!r} does not exist")
+
+
+def symbolic_inputs_note(path: Path, mod) -> str | None:
+    """A ``note:`` line when inputs of ``mod`` have symbolic dimensions (ONNX dynamic axes), which
+    make slower code and a longer build than static shapes; None when all are static."""
+    dynamic = [s for s in signature(mod) if s["shape"] and any(isinstance(d, str) for d in s["shape"])]
+    if not dynamic:
+        return None
+    listed = ", ".join(f"{s['name']} [{', '.join(str(d) for d in s['shape'])}]" for s in dynamic)
+    example = " ".join(
+        f"{s['name']}:[{','.join(str(_example_dim(i, d)) for i, d in enumerate(s['shape']))}]"
+        for s in dynamic
+    )
+    return (
+        f"note: {path.name} has inputs with symbolic dimensions: {listed}; static shapes build "
+        f'faster and run faster: give them, e.g. --input-shapes "{example}"'
+    )
+
+
+def _example_dim(index: int, dim) -> int:
+    if isinstance(dim, int):
+        return dim
+    return 1 if index == 0 else 224
+
+
+def load_model(path: Path, shapes: dict | None = None):
+    """Import ``path`` (.pt2 or .onnx) into a Relax IRModule with tvm-roialign's importers."""
+    check_model_file(path)
     suffix = path.suffix.lower()
     if suffix in PT2_SUFFIXES:
         return _load_pt2(path, shapes or {})
-    if suffix == ".onnx":
-        return _load_onnx(path, shapes or {})
-    raise CLIError(f"unknown model format {suffix!r} for {str(path)!r}: expected .pt2 or .onnx")
+    return _load_onnx(path, shapes or {})
 
 
 def signature(mod) -> list[dict]:

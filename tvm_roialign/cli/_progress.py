@@ -30,6 +30,10 @@ class Progress:
         else:
             self.console.print(f"[{elapsed:6.1f} s] {message}", highlight=False)
 
+    def note(self, text: str) -> None:
+        """One line for the user (``note: ...``), printed as is (no markup); nothing with ``quiet``."""
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
     def __exit__(self, *exc):
         if self.status is not None:
             self.status.__exit__(*exc)

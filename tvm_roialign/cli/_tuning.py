@@ -18,8 +18,13 @@ def open_records(directory: str | None, target):
     """``(TuningRecords or None, coverages)``: the coverage of each build is appended to the list."""
     if not directory:
         return None, []
+    from pathlib import Path
+
     from ..tuning import TuningRecordsMismatch, load_records
 
+    if not Path(directory).is_dir():
+        what = "is a file, not a directory" if Path(directory).exists() else "does not exist"
+        raise CLIError(f"--tuning-records: the directory {directory!r} {what}")
     coverages: list = []
     try:
         records = load_records(directory, target, report=coverages.append)

@@ -13,8 +13,22 @@ import time
 from pathlib import Path
 
 from . import _detector
-from ._common import CLIError, first_line, output_path, resolve_target, tvm_messages
-from ._model_file import load_model, parse_input_shapes, signature
+from ._common import (
+    CLIError,
+    add_total,
+    first_line,
+    format_times,
+    output_path,
+    resolve_target,
+    tvm_messages,
+)
+from ._model_file import (
+    check_model_file,
+    load_model,
+    parse_input_shapes,
+    signature,
+    symbolic_inputs_note,
+)
 from ._progress import Progress
 from ._tuning import add_records_argument, open_records, print_coverage
 
@@ -109,6 +123,9 @@ def import_model(args, options: tuple, progress, times: dict):
     t0 = time.perf_counter()
     mod = load_model(Path(args.model), shapes)
     times["import_s"] = time.perf_counter() - t0
+    note = symbolic_inputs_note(Path(args.model), mod)
+    if note:
+        progress.note(note)
     if layouts:
         progress(f"ConvertLayout {args.desired_layout_ops} to {layout_name}")
         t0 = time.perf_counter()
@@ -218,7 +235,10 @@ def main(args) -> int:
     out = output_path(args.output, "-o", LIBRARY_SUFFIXES)
     if _detector.is_detector(args.model):
         layouts, layout_name, _ = options
-        return _detector.compile_main(args, target, out, layout_name if layouts else "NCHW")
+        layout = layout_name if layouts else "NCHW"
+        return _detector.compile_main(args, target, out, layout, t_start)
+    check_model_file(Path(args.model), _detector.alternatives())
+    _detector.reject_detector_options(args)
     times = {}
     with Progress(args.quiet) as progress, tvm_messages(args.quiet):
         records, coverages = open_records(args.tuning_records, target)
@@ -241,10 +261,7 @@ def main(args) -> int:
             ) from None
         times["export_s"] = time.perf_counter() - t0
         dumps = _write_dumps(out, formats, mod, tir_mod, executable)
-    times["total_s"] = time.perf_counter() - t_start
-    if args.startup_s is not None:  # Python and TVM starting, before main() (a real command line)
-        times = {"startup_s": args.startup_s, **times}
-        times["total_s"] += args.startup_s
+    times = add_total(times, t_start, args.startup_s)
     meta = {
         "target": target_config(target),
         "layout": layout_name,
@@ -259,16 +276,11 @@ def main(args) -> int:
             "untuned": sorted({name for c in coverages for name in c.untuned}),
         }
     Path(f"{out}.json").write_text(json.dumps(meta, indent=2))
-    stages = ", ".join(
-        f"{name[:-2].replace('_', ' ')} {seconds:.1f} s"
-        for name, seconds in times.items()
-        if name != "total_s"
-    )
     extra = f"; wrote {', '.join(dumps)}" if dumps else ""
     print_coverage(coverages)
     print(
         f"compiled {args.model} -> {out} ({describe(target)}, layout {layout_name}) in "
-        f"{times['total_s']:.1f} s ({stages}){extra}"
+        f"{format_times(times)}{extra}"
     )
     return 0
 

@@ -115,13 +115,18 @@ def _match(arrays: dict, specs: list | None, by_order: bool, source: str):
 
 
 def _check(specs, arrays) -> None:
+    """The arrays of ``--inputs`` against the shapes and dtypes ``compile`` recorded."""
     for spec, array in zip(specs or [], arrays):
         shape = spec.get("shape")
         if shape and all(isinstance(d, int) for d in shape) and list(array.shape) != shape:
-            raise CLIError(f"input {spec['name']!r} has shape {list(array.shape)}, the model expects {shape}")
+            raise CLIError(
+                f"--inputs: input {spec['name']!r} has shape {list(array.shape)}, the model "
+                f"expects {shape}"
+            )
         if spec.get("dtype") and str(array.dtype) != spec["dtype"]:
             raise CLIError(
-                f"input {spec['name']!r} has dtype {array.dtype}, the model expects {spec['dtype']}"
+                f"--inputs: input {spec['name']!r} has dtype {array.dtype}, the model expects "
+                f"{spec['dtype']}"
             )
 
 
@@ -187,9 +192,13 @@ def main(args) -> int:
     import numpy as np
     import tvm
 
-    if args.image is not None:
+    if args.image is not None or _detector.is_detector_library(args.library):
         if not Path(args.library).is_file():
             raise CLIError(f"compiled library {args.library!r} does not exist")
+        if args.image is None:
+            raise CLIError(
+                f"{args.library!r} is a detector library: it runs on a photo, give --image PHOTO"
+            )
         return _detector.run_main(args)
     for flag in ("repeat", "number"):
         if getattr(args, flag) < 1:
@@ -206,9 +215,9 @@ def main(args) -> int:
                 f"note: ignored arrays of {args.inputs} that the model does not take: {', '.join(ignored)}",
                 file=sys.stderr,
             )
+        _check(specs, arrays)
     else:
         arrays = _fill(specs, args.fill_mode)
-    _check(specs, arrays)
     inputs = [tvm.runtime.tensor(np.ascontiguousarray(a), device) for a in arrays]
     try:
         t0 = time.perf_counter()

@@ -256,6 +256,7 @@ def compile_detector(
     config: DetectorConfig | None = None,
     progress: Callable[[str], None] | None = None,
     offset_trick_max_numel: int = 4000,
+    name: str | None = None,
 ) -> DetectorArtifact:
     """Compile a whole torchvision detector into one artifact (see the module doc).
 
@@ -276,18 +277,21 @@ def compile_detector(
         ``"NHWC"`` (ConvertLayout of conv2d and RoIAlign) or ``"NCHW"``.
     offset_trick_max_numel : int
         torchvision's batched-NMS switch to reproduce (4000: CPU eager; 100000: CUDA eager).
+    name : str | None
+        The artifact's model name in its metadata (default: the detector name, the ``.pt2``
+        file's stem, or the model's class name).
     """
     from ..pipeline import build
     from ..target import parse_target, target_config
 
     progress = progress or (lambda _msg: None)
     target = parse_target(target)
-    name = model if isinstance(model, str) and model in DETECTORS else None
-    if name is not None:
+    if isinstance(model, str) and model in DETECTORS:
+        name = name or model
         progress(f"build torchvision {name}")
-        model = build_torch_detector(name, config)
+        model = build_torch_detector(model, config)
     elif isinstance(model, (str, Path)):
-        name = Path(model).stem
+        name = name or Path(model).stem
         model = _load_program(Path(model))
     if image_size is None and not hasattr(model, "graph_signature"):
         raise ValueError("image_size (H, W) is needed to compile a torchvision model")
