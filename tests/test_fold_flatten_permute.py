@@ -12,19 +12,9 @@ from tvm import relax
 from tvm_roialign.frontend import export, from_exported_program
 from tvm_roialign.passes import ConvertLayout, FoldFlattenPermute
 from tvm_roialign.testing import compile_and_run
+from tvm_roialign.testing import op_calls as _ops
 
 NHWC = {"nn.conv2d": ["NHWC", "default"], "vision.roi_align": ["NHWC", "default"]}
-
-
-def _ops(mod, name):
-    return [
-        b.value
-        for f in mod.functions.values()
-        if isinstance(f, relax.Function)
-        for block in f.body.blocks
-        for b in block.bindings
-        if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == name
-    ]
 
 
 def _first(result):

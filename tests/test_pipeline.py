@@ -26,6 +26,7 @@ from tvm_roialign.pipeline import (
     cpu_pipeline,
     symbolic_vars,
 )
+from tvm_roialign.testing import op_calls as _ops
 
 HOST = tvm.target.Target(
     {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
@@ -34,17 +35,6 @@ AARCH64 = tvm.target.Target(
     {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}
 )
 NHWC = {"relax.nn.conv2d": ["NHWC", "default"]}
-
-
-def _ops(mod, name):
-    return [
-        b.value
-        for f in mod.functions.values()
-        if isinstance(f, relax.Function)
-        for block in f.body.blocks
-        for b in block.bindings
-        if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == name
-    ]
 
 
 def _import(model, *args, layout="NHWC"):

@@ -261,3 +261,18 @@ def guarded_array(values, guard="after"):
     array = np.frombuffer(mapping, values.dtype, values.size, offset).reshape(values.shape)
     array[...] = values
     return array, mapping
+
+
+def op_calls(mod, name: str) -> list:
+    """The calls of the Relax op ``name`` (e.g. ``"relax.nn.conv2d"``) bound in the dataflow of
+    ``mod``'s Relax functions, in order."""
+    from tvm import relax
+
+    return [
+        binding.value
+        for func in mod.functions.values()
+        if isinstance(func, relax.Function)
+        for block in func.body.blocks
+        for binding in block.bindings
+        if isinstance(binding.value, relax.Call) and getattr(binding.value.op, "name", "") == name
+    ]
