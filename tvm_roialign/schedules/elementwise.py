@@ -3,8 +3,8 @@ slices, concatenation, layout transforms that keep the innermost axis.
 
 Producers are inlined into their consumers where TIR allows it; each remaining block is fused into
 one loop, cut into vectors of the target's width (when the innermost axis is a multiple of it, so
-that the vector is contiguous), and run in parallel. Blocks whose innermost axis moves (a transpose)
-are left to :mod:`.transpose`.
+that the vector is contiguous), and run in parallel. A block whose innermost axis is not a multiple
+of the vector width runs in parallel without vectors.
 """
 
 from __future__ import annotations
