@@ -22,7 +22,6 @@ import fcntl
 import json
 import os
 import re
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +30,7 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
-from torchvision.models.detection import FasterRCNN
-from torchvision.models.detection.anchor_utils import AnchorGenerator
-from torchvision.ops import MultiScaleRoIAlign
+from _tiny_rcnn import tiny_rcnn
 
 from tvm_roialign import cli
 from tvm_roialign.frontend.detection import export_detector
@@ -149,40 +146,8 @@ def test_static_form_is_torchvision_eager(
 
 
 def _tiny_detector():
-    """A user's torchvision-style detector: its own small backbone, one feature map, its own
-    anchors and pooler, 5 classes."""
-
-    class Backbone(torch.nn.Module):
-        out_channels = 32
-
-        def __init__(self):
-            super().__init__()
-            self.body = torch.nn.Sequential(
-                torch.nn.Conv2d(3, 16, 3, stride=2, padding=1),
-                torch.nn.ReLU(),
-                torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
-                torch.nn.ReLU(),
-                torch.nn.Conv2d(32, 32, 3, stride=2, padding=1),
-            )
-
-        def forward(self, x):
-            return OrderedDict([("0", self.body(x))])
-
-    torch.manual_seed(0)
-    return FasterRCNN(
-        Backbone(),
-        num_classes=5,
-        min_size=160,
-        max_size=200,
-        rpn_anchor_generator=AnchorGenerator(
-            sizes=((16, 32, 64),), aspect_ratios=((0.5, 1.0, 2.0),)
-        ),
-        box_roi_pool=MultiScaleRoIAlign(["0"], output_size=7, sampling_ratio=2),
-        rpn_pre_nms_top_n_test=300,
-        rpn_post_nms_top_n_test=50,
-        box_detections_per_img=20,
-        box_score_thresh=0.0,
-    ).eval()
+    """A user's torchvision-style detector (tests/_tiny_rcnn.py): a Faster R-CNN, 20 detections."""
+    return tiny_rcnn(masks=False, seed=0, detections_per_img=20)
 
 
 def test_users_own_detector_from_pt2(tmp_path, capfd):

@@ -19,7 +19,6 @@ import os
 import re
 import subprocess
 import sys
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +27,9 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 import torch.nn.functional as F
+from _tiny_rcnn import tiny_rcnn
 from PIL import Image
-from torchvision.models.detection import MaskRCNN
-from torchvision.models.detection.anchor_utils import AnchorGenerator
-from torchvision.models.detection.faster_rcnn import FastRCNNPredictor
-from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
 from torchvision.models.detection.roi_heads import paste_masks_in_image
-from torchvision.ops import MultiScaleRoIAlign
 
 from tvm_roialign.frontend.static_rcnn import torch_bilinear_fused
 from tvm_roialign.models import detection as det
@@ -113,40 +108,7 @@ def test_paste_masks_bad_input():
 
 
 def _tiny_mask_rcnn():
-    class Backbone(torch.nn.Module):
-        out_channels = 32
-
-        def __init__(self):
-            super().__init__()
-            self.body = torch.nn.Sequential(
-                torch.nn.Conv2d(3, 16, 3, stride=2, padding=1),
-                torch.nn.ReLU(),
-                torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
-                torch.nn.ReLU(),
-                torch.nn.Conv2d(32, 32, 3, stride=2, padding=1),
-            )
-
-        def forward(self, x):
-            return OrderedDict([("0", self.body(x))])
-
-    torch.manual_seed(1)
-    return MaskRCNN(
-        Backbone(),
-        min_size=160,
-        max_size=200,
-        rpn_anchor_generator=AnchorGenerator(
-            sizes=((16, 32, 64),), aspect_ratios=((0.5, 1.0, 2.0),)
-        ),
-        box_roi_pool=MultiScaleRoIAlign(["0"], output_size=7, sampling_ratio=2),
-        box_predictor=FastRCNNPredictor(1024, 5),
-        mask_roi_pool=MultiScaleRoIAlign(["0"], output_size=14, sampling_ratio=2),
-        mask_head=MaskRCNNHeads(32, [32, 32], 1),
-        mask_predictor=MaskRCNNPredictor(32, 32, 5),
-        rpn_pre_nms_top_n_test=300,
-        rpn_post_nms_top_n_test=50,
-        box_detections_per_img=12,
-        box_score_thresh=0.0,
-    ).eval()
+    return tiny_rcnn(masks=True, seed=1, detections_per_img=12)
 
 
 @pytest.fixture(scope="module")
