@@ -56,23 +56,14 @@ def _timed(fn):
 # ONNX Runtime
 
 
-def _ort_session(path: str, threads: int):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-
-
-def _export_onnx(model, args, path: str, **kwargs) -> float:
+def _export_onnx(model, args, path: str) -> float:
     import torch
+
+    from tvm_roialign.models.maskrcnn.onnxruntime_peer import OPSET
 
     t0 = time.perf_counter()
     with torch.no_grad():
-        torch.onnx.export(model, args, path, dynamo=False, opset_version=17, **kwargs)
+        torch.onnx.export(model, args, path, dynamo=False, opset_version=OPSET)
     return time.perf_counter() - t0
 
 
@@ -113,6 +104,7 @@ def bench_maskrcnn(args, threads: int, target) -> dict:
         runs["ort"] = lambda: ort(image)
     outs = {}
     e2e = {name: [] for name in runs}
+    glue = {name: [] for name in builds}  # each TVM run says how long its PyTorch glue took
     with torch.no_grad():
         for name, fn in runs.items():
             outs[name] = fn()
@@ -120,9 +112,12 @@ def bench_maskrcnn(args, threads: int, target) -> dict:
             for name, fn in runs.items():
                 seconds, outs[name] = _timed(fn)
                 e2e[name].append(seconds)
+                if name in glue:
+                    glue[name].append(outs[name].glue_s)
 
     base = outs["tvm"]
     pieces = _pieces(mr, model, image, builds, base, args.repeat)
+    pieces["glue (PyTorch)"] = {name: _median(v) for name, v in glue.items()}
     comparison = {}
     for name in builds:
         result = mr.compare_detections(outs[name].detections, outs["eager"])
@@ -177,7 +172,6 @@ def _pieces(mr, model, image, builds, base, repeat: int) -> dict:
         ),
     }
     times = {name: {b: [] for b in [*builds, "eager"]} for name in calls}
-    glue = {b: [] for b in builds}
     with torch.no_grad():
         for _ in range(repeat):
             for name, (tvm_call, eager_call) in calls.items():
@@ -185,11 +179,7 @@ def _pieces(mr, model, image, builds, base, repeat: int) -> dict:
                     piece = det.pieces[key][name]
                     times[name][build].append(_timed(lambda c=tvm_call, p=piece: c(p))[0])
                 times[name]["eager"].append(_timed(eager_call)[0])
-            for build, det in builds.items():
-                glue[build].append(det.run(image).glue_s)
-    result = {name: {b: _median(v) for b, v in t.items()} for name, t in times.items()}
-    result["glue (PyTorch)"] = {b: _median(v) for b, v in glue.items()}
-    return result
+    return {name: {b: _median(v) for b, v in t.items()} for name, t in times.items()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -203,6 +193,7 @@ def bench_resnet18(args, threads: int, workdir: str) -> dict:
     from tvm import relax
 
     from tvm_roialign import cli
+    from tvm_roialign.models.maskrcnn.onnxruntime_peer import cpu_session
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None).eval()
@@ -222,7 +213,7 @@ def bench_resnet18(args, threads: int, workdir: str) -> dict:
     if not args.no_ort:
         onnx_path = os.path.join(workdir, "resnet18.onnx")
         _export_onnx(model, (x,), onnx_path)
-        session = _ort_session(onnx_path, threads)
+        session = cpu_session(onnx_path, threads)
         feed = {session.get_inputs()[0].name: x.numpy()}
         runs["ort"] = lambda: session.run(None, feed)
     # rounds of blocks: `number` calls of one runtime, then of the next. A runtime's worker threads

@@ -26,6 +26,19 @@ def available() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("onnxruntime", "onnx"))
 
 
+def cpu_session(path: str, threads: int):
+    """An ONNX Runtime CPU session of the model at ``path``: ``threads`` intra-op threads, one
+    inter-op thread, all graph optimizations, errors only in its log."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
 class OnnxRuntimeDetector:
     """``model`` (eval mode) exported to ONNX for one photo's size and opened in ONNX Runtime.
 
@@ -35,8 +48,6 @@ class OnnxRuntimeDetector:
     """
 
     def __init__(self, model, image: torch.Tensor, threads: int | None = None):
-        import onnxruntime as ort
-
         threads = threads or torch.get_num_threads()
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "maskrcnn.onnx")
@@ -46,13 +57,8 @@ class OnnxRuntimeDetector:
                 warnings.simplefilter("ignore")
                 torch.onnx.export(model, ([image],), path, dynamo=False, opset_version=OPSET)
             self.export_s = time.perf_counter() - t0
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            options.log_severity_level = 3
             t0 = time.perf_counter()
-            self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+            self.session = cpu_session(path, threads)
             self.session_s = time.perf_counter() - t0
         self.threads = threads
         self._input = self.session.get_inputs()[0].name
@@ -71,4 +77,4 @@ def max_box_diff(ort_outputs, reference: dict) -> float | None:
     return float(np.abs(boxes - ref).max()) if boxes.size else 0.0
 
 
-__all__ = ["OPSET", "OnnxRuntimeDetector", "available", "max_box_diff"]
+__all__ = ["OPSET", "OnnxRuntimeDetector", "available", "cpu_session", "max_box_diff"]
