@@ -357,8 +357,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    threads = args.threads or len(os.sched_getaffinity(0))
-    os.environ["TVM_NUM_THREADS"] = str(threads)  # before TVM's thread pool starts
+    from tvm_roialign.host import use_usable_cores
+
+    threads = use_usable_cores(args.threads)  # before TVM's thread pool starts
     import torch
     import tvm
 

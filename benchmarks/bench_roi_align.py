@@ -32,6 +32,7 @@ from rich.table import Table
 from tvm import relax
 
 import tvm_roialign
+from tvm_roialign.host import usable_cores, use_usable_cores
 from tvm_roialign.testing import build_roi_align_module
 
 SHAPES = {
@@ -95,6 +96,7 @@ def main(argv=None):
     parser.add_argument("--no-stock", action="store_true", help="skip stock TVM (slow)")
     parser.add_argument("--out", default="benchmarks/results", help="folder for JSON and PNG")
     args = parser.parse_args(argv)
+    use_usable_cores()  # TVM's pool: every core this process may use
 
     console = Console(width=140)
     target = host_target()
@@ -142,7 +144,7 @@ def main(argv=None):
                 )
             )
 
-    table = Table(title=f"RoIAlign CPU, {os.cpu_count()} cores, target {target}")
+    table = Table(title=f"RoIAlign CPU, {usable_cores()} cores, target {target}")
     for col in ("shape", "layout", "ours ms", "torchvision ms", "stock TVM ms", "x vs torchvision",
                 "x vs stock", "max |err|"):
         table.add_column(col, justify="right")
@@ -164,7 +166,7 @@ def main(argv=None):
     meta = dict(
         cpu=platform.processor() or platform.machine(),
         mcpu=str(target.attrs.get("mcpu", "")),
-        cores=os.cpu_count(),
+        cores=usable_cores(),
         tvm_threads=os.environ.get("TVM_NUM_THREADS"),
         torch_threads=torch.get_num_threads(),
         repeat=args.repeat,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -29,19 +28,11 @@ import time
 from pathlib import Path
 
 import torch
-import tvm
 
+from tvm_roialign.host import use_usable_cores
 from tvm_roialign.models import detection as det
 from tvm_roialign.runtime import Detector
-from tvm_roialign.target import parse_target, target_config
-
-
-def host_target() -> dict:
-    return {
-        "kind": "llvm",
-        "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
-        "num-cores": len(os.sched_getaffinity(0)),
-    }
+from tvm_roialign.target import host_config, parse_target, target_config
 
 
 def timed(fn):
@@ -121,9 +112,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="benchmarks/results/bench_standalone.json")
     args = parser.parse_args(argv)
 
-    target = parse_target(host_target() if args.target == "host" else args.target)
+    target = parse_target(host_config() if args.target == "host" else args.target)
     rgb = det.sample_photo(args.photo)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(use_usable_cores())
 
     def log(message):
         print(message, file=sys.stderr, flush=True)

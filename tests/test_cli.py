@@ -440,6 +440,7 @@ def test_missing_package_names_the_pip_package():
     assert 'pip install "tvm-roialign[cli]"' in cli.missing_package("maskrcnn", "skimage.data")
     assert 'pip install "tvm-roialign[onnx]"' in cli.missing_package("compile", "onnx")
     assert 'pip install "tvm-roialign[tune]"' in cli.missing_package("tune", "xgboost")
+    assert 'pip install "tvm-roialign[tune]"' in cli.missing_package("tune", "cloudpickle")
 
 
 def test_symbolic_onnx_inputs_get_one_note(workdir, capsys):

@@ -11,18 +11,14 @@ Importing the package registers, idempotently and above TVM's own level:
 :func:`unregister` restores stock TVM exactly; :func:`register` registers again; ``with
 stock_tvm():`` runs a block with stock TVM.
 
-TVM's CPU thread pool defaults to half of the logical cores on x86 (it assumes SMT). Unless
-``TVM_NUM_THREADS`` is already set, importing the package sets it to the number of cores this process
-may run on, before TVM's pool starts.
+Importing changes nothing else: not the process environment, not TVM's thread pool (the CLI, the
+detector runtime and the benchmarks size the pool to the usable cores where they create a runtime:
+:mod:`tvm_roialign.host`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-
-if "TVM_NUM_THREADS" not in os.environ:  # must precede the first parallel launch of TVM's pool
-    os.environ["TVM_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
 
 from . import (
     _registry,

@@ -30,6 +30,8 @@ from pathlib import Path
 import tvm
 from tvm.target import codegen
 
+from .host import host_machine, is_host_triple, usable_cores
+
 #: The target used when none is given (CLI and Python defaults).
 DEFAULT_TARGET = "native"
 
@@ -49,11 +51,8 @@ _EXAMPLES = '\'llvm -mcpu=skylake\' (a tvmc string) or \'{"kind": "llvm", "mtrip
 
 
 def num_cores() -> int:
-    """Cores this process may run on (its CPU affinity; all cores where that is unknown)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """Cores this process may run on (:func:`tvm_roialign.host.usable_cores`)."""
+    return usable_cores()
 
 
 def host_config() -> dict:
@@ -212,16 +211,11 @@ def describe(target) -> str:
     return " ".join(parts)
 
 
-def _host_machine() -> str:
-    return os.uname().machine.replace("arm64", "aarch64")
-
-
 def is_cross(target: tvm.target.Target) -> bool:
     """Whether an llvm ``target`` is for another CPU architecture than this machine's."""
     if target.kind.name != "llvm":
         return False
-    triple = str(target.attrs.get("mtriple", "") or "")
-    return bool(triple) and not triple.startswith(_host_machine())
+    return not is_host_triple(target.attrs.get("mtriple", ""))
 
 
 def device_for(target: tvm.target.Target):
@@ -238,7 +232,7 @@ def device_for(target: tvm.target.Target):
             triple = target.attrs.get("mtriple")
             raise ValueError(
                 f"target llvm -mtriple={triple} is a cross target; it cannot run on this "
-                f"{os.uname().machine} machine"
+                f"{host_machine()} machine"
             )
         return tvm.cpu()
     dev = tvm.device(kind, 0)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..host import use_usable_cores
 from . import compile as compile_command
 from . import maskrcnn as maskrcnn_command
 from . import run as run_command
@@ -85,6 +86,7 @@ OPTIONAL_PACKAGES = {
     "xgboost": ("xgboost", "tune"),
     "psutil": ("psutil", "tune"),
     "tornado": ("tornado", "tune"),
+    "cloudpickle": ("cloudpickle", "tune"),
     "rich": ("rich", None),
 }
 
@@ -122,6 +124,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     args.startup_s = startup_s
     try:
+        use_usable_cores()  # before the first TVM kernel (a compile's constant folding runs some)
         return args.func(args)
     except CLIError as err:
         print(f"tvm-roialign: error: {err}", file=sys.stderr)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..host import host_machine, is_host_triple, use_usable_cores
 from .draw import draw_detections
 from .masks import paste_masks
 
@@ -84,13 +85,10 @@ def _device(target: dict):
 
     kind = target.get("kind", "llvm")
     if kind == "llvm":
-        import os
-
         triple = str(target.get("mtriple", ""))
-        machine = os.uname().machine.replace("arm64", "aarch64")
-        if triple and not triple.startswith(machine):
+        if not is_host_triple(triple):
             raise ValueError(
-                f"the artifact is built for {triple}; this machine is {machine}"
+                f"the artifact is built for {triple}; this machine is {host_machine()}"
             )
         return tvm.cpu()
     device = tvm.device(kind, 0)
@@ -121,6 +119,7 @@ class Detector:
             )
         self.meta = read_metadata(self.path)
         self.device = _device(self.meta.get("target", {}))
+        use_usable_cores()
         self.vm = relax.VirtualMachine(
             tvm.runtime.load_module(str(self.path)), self.device
         )

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import tvm
 
+from ..host import is_host_triple, usable_cores
+
 _DEFAULT_L1 = 32 * 1024
 _DEFAULT_L2 = 1024 * 1024
 _DEFAULT_CROSS_CORES = 4
@@ -63,9 +65,7 @@ def _triple(target: tvm.target.Target) -> str:
 
 
 def _is_host(target: tvm.target.Target) -> bool:
-    triple = str(target.attrs.get("mtriple", "") or "")
-    machine = os.uname().machine.replace("arm64", "aarch64")
-    return not triple or triple.startswith(machine)
+    return is_host_triple(target.attrs.get("mtriple", ""))
 
 
 @functools.cache
@@ -121,11 +121,7 @@ def _cpu_info(target: tvm.target.Target) -> CPUInfo:
     if cores is not None and int(cores) > 0:
         cores = int(cores)
     elif host:
-        cores = (
-            len(os.sched_getaffinity(0))
-            if hasattr(os, "sched_getaffinity")
-            else os.cpu_count()
-        )
+        cores = usable_cores()
     else:
         cores = _DEFAULT_CROSS_CORES
     l1 = (_host_cache_bytes(1) if host else None) or _DEFAULT_L1

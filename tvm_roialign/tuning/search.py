@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -28,7 +29,7 @@ class MissingTuningDependency(ModuleNotFoundError):
     """A package of the ``tune`` extra is not installed."""
 
 
-def require_dependencies(packages: Iterable[str] = ("xgboost", "psutil")) -> None:
+def require_dependencies(packages: Iterable[str] = ("xgboost", "psutil", "cloudpickle")) -> None:
     """Raise :class:`MissingTuningDependency` naming the first missing package and the extra."""
     for name in packages:
         try:
@@ -38,6 +39,41 @@ def require_dependencies(packages: Iterable[str] = ("xgboost", "psutil")) -> Non
                 f'tuning needs the Python package {name!r}: pip install "tvm-roialign[{_EXTRA}]"',
                 name=name,
             ) from None
+
+
+_MS_LOGGER = "tvm.s_tir.meta_schedule"
+
+
+@contextlib.contextmanager
+def _meta_schedule_console(level: int):
+    """MetaSchedule's console level (its files in ``work_dir/logs`` get everything) for one search;
+    the caller's level is restored afterwards."""
+    root = logging.getLogger(_MS_LOGGER)
+    before = root.level
+    root.setLevel(level)
+    try:
+        yield
+    finally:
+        root.setLevel(before)
+
+
+def _task_loggers(ms, work_dir, names):
+    """MetaSchedule's per-task loggers under ``work_dir/logs``.
+
+    MetaSchedule's ``dictConfig`` re-lists the handlers already on its logger by name, and a handler
+    without a name (pytest's log capture since 9.2, or a user's own) makes it fail
+    (``'NoneType' object has no attribute 'format'``) on the second search of a process. Those
+    handlers are set aside while it configures, then put back.
+    """
+    root = logging.getLogger(_MS_LOGGER)
+    unnamed = [h for h in root.handlers if h.get_name() is None]
+    for handler in unnamed:
+        root.removeHandler(handler)
+    try:
+        return ms.logging.get_loggers_from_work_dir(str(work_dir), names)
+    finally:
+        for handler in unnamed:
+            root.addHandler(handler)
 
 
 def rpc_runner(tracker: str, key: str, timeout_s: int = 30, number: int = 3, repeat: int = 1):
@@ -194,11 +230,10 @@ def tune(
         budget = sum(n for _, n in todo)
         if max_trials_global is not None:
             budget = min(budget, int(max_trials_global))
-        # MetaSchedule's console handler takes this level; its files in work_dir/logs get all
-        logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.INFO if verbose else logging.WARNING)
         search = _Search(ms, todo, target, work_dir, progress)
         t0 = time.perf_counter()
-        trials_run = search.run(database, budget, runner, num_trials_per_iter, seed)
+        with _meta_schedule_console(logging.INFO if verbose else logging.WARNING):
+            trials_run = search.run(database, budget, runner, num_trials_per_iter, seed)
         search_s = time.perf_counter() - t0
     after = _trials_so_far(database, found.tasks)
     tasks = [
@@ -282,7 +317,7 @@ class _Search:
         _import_tensor_intrinsics()
         # MetaSchedule's population of 512 for a handful of trials is search time wasted
         population = min(512, max(32, 8 * most))
-        loggers = ms.logging.get_loggers_from_work_dir(str(self.work_dir), self.names)
+        loggers = _task_loggers(ms, self.work_dir, self.names)
         contexts = []
         for (task, _), task_logger, rand in zip(
             self.todo, loggers, ms.utils.fork_seed(seed, n=len(self.todo))

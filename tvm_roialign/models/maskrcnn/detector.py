@@ -16,6 +16,7 @@ import torch
 import tvm
 from tvm import relax
 
+from ...host import use_usable_cores
 from ...passes import ConvertLayout, desired_layouts
 from ...pipeline import build
 from ...target import describe, device_or_none, parse_target
@@ -132,6 +133,7 @@ class TVMMaskRCNN:
     ):
         if layout not in ("NCHW", "NHWC"):
             raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+        use_usable_cores()  # TVM's pool, before constant folding runs the first kernel
         self.model = model
         self.target = parse_target(target)
         self.layout = layout

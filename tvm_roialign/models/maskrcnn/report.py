@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ...host import usable_cores
 from ...target import describe
 from .compare import CRITERIA
 
@@ -236,7 +237,7 @@ def environment() -> Environment:
         torchvision_version=str(torchvision.__version__),
         cpu_model=cpu_model(),
         llvm_system_cpu=str(tvm.target.codegen.llvm_get_system_cpu()),
-        cpu_count=len(os.sched_getaffinity(0)),
+        cpu_count=usable_cores(),
         tvm_num_threads=os.environ.get("TVM_NUM_THREADS"),
         torch_num_threads=torch.get_num_threads(),
         python=platform.python_version(),
