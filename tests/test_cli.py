@@ -606,6 +606,54 @@ def test_run_library_without_metadata(pt2_lib, pt2_model, workdir, capsys):
     assert code == 0, err
 
 
+_CUSTOM_OP_PROGRAM = """
+import sys, torch
+@torch.library.custom_op("tvm_roialign_test_only::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+class M(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.tvm_roialign_test_only.twice(x) + 1
+torch.export.save(torch.export.export(M(), (torch.randn(2, 8),)), sys.argv[1])
+"""
+
+
+class _Rfft(torch.nn.Module):
+    def forward(self, x):
+        return torch.fft.rfft(x).abs()
+
+
+def test_import_errors_name_the_unsupported_or_unregistered_op(workdir, capsys):
+    """An aten op the importer lacks, and a custom op not registered in this process (the program
+    is written by another process, where the op exists): one line each, naming the op."""
+    fft = workdir / "rfft.pt2"
+    torch.export.save(torch.export.export(_Rfft(), (torch.randn(2, 8),)), str(fft))
+    custom = workdir / "custom_op.pt2"
+    subprocess.run([sys.executable, "-c", _CUSTOM_OP_PROGRAM, str(custom)], check=True, timeout=300)
+    out = str(workdir / "never.so")
+    code, _, err = _cli(["compile", str(fft), "-o", out], capsys)
+    assert code == 1
+    _one_line_error(err, "not supported by the torch.export importer", "aten._fft_r2c.default")
+    code, _, err = _cli(["compile", str(custom), "-o", out], capsys)
+    assert code == 1
+    _one_line_error(err, "custom ops not registered", "tvm_roialign_test_only::twice")
+
+
+def test_run_says_what_it_takes(pt2_model, workdir, capsys):
+    model, inputs, _ = pt2_model
+    code, _, err = _cli(["run", str(model), "--inputs", str(inputs)], capsys)
+    assert code == 1
+    _one_line_error(err, "run takes a library made by compile", "compile it first", model.name)
+    script = workdir / "script.py"
+    script.write_text("print(1)")
+    code, _, err = _cli(["run", str(script)], capsys)
+    assert code == 1
+    _one_line_error(err, "run takes a library made by compile (.so or .tar)", "script.py")
+
+
 def test_run_errors(pt2_lib, pt2_model, workdir, capsys):
     _, inputs, _ = pt2_model
     only_y = workdir / "only_y.npz"

@@ -50,10 +50,41 @@ def parse_input_shapes(tvmc_text: str | None, items: list[str] | None) -> dict[s
     return shapes
 
 
+_OP_TARGET = re.compile(r'"target"\s*:\s*"torch\.ops\.([A-Za-z_][\w]*)\.([A-Za-z_][\w]*)(?:\.[\w]+)?"')
+_BUILTIN_NAMESPACES = {"aten", "prims", "higher_order", "_ops"}
+
+
+def unregistered_custom_ops(path: Path) -> list[str]:
+    """``["NAMESPACE::NAME", ...]``: the custom ops a ``.pt2`` archive's graphs call that are not
+    registered in this process (torch.export.load would fail on them with no useful message)."""
+    import torch
+
+    try:
+        import torchvision  # noqa: F401 - registers torchvision:: ops
+    except ImportError:
+        pass
+    seen: set[tuple[str, str]] = set()
+    with zipfile.ZipFile(path) as archive:
+        for name in archive.namelist():
+            if "/models/" in name and name.endswith(".json"):
+                text = archive.read(name).decode("utf-8", errors="replace")
+                seen.update(_OP_TARGET.findall(text))
+    missing = []
+    for namespace, op in sorted(seen):
+        if namespace in _BUILTIN_NAMESPACES:
+            continue
+        try:
+            getattr(getattr(torch.ops, namespace), op)
+        except (AttributeError, RuntimeError):
+            missing.append(f"{namespace}::{op}")
+    return missing
+
+
 def _load_pt2(path: Path, shapes: dict):
     import torch
 
     from ..frontend import from_exported_program
+    from ..frontend.torch import UnsupportedOperators
 
     if shapes:
         raise CLIError(
@@ -64,6 +95,13 @@ def _load_pt2(path: Path, shapes: dict):
         raise CLIError(
             f"cannot read {str(path)!r} as a torch.export program (.pt2): not a zip archive "
             "(write it with torch.export.save)"
+        )
+    unregistered = unregistered_custom_ops(path)
+    if unregistered:
+        raise CLIError(
+            f"cannot read {str(path)!r}: it calls custom ops not registered in this process: "
+            f"{', '.join(unregistered)} (register them with torch.library before loading it; "
+            "from Python: import the module that defines them, then tvm_roialign.frontend)"
         )
     logger = logging.getLogger("torch.export")
     level = logger.level
@@ -76,7 +114,10 @@ def _load_pt2(path: Path, shapes: dict):
         ) from None
     finally:
         logger.setLevel(level)
-    return from_exported_program(exported, keep_params_as_input=False)
+    try:
+        return from_exported_program(exported, keep_params_as_input=False)
+    except UnsupportedOperators as err:
+        raise CLIError(f"cannot import {str(path)!r}: {err}") from None
 
 
 def _load_onnx(path: Path, shapes: dict):
@@ -103,6 +144,25 @@ def _load_onnx(path: Path, shapes: dict):
 
 
 MODEL_SUFFIXES = (*PT2_SUFFIXES, ".onnx")
+
+
+#: What ``compile`` writes: a shared library or TVM's ``export_library`` tar.
+LIBRARY_SUFFIXES = (".so", ".tar", ".dylib")
+
+
+def check_library_file(path: Path) -> None:
+    """That ``path`` is a library made by ``compile`` (one line naming ``run``'s input otherwise)."""
+    if not path.is_file():
+        raise CLIError(f"compiled library {str(path)!r} does not exist")
+    if path.suffix.lower() in MODEL_SUFFIXES:
+        raise CLIError(
+            f"run takes a library made by compile (.so or .tar), and {str(path)!r} is a model "
+            f"file: compile it first, e.g. tvm-roialign compile {path} -o {path.stem}.so"
+        )
+    if path.suffix.lower() not in LIBRARY_SUFFIXES:
+        raise CLIError(
+            f"run takes a library made by compile (.so or .tar), got {str(path)!r}"
+        )
 
 
 def check_model_file(path: Path, alternatives: str = "") -> None:

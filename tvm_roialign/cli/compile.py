@@ -23,6 +23,7 @@ from ._common import (
     tvm_messages,
 )
 from ._model_file import (
+    LIBRARY_SUFFIXES,
     check_model_file,
     load_model,
     parse_input_shapes,
@@ -32,7 +33,6 @@ from ._model_file import (
 from ._progress import Progress
 from ._tuning import add_records_argument, open_records, print_coverage
 
-LIBRARY_SUFFIXES = (".so", ".tar", ".dylib")
 DUMP_FORMATS = ("relax", "tir", "ll", "asm")
 
 HELP_TARGET = (

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import _detector
 from ._common import CLIError, first_line, output_path
+from ._model_file import check_library_file
 
 FILL_MODES = ("random", "zeros", "ones")
 
@@ -192,9 +193,8 @@ def main(args) -> int:
     import numpy as np
     import tvm
 
+    check_library_file(Path(args.library))
     if args.image is not None or _detector.is_detector_library(args.library):
-        if not Path(args.library).is_file():
-            raise CLIError(f"compiled library {args.library!r} does not exist")
         if args.image is None:
             raise CLIError(
                 f"{args.library!r} is a detector library: it runs on a photo, give --image PHOTO"

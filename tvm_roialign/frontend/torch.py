@@ -34,7 +34,9 @@ remains the way for a symbolic number of rois (a plain export specialises the co
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import re
 import types
 import warnings
 
@@ -51,6 +53,7 @@ from ..topi.multiscale_roi_align import LEVEL_EPS
 from ._torch_levels import fuse_per_level_pooling, has_per_level_pooling
 
 __all__ = [
+    "UnsupportedOperators",
     "convert_map",
     "export",
     "from_exported_program",
@@ -305,6 +308,7 @@ def from_exported_program(exported_program, *, custom_convert_map=None, **kwargs
     NotImplementedError
         (``UnsupportedPooling``) A ``roi_align`` of rois selected data-dependently that is not
         torchvision's MultiScaleRoIAlign: one line naming :func:`export`.
+        (:class:`UnsupportedOperators`) ops the importer has no converter for, listed by name.
     """
     table = convert_map()
     table.update(custom_convert_map or {})
@@ -315,6 +319,39 @@ def from_exported_program(exported_program, *, custom_convert_map=None, **kwargs
         exported_program = exported_program.run_decompositions(None if decompose else {})
         fuse_per_level_pooling(exported_program)
         kwargs["run_ep_decomposition"] = False
-    return _stock_from_exported_program(
-        exported_program, custom_convert_map=table, **kwargs
-    )
+    try:
+        return _stock_from_exported_program(
+            exported_program, custom_convert_map=table, **kwargs
+        )
+    except AssertionError as err:  # TVM's importer asserts on ops it has no converter for
+        ops = _unsupported_ops(err)
+        if ops is None:
+            raise
+        raise UnsupportedOperators(ops) from None
+
+
+class UnsupportedOperators(NotImplementedError):
+    """The exported program calls ops that the torch.export importer has no converter for
+    (``ops``: their names as the importer lists them, e.g. ``_fft_r2c.default``)."""
+
+    def __init__(self, ops):
+        self.ops = list(ops)
+        super().__init__(
+            f"{len(self.ops)} op{'s' if len(self.ops) != 1 else ''} not supported by the "
+            f"torch.export importer: {', '.join(self.ops)} (give converters in custom_convert_map)"
+        )
+
+
+_UNSUPPORTED = re.compile(r"Unsupported function types (\[.*\])", re.S)
+
+
+def _unsupported_ops(err: AssertionError) -> list[str] | None:
+    match = _UNSUPPORTED.search(str(err))
+    if match is None:
+        return None
+    try:
+        names = [str(op) for op in ast.literal_eval(match.group(1))]
+    except (ValueError, SyntaxError):
+        return None
+    # the importer lists overloads without their namespace; aten's are named as such
+    return [f"aten.{n}" if hasattr(torch.ops.aten, n.split(".")[0]) else n for n in names]
