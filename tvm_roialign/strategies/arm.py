@@ -1,4 +1,6 @@
-"""ARM targets (aarch64): the bin-major CPU schedule of :mod:`.cpu`, vectorized to NEON's width.
+"""ARM targets (aarch64): the bin-major CPU schedule of :mod:`.cpu`, vectorized to NEON's 128 bits
+(SVE is scheduled as NEON: its width is not known at compile time; see
+:func:`tvm_roialign.schedules.target_info.cpu_info`).
 
 Rois x bin rows run in parallel on TVM's thread pool; each bin's sampling positions and weights are
 computed once and shared across channels, and the channel loop is vectorized (as on x86).
@@ -7,9 +9,6 @@ computed once and shared across channels, and the channel loop is vectorized (as
 from __future__ import annotations
 
 import tvm
-
-#: NEON vector registers are 128 bits wide (SVE is not used: its width is not known at compile time).
-NEON_BITS = 128
 
 
 def is_arm(target: tvm.target.Target) -> bool:

@@ -19,7 +19,7 @@ import tvm
 from tvm.s_tir import Schedule
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
-from .arm import NEON_BITS, is_arm
+from ..schedules.target_info import cpu_info
 from .base import (
     NESTED_ACC_BLOCK,
     buffer_dtypes,
@@ -30,20 +30,21 @@ from .base import (
     new_schedule,
     static_extent,
 )
-from .x86 import x86_vector_bits
 
 __all__ = ["RoIAlignCPU", "vector_bits", "vector_lanes"]
 
 
 def vector_bits(target: tvm.target.Target) -> int:
-    """Width of the target's vector registers: NEON's 128 bits on ARM (SVE's width is not known at
-    compile time), what LLVM reports for the mcpu elsewhere (128 for a generic x86-64)."""
-    return NEON_BITS if is_arm(target) else x86_vector_bits(target)
+    """Width of the target's vector registers, from the package's one target-info layer
+    (:func:`tvm_roialign.schedules.target_info.cpu_info`, which the conv/matmul rules use too):
+    NEON's 128 bits on ARM (SVE's width is not known at compile time), 128 / 256 / 512 for SSE /
+    AVX2 / AVX-512 x86 CPUs by their features."""
+    return cpu_info(target).vector_bits
 
 
 def vector_lanes(target: tvm.target.Target, dtype: str) -> int:
     """Lanes of a channel vector of ``dtype`` data on ``target``: one register of data elements."""
-    return max(vector_bits(target) // tvm.DataType(str(dtype)).bits, 1)
+    return cpu_info(target).lanes(str(dtype))
 
 
 class RoIAlignCPU(CPUScheduleRule):

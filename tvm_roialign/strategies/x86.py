@@ -1,5 +1,6 @@
 """x86 targets: the bin-major CPU schedule of :mod:`.cpu`, vectorized to the target's vector width
-(SSE / AVX2 / AVX-512, as LLVM reports it for the target's mcpu)."""
+(SSE / AVX2 / AVX-512, from the CPU features of the target's mcpu; see
+:func:`tvm_roialign.schedules.target_info.cpu_info`)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,3 @@ def is_x86(target: tvm.target.Target) -> bool:
         return False
     triple = str(target.attrs.get("mtriple", "")) or tvm.target.codegen.llvm_get_system_triple()
     return triple.startswith(("x86_64", "i386", "i686"))
-
-
-def x86_vector_bits(target: tvm.target.Target) -> int:
-    """The target's vector register width in bits, as LLVM reports it for its mcpu."""
-    try:
-        return int(tvm.target.codegen.llvm_get_vector_width(target))
-    except Exception:  # noqa: BLE001 - an unknown mcpu: assume SSE
-        return 128
