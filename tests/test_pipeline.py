@@ -5,6 +5,10 @@ passing through untouched."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import torch
@@ -140,6 +144,33 @@ def test_named_pipeline(net):
     )
     _close(out, expected)
     assert isinstance(relax.get_pipeline(PIPELINE_NAME), tvm.transform.Pass)
+
+
+def test_named_pipeline_is_registered_by_a_plain_import_and_removed_by_unregister():
+    """``relax_pipeline="tvm_roialign_cpu"`` right after ``import tvm_roialign`` (no other module
+    of the package imported), in a fresh process; ``unregister()`` takes it away again."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import numpy as np, tvm
+        from tvm import relax
+        import tvm_roialign
+        bb = relax.BlockBuilder()
+        x = relax.Var("x", relax.TensorType([4, 16], "float32"))
+        with bb.function("main", [x]):
+            bb.emit_func_output(bb.emit(relax.op.add(x, x)))
+        exe = tvm.compile(bb.get(), target=tvm.target.Target({"kind": "llvm"}),
+                          relax_pipeline="tvm_roialign_cpu")
+        a = np.arange(64, dtype="float32").reshape(4, 16)
+        out = relax.VirtualMachine(exe, tvm.cpu())["main"](tvm.runtime.tensor(a)).numpy()
+        np.testing.assert_array_equal(out, a + a)
+        tvm_roialign.unregister()
+        assert "tvm_roialign_cpu" not in relax.pipeline.PIPELINE_MAP
+        print("ok")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
 def test_aarch64_cross_build(net):

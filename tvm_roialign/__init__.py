@@ -6,7 +6,9 @@ Importing the package registers, idempotently and above TVM's own level:
   and legalization picks the strategy of the current target (x86, ARM, CUDA, Metal, generic llvm),
   returning already-scheduled TIR;
 * ``FRelaxInferLayout`` for ``relax.vision.roi_align`` (layout inference for ``ConvertLayout``);
-* the fused op ``relax.vision.multiscale_roi_align`` (FPN level chosen inside the kernel).
+* the fused op ``relax.vision.multiscale_roi_align`` (FPN level chosen inside the kernel);
+* the named Relax pipeline ``"tvm_roialign_cpu"`` (``tvm.compile(mod, target,
+  relax_pipeline="tvm_roialign_cpu")``), the package's CPU pipeline.
 
 :func:`unregister` restores stock TVM exactly; :func:`register` registers again; ``with
 stock_tvm():`` runs a block with stock TVM.
@@ -27,6 +29,8 @@ from . import (
     strategies,
     topi,
 )
+from . import pipeline as _pipeline
+from ._version import __version__
 from .ops import multiscale_roi_align as _multiscale_roi_align_op
 from .ops import nms as _nms_op
 from .ops import roi_align as _roi_align_op
@@ -36,13 +40,13 @@ from .ops.multiscale_roi_align import (
 from .ops.roi_align import make_roi_align as roi_align
 from .passes import layout as _layout_pass
 
-__version__ = "0.1.0"
 
 _REGISTER_HOOKS = [
     _roi_align_op.register,
     _multiscale_roi_align_op.register,
     _layout_pass.register,
     _nms_op.register,
+    _pipeline.register,
 ]
 
 
@@ -83,6 +87,7 @@ def stock_tvm():
 register()
 
 __all__ = [
+    "__version__",
     "frontend",
     "is_registered",
     "multiscale_roi_align",

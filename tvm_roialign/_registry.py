@@ -1,8 +1,9 @@
 """Reversible registration of Relax op attributes.
 
 Every attribute that tvm-roialign sets on a Relax op goes through :func:`set_op_attr`, which remembers
-what was there before, so that :func:`restore_all` can put stock TVM back exactly. Registration is
-idempotent: setting the same (op, attribute) twice keeps the first saved original.
+what was there before, so that :func:`restore_all` can put stock TVM back exactly; named Relax
+pipelines go through :func:`register_pipeline`. Registration is idempotent: setting the same (op,
+attribute) twice keeps the first saved original.
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ def set_op_attr(op_name: str, attr_key: str, value) -> None:
     _ours[key] = value
 
 
+# names of the Relax pipelines we registered in tvm.relax.pipeline.PIPELINE_MAP
+_pipelines: set[str] = set()
+
+
+def register_pipeline(name: str, factory) -> None:
+    """Register a named Relax pipeline (``tvm.compile(..., relax_pipeline=name)``), idempotently;
+    :func:`restore_all` removes it. A name TVM or someone else already registered is left alone."""
+    from tvm.relax import pipeline as relax_pipeline
+
+    if name not in relax_pipeline.PIPELINE_MAP:
+        relax_pipeline.register_pipeline(name)(factory)
+        _pipelines.add(name)
+
+
 def is_set(op_name: str, attr_key: str) -> bool:
     return (op_name, attr_key) in _saved
 
@@ -53,6 +68,12 @@ def restore_all() -> None:
             tvm.ir.register_op_attr(op_name, attr_key, original, level=_STOCK_LEVEL)
         del _saved[(op_name, attr_key)]
         _ours.pop((op_name, attr_key), None)
+    if _pipelines:
+        from tvm.relax import pipeline as relax_pipeline
+
+        for name in list(_pipelines):
+            relax_pipeline.PIPELINE_MAP.pop(name, None)
+            _pipelines.discard(name)
 
 
 def op_exists(op_name: str) -> bool:

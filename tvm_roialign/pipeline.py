@@ -2,7 +2,7 @@
 
 On llvm targets (x86, AArch64) the Relax module goes through :func:`cpu_pipeline`, registered as
 the named Relax pipeline ``"tvm_roialign_cpu"`` (so ``tvm.compile(mod, target,
-relax_pipeline="tvm_roialign_cpu")`` works once this module is imported). Its phases:
+relax_pipeline="tvm_roialign_cpu")`` works after ``import tvm_roialign``). Its phases:
 
 1. **graph rewrites** on Relax ops, before legalization: convolutions (and RoIAlign) to NHWC,
    the layout the rules are written for (``ConvertLayout``; a no-op for an NHWC model); fold
@@ -236,14 +236,12 @@ def _split_layout_rewrite_preproc() -> tvm.transform.Pass:
     return split
 
 
-def _register() -> None:
-    from tvm.relax import pipeline as relax_pipeline
+def register() -> None:
+    """Register :func:`cpu_pipeline` as the named Relax pipeline ``"tvm_roialign_cpu"`` (done on
+    ``import tvm_roialign``; ``tvm_roialign.unregister()`` removes it)."""
+    from . import _registry
 
-    if PIPELINE_NAME not in relax_pipeline.PIPELINE_MAP:
-        relax_pipeline.register_pipeline(PIPELINE_NAME)(cpu_pipeline)
-
-
-_register()
+    _registry.register_pipeline(PIPELINE_NAME, cpu_pipeline)
 
 
 def bind_symbolic_vars(mod: tvm.IRModule, values: dict) -> tvm.IRModule:

@@ -69,7 +69,7 @@ def _global_options(suppress_defaults: bool) -> argparse.ArgumentParser:
 def _version() -> str:
     import tvm
 
-    from .. import __version__
+    from .._version import __version__
 
     return f"tvm-roialign {__version__} (Apache TVM {tvm.__version__})"
 

@@ -225,7 +225,7 @@ def _write_dumps(out: Path, formats, mod, tir_mod, executable) -> list[str]:
 
 
 def main(args) -> int:
-    from .. import __version__
+    from .._version import __version__
     from ..target import describe, target_config
 
     t_start = time.perf_counter()

@@ -40,7 +40,7 @@ def isa(target: tvm.target.Target) -> dict:
 
 
 def write_metadata(work_dir: Path, target, ops, pipeline_options: dict) -> None:
-    from .. import __version__
+    from .._version import __version__
     from ..target import target_config
 
     meta = {

@@ -223,7 +223,7 @@ def environment() -> Environment:
     import torchvision
     import tvm
 
-    from ... import __version__
+    from ..._version import __version__
 
     try:
         ffi = importlib.metadata.version("apache-tvm-ffi")
