@@ -40,7 +40,6 @@ from .ops.multiscale_roi_align import (
 from .ops.roi_align import make_roi_align as roi_align
 from .passes import layout as _layout_pass
 
-
 _REGISTER_HOOKS = [
     _roi_align_op.register,
     _multiscale_roi_align_op.register,
