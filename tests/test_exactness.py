@@ -19,6 +19,7 @@ import pytest
 import torch
 import torchvision
 import tvm
+from _targets import GENERIC as HOST
 from tvm import relax, te
 
 import tvm_roialign
@@ -35,7 +36,6 @@ from tvm_roialign.testing import (
 )
 from tvm_roialign.topi.multiscale_roi_align import level_range
 
-HOST = tvm.target.Target({"kind": "llvm"})
 FMA_HOST = tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
 AARCH64 = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"})

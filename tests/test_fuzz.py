@@ -19,13 +19,13 @@ import numpy as np
 import torch
 import torchvision
 import tvm
+from _targets import GENERIC as HOST
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
 from tvm_roialign.testing import build_roi_align_module, roi_align_ref, run_roi_align_vm
 
-HOST = tvm.target.Target({"kind": "llvm"})
 N, C, H, W = 2, 4, 12, 14
 NUM_ROIS = 6
 POOLED = (3, 2)

@@ -21,17 +21,7 @@ torch = pytest.importorskip("torch")
 tv_ops = pytest.importorskip("torchvision.ops")
 
 
-def _cuda_available() -> bool:
-    try:
-        return bool(tvm.cuda(0).exist) and torch.cuda.is_available()
-    except Exception:  # noqa: BLE001 - a TVM or torch built without CUDA
-        return False
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU (TVM and torch)"),
-]
+pytestmark = pytest.mark.cuda  # skipped without a CUDA GPU (conftest.py)
 
 SCALE = 0.25
 POOLED = (7, 7)

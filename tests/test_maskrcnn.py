@@ -178,7 +178,6 @@ def test_time_roi_align_agrees_with_stock(detector, eager_features, model):
         repeat=1,
     )
     assert result["num_rois"] == 20
-    assert result["ours_s"] > 0 and result["stock_s"] > 0
     assert result["max_abs_diff_ours_vs_stock"] < 1e-4
     import tvm_roialign
 
@@ -326,7 +325,7 @@ def test_run_returns_what_the_pieces_got(detector, image):
     assert 0 < run.proposals.shape[0] <= CONFIG.rpn_post_nms_top_n_test and run.proposals.shape[1] == 4
     assert run.detection_boxes.shape == (run.detections["boxes"].shape[0], 4)
     assert len(run.features) == 4 and run.features[0].shape[-1] == 256  # NHWC
-    assert run.image_size == (SIZE, SIZE) and run.glue_s > 0
+    assert run.image_size == (SIZE, SIZE)
     assert not hasattr(detector, "last")
 
 
@@ -388,11 +387,11 @@ def test_report_schema_documents_every_field(detector, model, image):
 
     assert set(keys(data)) <= set(schema), set(keys(data)) - set(schema)
     assert "detections" not in data and report.detections is not None
-    assert data["pieces"]["backbone"]["tvm_import_s"] > 0 and data["totals"]["tvm_import_s"] > 0
     assert data["environment"]["cpu_model"] and data["environment"]["tvm_version"]
     caption = report.caption()
     assert caption.startswith("TVM llvm") and "random weights (seed 3)" in caption
-    assert "PASS against PyTorch eager" in caption or "FAIL against PyTorch eager" in caption
+    verdict = "PASS" if report.comparison.passed else "FAIL"  # the caption says what the check found
+    assert f"; {verdict} against PyTorch eager ({report.comparison.num_detections_tvm} detections)" in caption
     json.dumps(data)  # JSON-able
 
 

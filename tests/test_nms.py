@@ -22,15 +22,14 @@ from tvm_roialign.topi.nms import threshold_below
 
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
+from _targets import GENERIC
+from _targets import NATIVE as HOST
 from torchvision.ops import boxes as box_ops
-
-GENERIC = {"kind": "llvm"}
-HOST = {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
 
 
 @functools.cache
-def _nms_vm(num, max_output, iou, trick=4000, target_json=None):
-    target = tvm.target.Target(dict(target_json) if target_json else GENERIC)
+def _nms_vm(num, max_output, iou, trick=4000, target=None):
+    target = target if target is not None else GENERIC
     bb = relax.BlockBuilder()
     args = [
         relax.Var("boxes", relax.TensorType([num, 4], "float32")),
@@ -51,7 +50,7 @@ def run_nms(boxes, scores, idxs, valid, iou, max_output, trick=4000, target=None
         max_output,
         iou,
         trick,
-        tuple(sorted(target.items())) if target else None,
+        target,
     )
     arrays = [
         np.ascontiguousarray(boxes, "float32"),

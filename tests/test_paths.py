@@ -25,6 +25,8 @@ import pytest
 import torch
 import torchvision
 import tvm
+from _targets import AARCH64 as ARM
+from _targets import GENERIC as HOST
 from tvm import relax, te
 
 from tvm_roialign import topi
@@ -35,8 +37,6 @@ from tvm_roialign.strategies.cuda import RoIAlignCUDA
 from tvm_roialign.testing import build_roi_align_module, roi_align_ref
 from tvm_roialign.topi._sampling import accumulate_dtype
 
-HOST = tvm.target.Target({"kind": "llvm"})
-ARM = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"})
 N, C, H, W = 2, 12, 11, 13
 NAN, INF = float("nan"), float("inf")
@@ -181,13 +181,6 @@ def _relax(case, num_rois):
                                                      tvm.runtime.tensor(rois)).numpy()
 
 
-def _cuda_available() -> bool:
-    try:
-        return bool(tvm.cuda(0).exist)
-    except Exception:  # noqa: BLE001 - a TVM built without CUDA
-        return False
-
-
 def _cuda(case, num_rois):
     func = STRATEGIES["cuda"].build(_compute(case), _placeholders(case, num_rois), CUDA,
                                     case.layout)
@@ -203,7 +196,6 @@ PATHS = {
     "gpu-unbound": _gpu_unbound,
     "cuda": _cuda,
 }
-NEEDS_GPU = pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU")
 
 
 def _params(cases):
@@ -211,7 +203,7 @@ def _params(cases):
     for name, case in itertools.product(PATHS, cases):
         if name == "x86-kernel" and case.sampling_ratio > 0:
             continue
-        marks = [NEEDS_GPU] if name == "cuda" else []
+        marks = [pytest.mark.cuda] if name == "cuda" else []
         yield pytest.param(name, case, id=f"{name}-{case.id()}", marks=marks)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from _targets import NATIVE as HOST
 from tvm import relax
 
 from tvm_roialign.frontend import from_exported_program
@@ -32,9 +33,6 @@ from tvm_roialign.pipeline import (
 )
 from tvm_roialign.testing import op_calls as _ops
 
-HOST = tvm.target.Target(
-    {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
-)
 AARCH64 = tvm.target.Target(
     {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}
 )

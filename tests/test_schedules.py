@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from _targets import NATIVE as HOST
 from tvm import relax
 from tvm.s_tir.dlight.base.transform import ApplyDefaultSchedule
 
@@ -15,9 +16,6 @@ from tvm_roialign.pipeline import build
 from tvm_roialign.schedules import Conv2DNHWC, CPUDefault, Elementwise, Matmul, cpu_info
 from tvm_roialign.schedules.contraction import pick_lanes, pick_tile
 
-HOST = tvm.target.Target(
-    {"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()}
-)
 #: float32 results against a float64 reference: relative to the largest output
 RTOL = 2e-5
 

@@ -34,8 +34,9 @@ LAYOUTS = ("NCHW", "NHWC")
 DTYPES = ("float16", "float32", "float64")
 POOLED = (3, 4)
 SCALE = 0.5
-HOST = tvm.target.Target({"kind": "llvm"})
-ARM = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+from _targets import AARCH64 as ARM
+from _targets import GENERIC as HOST
+
 METAL = tvm.target.Target({"kind": "metal"}, host={"kind": "llvm"})
 #: 172 images x 1000 rois x 256 channels x 7 x 7 > 2**31 outputs (pytorch/vision#8206)
 HUGE = {"n": 172, "c": 256, "h": 50, "w": 68, "k": 172_000, "pooled": (7, 7)}

@@ -20,6 +20,7 @@ import pytest
 import torch
 import torchvision
 import tvm
+from _targets import GENERIC as HOST
 from tvm import relax
 
 from tvm_roialign.frontend import from_exported_program
@@ -29,7 +30,6 @@ from tvm_roialign.testing import (
     run_roi_align_vm,
 )
 
-HOST = tvm.target.Target({"kind": "llvm"})
 POOLED = 5
 CHANNELS = 2 * POOLED**2
 BOXES = [[0, 0, 0, 9, 9], [0, 0, 5, 4, 9], [0, 5, 5, 9, 9], [1, 0, 0, 9, 9]]
