@@ -82,106 +82,108 @@ def _static_dims(ty: relax.TensorType):
     return [int(v) if hasattr(v, "value") else None for v in ty.shape.values]
 
 
+def _check_attribute_names(where: str, attr: dict) -> None:
+    """Only ONNX RoiAlign's attributes (position-sensitive variants named as such)."""
+    unknown = sorted(set(attr) - _KNOWN_ATTRIBUTES)
+    if "position_sensitive" in unknown:
+        raise NotImplementedError(
+            f"{where}: position-sensitive RoIAlign (attribute position_sensitive, as MXNet's "
+            "_contrib_ROIAlign(position_sensitive=True) or R-FCN's PSRoIAlign) is not ONNX "
+            "RoiAlign and is not supported; only plain RoiAlign can be imported"
+        )
+    if unknown:
+        raise NotImplementedError(
+            f"{where}: unknown attribute(s) {unknown}; ONNX RoiAlign has "
+            f"{sorted(_KNOWN_ATTRIBUTES - {'tvm_custom'})}"
+        )
+
+
+def _checked_inputs(where: str, inputs):
+    """``(X, rois, batch_indices, X dtype, rois dtype)``, each input's rank and dtype checked."""
+    if len(inputs) != 3 or any(x is None for x in inputs):
+        raise ValueError(
+            f"{where}: expects 3 inputs (X [N, C, H, W], rois [K, 4], batch_indices [K]), "
+            f"got {len([x for x in inputs if x is not None])}"
+        )
+    data, rois, batch_indices = inputs
+    data_ty = _tensor_type(data, "X", where)
+    rois_ty = _tensor_type(rois, "rois", where)
+    index_ty = _tensor_type(batch_indices, "batch_indices", where)
+    dtype = str(data_ty.dtype)
+    if dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{where}: X must be one of {_FLOAT_DTYPES}, got {dtype}")
+    if int(data_ty.ndim) not in (-1, 4):
+        raise ValueError(f"{where}: X must be 4-D [N, C, H, W], got {int(data_ty.ndim)}-D")
+    rois_dims = _static_dims(rois_ty)
+    if int(rois_ty.ndim) not in (-1, 2) or (
+        rois_dims is not None and rois_dims[1] is not None and rois_dims[1] != 4
+    ):
+        raise ValueError(
+            f"{where}: rois must be [K, 4] rows of (x1, y1, x2, y2), got shape {rois_dims}"
+        )
+    if str(rois_ty.dtype) not in _FLOAT_DTYPES:
+        raise TypeError(f"{where}: rois must be a float tensor, got {rois_ty.dtype}")
+    if str(index_ty.dtype) not in _INDEX_DTYPES:
+        raise TypeError(f"{where}: batch_indices must be int64 (or int32), got {index_ty.dtype}")
+    if int(index_ty.ndim) not in (-1, 1):
+        raise ValueError(f"{where}: batch_indices must be 1-D [K], got {int(index_ty.ndim)}-D")
+    return data, rois, batch_indices, dtype, str(rois_ty.dtype)
+
+
+def _pooling_attributes(where: str, attr: dict, default_mode: str) -> dict:
+    """The node's attributes as :func:`make_roi_align` keywords, each range checked."""
+    mode = _decode(attr.get("mode", "avg"))
+    if mode not in ("avg", "max"):
+        raise ValueError(f"{where}: mode must be 'avg' or 'max', got {mode!r}")
+    output_height = int(attr.get("output_height", 1))
+    output_width = int(attr.get("output_width", 1))
+    if output_height <= 0 or output_width <= 0:
+        raise ValueError(
+            f"{where}: output_height and output_width must be positive, got "
+            f"{output_height} x {output_width}"
+        )
+    sampling_ratio = int(attr.get("sampling_ratio", 0))
+    if sampling_ratio < 0:
+        raise ValueError(
+            f"{where}: sampling_ratio must be >= 0 (0 = adaptive), got {sampling_ratio}"
+        )
+    spatial_scale = float(attr.get("spatial_scale", 1.0))
+    if not math.isfinite(spatial_scale) or spatial_scale <= 0:
+        raise ValueError(
+            f"{where}: spatial_scale must be a positive finite float, got {spatial_scale}"
+        )
+    override = getattr(_state, "default_mode", None)
+    transform = _decode(attr.get("coordinate_transformation_mode", override or default_mode))
+    if transform not in COORDINATE_TRANSFORMATION_MODES:
+        raise ValueError(
+            f"{where}: coordinate_transformation_mode must be one of "
+            f"{COORDINATE_TRANSFORMATION_MODES}, got {transform!r}"
+        )
+    return dict(
+        output_size=(output_height, output_width),
+        spatial_scale=spatial_scale,
+        sampling_ratio=sampling_ratio,
+        aligned=transform == "half_pixel",
+        mode="onnx_max" if mode == "max" else "avg",
+    )
+
+
 class RoiAlignConverter(onnx_frontend.OnnxOpConverter):
     """ONNX ``RoiAlign`` (opsets 10, 16, 22) -> :func:`tvm_roialign.roi_align` (module docstring)."""
 
     @classmethod
     def _convert(cls, bb, inputs, attr, default_mode):
         where = _node_name(attr)
-        unknown = sorted(set(attr) - _KNOWN_ATTRIBUTES)
-        if "position_sensitive" in unknown:
-            raise NotImplementedError(
-                f"{where}: position-sensitive RoIAlign (attribute position_sensitive, as MXNet's "
-                "_contrib_ROIAlign(position_sensitive=True) or R-FCN's PSRoIAlign) is not ONNX "
-                "RoiAlign and is not supported; only plain RoiAlign can be imported"
-            )
-        if unknown:
-            raise NotImplementedError(
-                f"{where}: unknown attribute(s) {unknown}; ONNX RoiAlign has "
-                f"{sorted(_KNOWN_ATTRIBUTES - {'tvm_custom'})}"
-            )
-        if len(inputs) != 3 or any(x is None for x in inputs):
-            raise ValueError(
-                f"{where}: expects 3 inputs (X [N, C, H, W], rois [K, 4], batch_indices [K]), "
-                f"got {len([x for x in inputs if x is not None])}"
-            )
-        data, rois, batch_indices = inputs
-        data_ty = _tensor_type(data, "X", where)
-        rois_ty = _tensor_type(rois, "rois", where)
-        index_ty = _tensor_type(batch_indices, "batch_indices", where)
-        dtype = str(data_ty.dtype)
-        if dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{where}: X must be one of {_FLOAT_DTYPES}, got {dtype}")
-        if int(data_ty.ndim) not in (-1, 4):
-            raise ValueError(
-                f"{where}: X must be 4-D [N, C, H, W], got {int(data_ty.ndim)}-D"
-            )
-        rois_dims = _static_dims(rois_ty)
-        if int(rois_ty.ndim) not in (-1, 2) or (
-            rois_dims is not None and rois_dims[1] is not None and rois_dims[1] != 4
-        ):
-            raise ValueError(
-                f"{where}: rois must be [K, 4] rows of (x1, y1, x2, y2), got shape {rois_dims}"
-            )
-        if str(rois_ty.dtype) not in _FLOAT_DTYPES:
-            raise TypeError(
-                f"{where}: rois must be a float tensor, got {rois_ty.dtype}"
-            )
-        if str(index_ty.dtype) not in _INDEX_DTYPES:
-            raise TypeError(
-                f"{where}: batch_indices must be int64 (or int32), got {index_ty.dtype}"
-            )
-        if int(index_ty.ndim) not in (-1, 1):
-            raise ValueError(
-                f"{where}: batch_indices must be 1-D [K], got {int(index_ty.ndim)}-D"
-            )
-
-        mode = _decode(attr.get("mode", "avg"))
-        if mode not in ("avg", "max"):
-            raise ValueError(f"{where}: mode must be 'avg' or 'max', got {mode!r}")
-        output_height = int(attr.get("output_height", 1))
-        output_width = int(attr.get("output_width", 1))
-        if output_height <= 0 or output_width <= 0:
-            raise ValueError(
-                f"{where}: output_height and output_width must be positive, got "
-                f"{output_height} x {output_width}"
-            )
-        sampling_ratio = int(attr.get("sampling_ratio", 0))
-        if sampling_ratio < 0:
-            raise ValueError(
-                f"{where}: sampling_ratio must be >= 0 (0 = adaptive), got {sampling_ratio}"
-            )
-        spatial_scale = float(attr.get("spatial_scale", 1.0))
-        if not math.isfinite(spatial_scale) or spatial_scale <= 0:
-            raise ValueError(
-                f"{where}: spatial_scale must be a positive finite float, got {spatial_scale}"
-            )
-        override = getattr(_state, "default_mode", None)
-        transform = _decode(
-            attr.get("coordinate_transformation_mode", override or default_mode)
-        )
-        if transform not in COORDINATE_TRANSFORMATION_MODES:
-            raise ValueError(
-                f"{where}: coordinate_transformation_mode must be one of "
-                f"{COORDINATE_TRANSFORMATION_MODES}, got {transform!r}"
-            )
-
-        if str(rois_ty.dtype) != dtype:
+        _check_attribute_names(where, attr)
+        data, rois, batch_indices, dtype, rois_dtype = _checked_inputs(where, inputs)
+        pooling = _pooling_attributes(where, attr, default_mode)
+        if rois_dtype != dtype:
             rois = bb.emit(relax.op.astype(rois, dtype))
         index = bb.emit(
             relax.op.astype(relax.op.expand_dims(batch_indices, axis=1), dtype)
         )
         rois5 = bb.emit(relax.op.concat([index, rois], axis=1))
-        return make_roi_align(
-            data,
-            rois5,
-            (output_height, output_width),
-            spatial_scale,
-            sampling_ratio,
-            aligned=transform == "half_pixel",
-            layout="NCHW",
-            mode="onnx_max" if mode == "max" else "avg",
-        )
+        return make_roi_align(data, rois5, layout="NCHW", **pooling)
 
     @classmethod
     def _impl_v10(cls, bb, inputs, attr, params):
