@@ -210,121 +210,134 @@ def _multiscale_roi_align(features, rois, pooled_size, spatial_scales, sampling_
         canonical_scale,
         canonical_level,
     )
-    scales = [float(s) for s in spatial_scales]
-    sampling_ratio = int(sampling_ratio)
-    aligned = bool(aligned)
-    half_pixel = bool(half_pixel)
-    num_levels = len(features)
-    k_min, k_max = level_range(scales)
-    dtype = features[0].dtype
-    dims = [data_dims(f.shape, layout) for f in features]  # (N, C, H, W) per level
-    num_batch, channels = dims[0][:2]
-    num_rois = rois.shape[0]
-    out_shape = output_shape(num_rois, channels, pooled, layout)
-    acc = accumulate_dtype(dtype)
-    idx = index_dtype_for(*[f.shape for f in features], out_shape)
+    levels = _Levels(
+        features, rois, pooled, [float(s) for s in spatial_scales], int(sampling_ratio),
+        bool(aligned), layout, canonical_scale, canonical_level, mode, bool(half_pixel),
+    )
+    return accumulate_then_finalize(
+        levels.out_shape, layout, levels.body, levels.final, f"multiscale_roi_align_{layout.lower()}"
+    )
 
-    def compute_level(k):
+
+class _Levels:
+    """The fused multi-level compute's pieces, for one call: each roi's level, its per-level
+    RoIAlign geometry, its sampling grid, and the accumulation and finalization of one output."""
+
+    def __init__(self, features, rois, pooled, scales, sampling_ratio, aligned, layout,
+                 canonical_scale, canonical_level, mode, half_pixel):
+        self.features, self.rois, self.pooled, self.scales = features, rois, pooled, scales
+        self.sampling_ratio, self.aligned, self.half_pixel = sampling_ratio, aligned, half_pixel
+        self.layout, self.mode = layout, mode
+        self.canonical_scale, self.canonical_level = canonical_scale, canonical_level
+        self.num_levels = len(features)
+        self.k_min, self.k_max = level_range(scales)
+        self.dtype = features[0].dtype
+        self.dims = [data_dims(f.shape, layout) for f in features]  # (N, C, H, W) per level
+        self.num_batch, channels = self.dims[0][:2]
+        num_rois = rois.shape[0]
+        self.out_shape = output_shape(num_rois, channels, pooled, layout)
+        self.acc = accumulate_dtype(self.dtype)
+        self.idx = index_dtype_for(*[f.shape for f in features], self.out_shape)
+        # The level of each roi is computed once, in a stage of its own (``roi_level``: the level,
+        # or -1 when there is none): computed inside the samples it would be evaluated again for
+        # every channel vector, and ``log2`` is an opaque library call that LLVM does not hoist.
+        if self.num_levels > 1:
+            self.level_table = te.compute(
+                (num_rois,),
+                lambda k: tirx.Select(
+                    self._compute_level(k)[1], self._compute_level(k)[0], tirx.const(-1, self.idx)
+                ),
+                name="roi_level",
+            )
+
+    def _coordinate(self, k):
+        return lambda j: self.rois[k, j].astype(self.acc)
+
+    def _compute_level(self, k):
         return _level_of(
-            lambda j: rois[k, j].astype(acc),
-            num_levels,
-            k_min,
-            k_max,
-            canonical_scale,
-            canonical_level,
-            acc,
-            idx,
+            self._coordinate(k),
+            self.num_levels,
+            self.k_min,
+            self.k_max,
+            self.canonical_scale,
+            self.canonical_level,
+            self.acc,
+            self.idx,
         )
 
-    # The level of each roi is computed once, in a stage of its own (``roi_level``: the level, or -1
-    # when there is none): computed inside the samples it would be evaluated again for every
-    # channel vector, and ``log2`` is an opaque library call that LLVM does not hoist.
-    if num_levels > 1:
-        level_table = te.compute(
-            (num_rois,),
-            lambda k: tirx.Select(
-                compute_level(k)[1], compute_level(k)[0], tirx.const(-1, idx)
-            ),
-            name="roi_level",
-        )
+    def level_of(self, k):
+        if self.num_levels == 1:
+            return self._compute_level(k)
+        level = self.level_table[k]
+        return level, level >= tirx.const(0, self.idx)
 
-    def level_of(k):
-        if num_levels == 1:
-            return compute_level(k)
-        level = level_table[k]
-        return level, level >= tirx.const(0, idx)
-
-    def geometry(k, index):
+    def geometry(self, k, index):
         """RoIAlign geometry of roi ``k`` on level ``index`` (its own constant scale)."""
         return roi_geometry(
-            lambda j: rois[k, j].astype(acc),
-            num_batch,
-            pooled,
-            scales[index],
-            sampling_ratio,
-            aligned,
-            acc,
-            idx,
-            half_pixel,
+            self._coordinate(k),
+            self.num_batch,
+            self.pooled,
+            self.scales[index],
+            self.sampling_ratio,
+            self.aligned,
+            self.acc,
+            self.idx,
+            self.half_pixel,
         )
 
-    def select_level(level, values):
+    def select_level(self, level, values):
         """``values[level]`` (``values[0]`` for a level that is not ok: masked by the caller)."""
         expr = values[0]
-        for index in range(1, num_levels):
+        for index in range(1, self.num_levels):
             expr = tirx.Select(level == index, values[index], expr)
         return expr
 
-    def grid(k):
+    def grid(self, k):
         """The sampling grid of roi ``k`` (with an adaptive grid, that of its level)."""
-        if sampling_ratio > 0:
-            ratio = tirx.const(sampling_ratio, idx)
+        if self.sampling_ratio > 0:
+            ratio = tirx.const(self.sampling_ratio, self.idx)
             return ratio, ratio
-        level, _ = level_of(k)
-        geos = [geometry(k, index) for index in range(num_levels)]
-        return select_level(level, [g.grid_h for g in geos]), select_level(
+        level, _ = self.level_of(k)
+        geos = [self.geometry(k, index) for index in range(self.num_levels)]
+        return self.select_level(level, [g.grid_h for g in geos]), self.select_level(
             level, [g.grid_w for g in geos]
         )
 
-    def body(k, c, ph, pw):
-        def sample(index, iy, ix, level_ok):
-            """One sample on level ``index``: RoIAlign's own code with that level's constants,
-            so that no index or weight depends on a level chosen at run time."""
-            geo = geometry(k, index)
-            y, x = sample_point(geo, ph, pw, iy, ix, acc)
-            ok = tirx.all(geo.roi_ok, level_ok)
-            _, _, height, width = dims[index]
-            co = bilinear_coeffs(y, x, height, width, ok, acc, idx)
-            load = channel_reader(features[index], layout, geo.batch, c, acc)
-            return sample_value(load, co, mode, acc)
+    def _extent(self, k):
+        grid_h, grid_w = self.grid(k)
+        return dataclasses.replace(self.geometry(k, 0), grid_h=grid_h, grid_w=grid_w)
 
+    def sample(self, k, c, ph, pw, index, iy, ix, level_ok):
+        """One sample on level ``index``: RoIAlign's own code with that level's constants, so that
+        no index or weight depends on a level chosen at run time."""
+        geo = self.geometry(k, index)
+        y, x = sample_point(geo, ph, pw, iy, ix, self.acc)
+        ok = tirx.all(geo.roi_ok, level_ok)
+        _, _, height, width = self.dims[index]
+        co = bilinear_coeffs(y, x, height, width, ok, self.acc, self.idx)
+        load = channel_reader(self.features[index], self.layout, geo.batch, c, self.acc)
+        return sample_value(load, co, self.mode, self.acc)
+
+    def body(self, k, c, ph, pw):
         def value(iy, ix):
             # The level is bound once (a Let; TIR wants SSA, so fresh variables per binding) and
             # only the chosen level's sample is evaluated (if_then_else is lazy).
-            level_expr, ok_expr = level_of(k)
-            if num_levels == 1:
-                return sample(0, iy, ix, ok_expr)
-            level = tirx.Var("level", idx)
+            level_expr, ok_expr = self.level_of(k)
+            if self.num_levels == 1:
+                return self.sample(k, c, ph, pw, 0, iy, ix, ok_expr)
+            level = tirx.Var("level", self.idx)
             level_ok = tirx.Var("level_ok", "bool")
-            expr = sample(num_levels - 1, iy, ix, level_ok)
-            for index in range(num_levels - 2, -1, -1):
+            expr = self.sample(k, c, ph, pw, self.num_levels - 1, iy, ix, level_ok)
+            for index in range(self.num_levels - 2, -1, -1):
                 expr = tirx.if_then_else(
-                    level == index, sample(index, iy, ix, level_ok), expr
+                    level == index, self.sample(k, c, ph, pw, index, iy, ix, level_ok), expr
                 )
             return tirx.Let(level, level_expr, tirx.Let(level_ok, ok_expr, expr))
 
-        grid_h, grid_w = grid(k)
-        extent = dataclasses.replace(geometry(k, 0), grid_h=grid_h, grid_w=grid_w)
-        return reduce_samples(value, extent, mode, acc)
+        return reduce_samples(value, self._extent(k), self.mode, self.acc)
 
-    def final(k, accumulated):
-        grid_h, grid_w = grid(k)
-        geo = dataclasses.replace(geometry(k, 0), grid_h=grid_h, grid_w=grid_w)
-        return finalize(accumulated, geo, mode, acc, dtype)
-
-    return accumulate_then_finalize(
-        out_shape, layout, body, final, f"multiscale_roi_align_{layout.lower()}"
-    )
+    def final(self, k, accumulated):
+        return finalize(accumulated, self._extent(k), self.mode, self.acc, self.dtype)
 
 
 def multiscale_roi_align_nchw(features, rois, pooled_size, spatial_scales, sampling_ratio=2,
