@@ -129,15 +129,15 @@ def main(args) -> int:
             report = mr.run_maskrcnn_report(
                 model,
                 image,
-                target,
-                args.layout,
-                progress,
-                args.repeat,
-                not args.no_roi_timing,
-                config,
-                args.image,
-                records,
-                onnxruntime,
+                target=target,
+                layout=args.layout,
+                progress=progress,
+                repeat=args.repeat,
+                roi_timing=not args.no_roi_timing,
+                config=config,
+                image_name=args.image,
+                tuning_records=records,
+                onnxruntime=onnxruntime,
             )
             progress(f"write {out}")
             mr.draw_detections(image, report.detections, out, top=args.draw_top, caption=report.caption())

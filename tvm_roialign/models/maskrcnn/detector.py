@@ -230,36 +230,14 @@ class TVMMaskRCNN:
 
     def run(self, image) -> DetectionRun:
         """Detect on one image ``[3, H, W]``; the detections and what the pieces got."""
-        from torchvision.models.detection.roi_heads import maskrcnn_inference
-        from torchvision.models.detection.rpn import concat_box_prediction_layers
-
-        model = self.model
         run = DetectionRun(detections={})
         t0 = time.perf_counter()
         with torch.no_grad():
-            image_list, _ = model.transform([image])
+            image_list, _ = self.model.transform([image])
         run.glue_s += time.perf_counter() - t0
         run.image_size = tuple(image_list.image_sizes[0])
         pieces = self.compile(image_list.tensors.shape)
-
-        outs = self._piece(run, pieces, "backbone", image_list.tensors.numpy())
-        feats_io = outs[:_NUM_LEVELS]
-        run.features = feats_io[:4]
-        objectness = [self._nchw(o) for o in outs[_NUM_LEVELS : 2 * _NUM_LEVELS]]
-        deltas = [self._nchw(o) for o in outs[2 * _NUM_LEVELS :]]
-
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            rpn = model.rpn
-            anchors = rpn.anchor_generator(image_list, [self._nchw(f) for f in feats_io])
-            num_anchors_per_level = [o[0].numel() for o in objectness]
-            obj_flat, deltas_flat = concat_box_prediction_layers(objectness, deltas)
-            proposals = rpn.box_coder.decode(deltas_flat, anchors).view(1, -1, 4)
-            proposals, _scores = rpn.filter_proposals(
-                proposals, obj_flat, image_list.image_sizes, num_anchors_per_level
-            )
-        run.glue_s += time.perf_counter() - t0
-        run.proposals = proposals[0].numpy()
+        proposals = self._proposals(run, pieces, image_list)
         if run.proposals.shape[0] == 0:
             run.detection_boxes = np.zeros((0, 4), "float32")
             run.detections = {
@@ -269,8 +247,36 @@ class TVMMaskRCNN:
                 "masks": torch.zeros((0, 1, *image.shape[1:])),
             }
             return run
+        result = self._boxes(run, pieces, image_list, proposals)
+        run.detections = self._masks(run, pieces, image_list, result, tuple(image.shape[-2:]))
+        return run
 
-        max_proposals, max_detections = self.roi_bounds()
+    def _proposals(self, run: DetectionRun, pieces, image_list):
+        """The backbone piece, then torchvision's RPN glue: the proposals (``run.proposals``)."""
+        from torchvision.models.detection.rpn import concat_box_prediction_layers
+
+        outs = self._piece(run, pieces, "backbone", image_list.tensors.numpy())
+        feats_io = outs[:_NUM_LEVELS]
+        run.features = feats_io[:4]
+        objectness = [self._nchw(o) for o in outs[_NUM_LEVELS : 2 * _NUM_LEVELS]]
+        deltas = [self._nchw(o) for o in outs[2 * _NUM_LEVELS :]]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            rpn = self.model.rpn
+            anchors = rpn.anchor_generator(image_list, [self._nchw(f) for f in feats_io])
+            num_anchors_per_level = [o[0].numel() for o in objectness]
+            obj_flat, deltas_flat = concat_box_prediction_layers(objectness, deltas)
+            proposals = rpn.box_coder.decode(deltas_flat, anchors).view(1, -1, 4)
+            proposals, _scores = rpn.filter_proposals(
+                proposals, obj_flat, image_list.image_sizes, num_anchors_per_level
+            )
+        run.glue_s += time.perf_counter() - t0
+        run.proposals = proposals[0].numpy()
+        return proposals
+
+    def _boxes(self, run: DetectionRun, pieces, image_list, proposals) -> dict:
+        """The box branch piece, then torchvision's box post-processing (``run.detection_boxes``)."""
+        max_proposals, _ = self.roi_bounds()
         num = run.proposals.shape[0]
         class_logits, box_regression = (
             out[:num]
@@ -280,7 +286,7 @@ class TVMMaskRCNN:
         )
         t0 = time.perf_counter()
         with torch.no_grad():
-            boxes, scores, labels = model.roi_heads.postprocess_detections(
+            boxes, scores, labels = self.model.roi_heads.postprocess_detections(
                 torch.from_numpy(class_logits),
                 torch.from_numpy(box_regression),
                 proposals,
@@ -288,9 +294,15 @@ class TVMMaskRCNN:
             )
         run.glue_s += time.perf_counter() - t0
         run.detection_boxes = boxes[0].numpy()
-        result = {"boxes": boxes[0], "labels": labels[0], "scores": scores[0]}
+        return {"boxes": boxes[0], "labels": labels[0], "scores": scores[0]}
 
-        if boxes[0].shape[0] > 0:
+    def _masks(self, run: DetectionRun, pieces, image_list, result: dict, photo_size) -> dict:
+        """The mask branch piece (when there are detections), then torchvision's mask inference and
+        the transform's postprocess to the photo's size."""
+        from torchvision.models.detection.roi_heads import maskrcnn_inference
+
+        _, max_detections = self.roi_bounds()
+        if result["boxes"].shape[0] > 0:
             (mask_logits,) = self._piece(
                 run,
                 pieces,
@@ -301,18 +313,17 @@ class TVMMaskRCNN:
             mask_logits = mask_logits[: run.detection_boxes.shape[0]]
             t0 = time.perf_counter()
             with torch.no_grad():
-                (mask_probs,) = maskrcnn_inference(torch.from_numpy(mask_logits), labels)
+                (mask_probs,) = maskrcnn_inference(torch.from_numpy(mask_logits), [result["labels"]])
         else:
             t0 = time.perf_counter()
             mask_probs = torch.zeros((0, 1, 28, 28))
         with torch.no_grad():
             result["masks"] = mask_probs
-            (result,) = model.transform.postprocess(
-                [result], image_list.image_sizes, [tuple(image.shape[-2:])]
+            (result,) = self.model.transform.postprocess(
+                [result], image_list.image_sizes, [photo_size]
             )
         run.glue_s += time.perf_counter() - t0
-        run.detections = result
-        return run
+        return result
 
     # ---------------------------------------------------------------------------------------------
     def permute_counts(self) -> dict:

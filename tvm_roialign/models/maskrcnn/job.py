@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -121,39 +122,15 @@ def run_maskrcnn_report(
 
         progress("ONNX Runtime: torch.onnx.export and session")
         peer = OnnxRuntimeDetector(model, image)
-    # warm-up runs (first calls allocate), then the three interleaved so that a slow minute on a
-    # shared machine slows all of them
-    progress("warm-up runs")
-    detector.run(image)
-    with torch.no_grad():
-        model([image])
-    if peer is not None:
-        peer(image)
-    runs, totals, eager, ort_s = [], [], [], []
-    ref = ort_out = None
-    for i in range(repeat):
-        progress(f"timed run {i + 1}/{repeat}: TVM, PyTorch eager" + (", ONNX Runtime" if peer else ""))
-        t0 = time.perf_counter()
-        runs.append(detector.run(image))
-        totals.append(time.perf_counter() - t0)
-        with torch.no_grad():
-            t0 = time.perf_counter()
-            (ref,) = model([image])
-            eager.append(time.perf_counter() - t0)
-        if peer is not None:
-            t0 = time.perf_counter()
-            ort_out = peer(image)
-            ort_s.append(time.perf_counter() - t0)
-    last = runs[-1]
-
+    timed = _timed_runs(detector, model, peer, image, repeat, progress)
+    last = timed.runs[-1]
     progress("PyTorch eager pieces")
     torch_s = time_torch_pieces(model, image, last.proposals, last.detection_boxes, repeat)
-
-    cmp = compare_detections(last.detections, ref)
+    cmp = compare_detections(last.detections, timed.ref)
     cmp["passed"] = passed(cmp)
 
     def best_piece(name):
-        times = [r.piece_s[name] for r in runs if name in r.piece_s]
+        times = [r.piece_s[name] for r in timed.runs if name in r.piece_s]
         return min(times) if times else None
 
     report = MaskRCNNReport(
@@ -163,16 +140,7 @@ def run_maskrcnn_report(
             name: PieceTimes(p.import_s, p.compile_s, best_piece(name), torch_s[f"{name}_s"])
             for name, p in pieces.items()
         },
-        totals=Totals(
-            tvm_import_s=sum(p.import_s for p in pieces.values()),
-            tvm_compile_s=sum(p.compile_s for p in pieces.values()),
-            tvm_end_to_end_s=min(totals),
-            tvm_glue_pytorch_s=min(r.glue_s for r in runs),
-            torch_eager_end_to_end_s=min(eager),
-            onnxruntime_end_to_end_s=min(ort_s) if ort_s else None,
-            onnxruntime_export_s=peer.export_s if peer else None,
-            onnxruntime_max_box_diff=max_box_diff(ort_out, ref) if peer else None,
-        ),
+        totals=_totals(pieces, timed, peer),
         transposes=_transposes(detector),
         comparison=Comparison(**cmp),
         num_proposals=int(last.proposals.shape[0]),
@@ -182,6 +150,57 @@ def run_maskrcnn_report(
     if roi_timing:
         report.roi_align = _roi_timing(model, detector, last, report, progress, repeat)
     return report
+
+
+@dataclass
+class _TimedRuns:
+    """``repeat`` interleaved runs: TVM's (with its pieces), end to end, eager's, ONNX Runtime's."""
+
+    runs: list = field(default_factory=list)
+    totals: list = field(default_factory=list)
+    eager: list = field(default_factory=list)
+    ort_s: list = field(default_factory=list)
+    ref: dict | None = None
+    ort_out: dict | None = None
+
+
+def _timed_runs(detector, model, peer, image, repeat, progress) -> _TimedRuns:
+    # warm-up runs (first calls allocate), then the three interleaved so that a slow minute on a
+    # shared machine slows all of them
+    progress("warm-up runs")
+    detector.run(image)
+    with torch.no_grad():
+        model([image])
+    if peer is not None:
+        peer(image)
+    timed = _TimedRuns()
+    for i in range(repeat):
+        progress(f"timed run {i + 1}/{repeat}: TVM, PyTorch eager" + (", ONNX Runtime" if peer else ""))
+        t0 = time.perf_counter()
+        timed.runs.append(detector.run(image))
+        timed.totals.append(time.perf_counter() - t0)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            (timed.ref,) = model([image])
+            timed.eager.append(time.perf_counter() - t0)
+        if peer is not None:
+            t0 = time.perf_counter()
+            timed.ort_out = peer(image)
+            timed.ort_s.append(time.perf_counter() - t0)
+    return timed
+
+
+def _totals(pieces, timed: _TimedRuns, peer) -> Totals:
+    return Totals(
+        tvm_import_s=sum(p.import_s for p in pieces.values()),
+        tvm_compile_s=sum(p.compile_s for p in pieces.values()),
+        tvm_end_to_end_s=min(timed.totals),
+        tvm_glue_pytorch_s=min(r.glue_s for r in timed.runs),
+        torch_eager_end_to_end_s=min(timed.eager),
+        onnxruntime_end_to_end_s=min(timed.ort_s) if timed.ort_s else None,
+        onnxruntime_export_s=peer.export_s if peer else None,
+        onnxruntime_max_box_diff=max_box_diff(timed.ort_out, timed.ref) if peer else None,
+    )
 
 
 def _roi_timing(model, detector, run, report, progress, repeat) -> RoiAlignTiming | None:
