@@ -6,7 +6,10 @@ Importing the package registers, idempotently and above TVM's own level:
   and legalization picks the strategy of the current target (x86, ARM, CUDA, Metal, generic llvm),
   returning already-scheduled TIR;
 * ``FRelaxInferLayout`` for ``relax.vision.roi_align`` (layout inference for ``ConvertLayout``);
-* the fused op ``relax.vision.multiscale_roi_align`` (FPN level chosen inside the kernel).
+* the fused op ``relax.vision.multiscale_roi_align`` (FPN level chosen inside the kernel);
+* the RoI family ``relax.vision.roi_align_rotated`` (detectron2 / mmcv / OpenVINO rotated RoIAlign)
+  and ``relax.vision.ps_roi_align`` (torchvision's position-sensitive RoIAlign), with the same
+  strategies and layout rule.
 
 :func:`unregister` restores stock TVM exactly; :func:`register` registers again; ``with
 stock_tvm():`` runs a block with stock TVM.
@@ -33,11 +36,15 @@ from . import (
 )
 from .ops import multiscale_roi_align as _multiscale_roi_align_op
 from .ops import nms as _nms_op
+from .ops import ps_roi_align as _ps_roi_align_op
 from .ops import roi_align as _roi_align_op
+from .ops import roi_align_rotated as _roi_align_rotated_op
 from .ops.multiscale_roi_align import (
     make_multiscale_roi_align as multiscale_roi_align,
 )
+from .ops.ps_roi_align import make_ps_roi_align as ps_roi_align
 from .ops.roi_align import make_roi_align as roi_align
+from .ops.roi_align_rotated import make_roi_align_rotated as roi_align_rotated
 from .passes import layout as _layout_pass
 
 __version__ = "0.1.0"
@@ -45,6 +52,8 @@ __version__ = "0.1.0"
 _REGISTER_HOOKS = [
     _roi_align_op.register,
     _multiscale_roi_align_op.register,
+    _ps_roi_align_op.register,
+    _roi_align_rotated_op.register,
     _layout_pass.register,
     _nms_op.register,
 ]
@@ -91,8 +100,10 @@ __all__ = [
     "is_registered",
     "multiscale_roi_align",
     "passes",
+    "ps_roi_align",
     "register",
     "roi_align",
+    "roi_align_rotated",
     "stock_tvm",
     "strategies",
     "topi",
