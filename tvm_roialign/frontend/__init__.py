@@ -7,7 +7,8 @@
 * the RoI family through torch.export: torchvision ``ps_roi_align``, and rotated RoIAlign custom ops
   with the converters of :func:`roi_align_rotated_convert_map`;
 * :func:`from_onnx`: ONNX ``RoiAlign`` opset 10 (``output_half_pixel``) and 16+ (``half_pixel``
-  by default), int32/int64 ``batch_indices``, adaptive sampling, and ONNX's ``max`` mode.
+  by default), int32/int64 ``batch_indices``, adaptive sampling, and ONNX's ``max`` mode; mmdeploy's
+  ``mmcv::MMCVRoIAlignRotated`` as ``relax.vision.roi_align_rotated``.
 
 The torch and ONNX parts are imported on first use, so that ``import tvm_roialign`` needs neither.
 """
@@ -25,10 +26,12 @@ _LAZY = {
     "roi_align_rotated_converter": "torch",
     "from_onnx": "onnx",
     "RoiAlignConverter": "onnx",
+    "RoiAlignRotatedConverter": "onnx",
 }
 
 __all__ = [
     "RoiAlignConverter",
+    "RoiAlignRotatedConverter",
     "convert_map",
     "export",
     "from_exported_program",
