@@ -41,7 +41,7 @@ FEATURES = (1, 256, 200, 272)
 IMAGE = (800, 1088)
 NUM_ROIS = 1000
 SCALE = 0.25
-SAMPLING_RATIO = 2
+SAMPLING_RATIO = 2  # --sampling-ratio
 PS_POOLED = (4, 4)
 ROTATED_POOLED = (7, 7)
 
@@ -75,20 +75,20 @@ def tvm_runner(make, data_nchw, rois, layout, target):
     return run, result
 
 
-def ps_roi_align_case(data, rng):
+def ps_roi_align_case(data, rng, sampling_ratio):
     rois = random_rois(NUM_ROIS, IMAGE, rng)
     data_t, rois_t = torch.from_numpy(data), torch.from_numpy(rois)
 
     def reference():
-        return torchvision.ops.ps_roi_align(data_t, rois_t, PS_POOLED, SCALE, SAMPLING_RATIO)
+        return torchvision.ops.ps_roi_align(data_t, rois_t, PS_POOLED, SCALE, sampling_ratio)
 
     def make(d, r, layout):
-        return tvm_roialign.ps_roi_align(d, r, PS_POOLED, SCALE, SAMPLING_RATIO, layout)
+        return tvm_roialign.ps_roi_align(d, r, PS_POOLED, SCALE, sampling_ratio, layout)
 
     return "torchvision", reference, lambda: reference().numpy(), make, rois
 
 
-def roi_align_rotated_case(data, rng):
+def roi_align_rotated_case(data, rng, sampling_ratio):
     import openvino as ov
     import openvino.opset15 as opset
 
@@ -96,7 +96,7 @@ def roi_align_rotated_case(data, rng):
     feats = opset.parameter(list(data.shape), ov.Type.f32)
     boxes = opset.parameter([NUM_ROIS, 5], ov.Type.f32)
     batch = opset.parameter([NUM_ROIS], ov.Type.i32)
-    node = opset.roi_align_rotated(feats, boxes, batch, *ROTATED_POOLED, SAMPLING_RATIO, SCALE,
+    node = opset.roi_align_rotated(feats, boxes, batch, *ROTATED_POOLED, max(sampling_ratio, 0), SCALE,
                                    False)
     model = ov.Core().compile_model(ov.Model([node], [feats, boxes, batch]), "CPU",
                                     {"INFERENCE_PRECISION_HINT": "f32"})
@@ -107,7 +107,7 @@ def roi_align_rotated_case(data, rng):
         return request.infer(inputs)
 
     def make(d, r, layout):
-        return tvm_roialign.roi_align_rotated(d, r, ROTATED_POOLED, SCALE, SAMPLING_RATIO,
+        return tvm_roialign.roi_align_rotated(d, r, ROTATED_POOLED, SCALE, sampling_ratio,
                                               angle_unit="radians", layout=layout)
 
     return "OpenVINO", reference, lambda: np.array(reference()[0]), make, rois
@@ -122,8 +122,11 @@ def main(argv=None):
     parser.add_argument("--ops", default=",".join(CASES), help="comma-separated subset of " +
                         ",".join(CASES))
     parser.add_argument("--layouts", default="NHWC,NCHW")
+    parser.add_argument("--sampling-ratio", type=int, default=SAMPLING_RATIO,
+                        help="samples per bin side (<= 0: adaptive)")
     parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON")
     args = parser.parse_args(argv)
+    sampling_ratio = args.sampling_ratio
 
     console = Console(width=140)
     target = host_target()
@@ -131,7 +134,7 @@ def main(argv=None):
     data = rng.standard_normal(FEATURES).astype("float32")
     rows = []
     for op in args.ops.split(","):
-        peer, reference, expected_of, make, rois = CASES[op](data, rng)
+        peer, reference, expected_of, make, rois = CASES[op](data, rng, sampling_ratio)
         start = time.perf_counter()
         reference()  # a peer that takes seconds (OpenVINO's ROIAlignRotated) is timed once
         slow = time.perf_counter() - start > 2.0
@@ -145,7 +148,8 @@ def main(argv=None):
                              speedup=peer_ms / ours_ms,
                              max_abs_err=float(np.abs(result() - expected).max())))
 
-    table = Table(title=f"RoI family CPU, {os.cpu_count()} cores, target {target}")
+    table = Table(title=f"RoI family CPU, sampling_ratio {sampling_ratio}, {os.cpu_count()} cores, "
+                  f"target {target}")
     for col in ("op", "layout", "ours ms", "peer", "peer ms", "x vs peer", "max |err|"):
         table.add_column(col, justify="right")
     for r in rows:
@@ -155,12 +159,13 @@ def main(argv=None):
     meta = dict(cpu=platform.processor() or platform.machine(),
                 mcpu=str(target.attrs.get("mcpu", "")), cores=os.cpu_count(),
                 tvm_threads=os.environ.get("TVM_NUM_THREADS"), torch_threads=torch.get_num_threads(),
-                repeat=args.repeat, sampling_ratio=SAMPLING_RATIO, tvm=tvm.__version__,
+                repeat=args.repeat, sampling_ratio=sampling_ratio, tvm=tvm.__version__,
                 torch=torch.__version__, torchvision=torchvision.__version__)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_roi_family.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
-    console.print(f"wrote {out / 'bench_roi_family.json'}")
+    path = out / f"bench_roi_family_sr{sampling_ratio}.json"
+    path.write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
+    console.print(f"wrote {path}")
 
 
 if __name__ == "__main__":

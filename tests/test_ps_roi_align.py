@@ -73,6 +73,8 @@ def _torchvision(data, rois, sampling_ratio, scale=SCALE):
 @pytest.mark.parametrize("sampling_ratio", [2, -1])
 @pytest.mark.parametrize("target_key", ["native", "llvm"])
 def test_matches_torchvision(rng, layout, sampling_ratio, target_key):
+    """Every CPU path: the TE schedule (static grid; adaptive on generic llvm) and the native
+    target's hand-scheduled adaptive-grid kernel."""
     data = rng.standard_normal((N, C_IN, H, W)).astype("float32")
     rois = _random_rois(rng)
     out = _run(_vm(layout, sampling_ratio, target_key), data, rois, layout)

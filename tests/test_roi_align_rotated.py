@@ -96,11 +96,14 @@ def test_matches_openvino(rng, layout, sampling_ratio, clockwise):
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_generic_llvm_matches_openvino(rng, layout):
+@pytest.mark.parametrize("sampling_ratio", [2, 0])
+def test_generic_llvm_matches_openvino(rng, layout, sampling_ratio):
+    """The TE path (the native target's adaptive grids take the hand-scheduled kernel)."""
     data = rng.standard_normal((N, C, H, W)).astype("float32")
     rois = _random_rois(rng)
-    out = _run(_vm(layout, 2, target_key="llvm"), data, rois, layout)
-    np.testing.assert_allclose(out, _openvino(data, rois, 2, False), rtol=0, atol=1e-5)
+    out = _run(_vm(layout, sampling_ratio, target_key="llvm"), data, rois, layout)
+    np.testing.assert_allclose(out, _openvino(data, rois, sampling_ratio, False), rtol=0,
+                               atol=1e-5)
 
 
 CONVENTION_CASES = [

@@ -205,3 +205,25 @@ def test_relax_compile_for_cuda_keeps_our_schedule():
         assert "__launch_bounds__(256)" in body
         assert re.search(r"roi_align_ptr\[\(+\(int\)blockIdx\.x\) \* 256\) \+ "
                          r"\(\(int\)threadIdx\.x\)\)\]", body), body[:2000]
+
+
+@pytest.mark.parametrize("op", [ROTATED, PS])
+@pytest.mark.parametrize("sampling_ratio", [0, 2])
+def test_x86_uses_the_adaptive_kernel_for_adaptive_grids_only(op, sampling_ratio):
+    """Adaptive grids on x86 / ARM take the hand-scheduled kernel of ``strategies.cpu_kernel``
+    (weights shared across channels, channel loop vectorized); static grids the TE schedule."""
+    if op == ROTATED:
+        mod = single_op_module(
+            lambda d, r: tvm_roialign.roi_align_rotated(d, r, (3, 2), 0.5, sampling_ratio,
+                                                        layout="NHWC"),
+            data=((1, 9, 9, 32), "float32"), rois=((4, 6), "float32"))
+    else:
+        mod = single_op_module(
+            lambda d, r: tvm_roialign.ps_roi_align(d, r, (3, 2), 0.5, sampling_ratio, "NHWC"),
+            data=((1, 9, 9, 96), "float32"), rois=((4, 5), "float32"))
+    with tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"}):
+        legalized = relax.transform.LegalizeOps()(mod)
+    (func,) = [f for f in legalized.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    script = func.script()
+    assert ('sblock("roi_align_adaptive")' in script) == (sampling_ratio <= 0)
+    assert "T.parallel" in script and "T.vectorized(16)" in script

@@ -12,6 +12,7 @@ the layout pass's (:mod:`tvm_roialign.passes.layout`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import tvm
 from tvm import relax
@@ -34,6 +35,8 @@ class PSRoiAlignAttrs:
     spatial_scale: float = 1.0
     sampling_ratio: int = -1
     layout: str = "NCHW"
+    #: tells the strategies' adaptive-grid kernel which op it builds
+    position_sensitive: ClassVar[bool] = True
 
     @classmethod
     def from_call(cls, call) -> PSRoiAlignAttrs:
@@ -87,6 +90,7 @@ def legalize(bb: relax.BlockBuilder, call):
         inputs=[(call.args[0], "data"), (call.args[1], "rois")],
         compute=compute,
         layout=attrs.layout,
+        attrs=attrs,
         func_attrs={GATHERED_CHANNELS_ATTR: True},
     )
 

@@ -119,6 +119,7 @@ def legalize(bb: relax.BlockBuilder, call):
         inputs=[(call.args[0], "data"), (call.args[1], "rois")],
         compute=compute,
         layout=a.layout,
+        attrs=a,
     )
 
 
