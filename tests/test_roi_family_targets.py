@@ -227,3 +227,17 @@ def test_x86_uses_the_adaptive_kernel_for_adaptive_grids_only(op, sampling_ratio
     script = func.script()
     assert ('sblock("roi_align_adaptive")' in script) == (sampling_ratio <= 0)
     assert "T.parallel" in script and "T.vectorized(16)" in script
+
+
+@pytest.mark.parametrize("op", [ROTATED, PS])
+def test_arm_adaptive_kernel_cross_compiles(op):
+    if op == ROTATED:
+        mod = single_op_module(
+            lambda d, r: tvm_roialign.roi_align_rotated(d, r, (3, 2), 0.5, 0, layout="NCHW"),
+            data=((1, 32, 9, 9), "float16"), rois=((4, 6), "float16"))
+    else:
+        mod = single_op_module(
+            lambda d, r: tvm_roialign.ps_roi_align(d, r, (3, 2), 0.5, 0, "NHWC"),
+            data=((1, 9, 9, 96), "float32"), rois=((4, 5), "float32"))
+    asm = _sources(tvm.compile(mod, target=ARM).mod, "llvm")
+    assert re.search(r"\bfml[as]\s+v\d+\.4s", asm)
