@@ -132,17 +132,21 @@ def _kernels(source):
     return bodies
 
 
-def _gpu_funcs(target, dtypes):
-    """Every op x layout, ``dtypes`` with a static grid and float32 with an adaptive one; 64 rois
-    (more outputs than one block of threads)."""
-    cases = [(dtype, 2) for dtype in dtypes] + [("float32", 0)]
+def _gpu_funcs(target, cases):
+    """Every op with each ``(layout, dtype, sampling_ratio)`` of ``cases``; 64 rois (more outputs
+    than one block of threads)."""
     return {f"{op.rsplit('.', 1)[-1]}_{layout}_{dtype}_{sr}".lower():
             _prim(op, target, layout, dtype, sr, k=64)
-            for op in (ROTATED, PS) for layout in ("NCHW", "NHWC") for dtype, sr in cases}
+            for op in (ROTATED, PS) for layout, dtype, sr in cases}
+
+
+#: both layouts with a static grid (float16), an adaptive grid (float32), float64 once
+GPU_CASES = (("NCHW", "float16", 2), ("NHWC", "float16", 2), ("NCHW", "float32", 0),
+             ("NHWC", "float32", 0))
 
 
 def test_cuda_one_thread_per_output():
-    funcs = _gpu_funcs(CUDA, ("float16", "float64"))
+    funcs = _gpu_funcs(CUDA, (*GPU_CASES, ("NHWC", "float64", 2)))
     bodies = _kernels(_sources(tvm.compile(_module(funcs), target=CUDA).mod, "cuda"))
     for name in funcs:
         body = bodies[f"{name}_kernel"]
@@ -153,7 +157,7 @@ def test_cuda_one_thread_per_output():
 
 
 def test_metal_builds_float16_and_float32_and_refuses_float64():
-    funcs = _gpu_funcs(METAL, ("float16",))
+    funcs = _gpu_funcs(METAL, GPU_CASES[1:3])
     bodies = _kernels(_sources(tvm.compile(_module(funcs), target=METAL).mod, "metal"))
     for name in funcs:
         assert "thread_position_in_grid" in bodies[f"{name}_kernel"] or \
@@ -241,3 +245,24 @@ def test_arm_adaptive_kernel_cross_compiles(op):
             data=((1, 9, 9, 96), "float32"), rois=((4, 5), "float32"))
     asm = _sources(tvm.compile(mod, target=ARM).mod, "llvm")
     assert re.search(r"\bfml[as]\s+v\d+\.4s", asm)
+
+
+@pytest.mark.parametrize("op", [ROTATED, PS])
+@pytest.mark.parametrize("sampling_ratio", [0, 2])
+def test_products_are_fenced_against_fma_contraction(op, sampling_ratio):
+    """The exact-product rule of roi_align: scaled coordinates (and the rotation's products) are
+    rounded on their own, in the TE path and in the adaptive-grid kernel alike."""
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    script = _prim(op, target, "NHWC", "float32", sampling_ratio, c=96 if op == PS else 32,
+                   pooled=(2, 2) if op == PS else (3, 2)).script()
+    if sampling_ratio <= 0:  # the strategy's kernel is only built from the op's attributes
+        mod = single_op_module(
+            (lambda d, r: tvm_roialign.roi_align_rotated(d, r, (3, 2), 0.5, 0, layout="NHWC"))
+            if op == ROTATED else
+            (lambda d, r: tvm_roialign.ps_roi_align(d, r, (2, 2), 0.5, 0, "NHWC")),
+            data=((1, 9, 9, 32), "float32"), rois=((4, 6 if op == ROTATED else 5), "float32"))
+        with target:
+            legalized = relax.transform.LegalizeOps()(mod)
+        (func,) = [f for f in legalized.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+        script = func.script()
+    assert "llvm.arithmetic.fence" in script
