@@ -9,11 +9,17 @@ move them outside the channel loop. This kernel is written in TVMScript already 
 * each bin has a channel accumulator (``C`` elements of the accumulate dtype, on the worker's
   stack; past :data:`MAX_ACC_BYTES` the channels are processed in blocks);
 * for each sample the four corner positions and weights are computed once, as scalars (the row
-  terms once per sample row), and then applied to all channels in an inner loop, vectorized by
+  terms are loop-invariant in the sample loop unless the roi is rotated), and then applied to all
+  channels in an inner loop, vectorized by
   :func:`~tvm_roialign.strategies.cpu.vector_lanes` (the largest power of two up to it that
   divides ``C``; the TE schedule's policy);
 * the bin's output is written once, after the grid (divided by ``max(grid_h * grid_w, 1)`` in
   ``avg`` mode; 0 for an empty grid in every mode).
+
+The RoI family takes the same kernel (:class:`FamilyKernel`): ``roi_align_rotated`` turns each
+sample about the roi's centre (its geometry from :func:`~tvm_roialign.topi._sampling.rotated_roi_geometry`),
+``ps_roi_align`` reads data channel ``(c * PH + ph) * PW + pw`` for output channel ``c`` of bin
+``(ph, pw)`` (strided vector loads).
 
 NHWC reads the channel vectors of the feature map directly. NCHW first copies the feature map to
 channels-last (``[N, H, W, C]``, a workspace the size of ``data``, in parallel over rows) so that
