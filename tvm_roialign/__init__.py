@@ -7,6 +7,9 @@ Importing the package registers, idempotently and above TVM's own level:
   returning already-scheduled TIR;
 * ``FRelaxInferLayout`` for ``relax.vision.roi_align`` (layout inference for ``ConvertLayout``);
 * the fused op ``relax.vision.multiscale_roi_align`` (FPN level chosen inside the kernel);
+* the RoI family ``relax.vision.roi_align_rotated`` (detectron2 / mmcv / OpenVINO rotated RoIAlign)
+  and ``relax.vision.ps_roi_align`` (torchvision's position-sensitive RoIAlign), with the same
+  strategies and layout rule;
 * the named Relax pipeline ``"tvm_roialign_cpu"`` (``tvm.compile(mod, target,
   relax_pipeline="tvm_roialign_cpu")``), the package's CPU pipeline.
 
@@ -33,16 +36,22 @@ from . import pipeline as _pipeline
 from ._version import __version__
 from .ops import multiscale_roi_align as _multiscale_roi_align_op
 from .ops import nms as _nms_op
+from .ops import ps_roi_align as _ps_roi_align_op
 from .ops import roi_align as _roi_align_op
+from .ops import roi_align_rotated as _roi_align_rotated_op
 from .ops.multiscale_roi_align import (
     make_multiscale_roi_align as multiscale_roi_align,
 )
+from .ops.ps_roi_align import make_ps_roi_align as ps_roi_align
 from .ops.roi_align import make_roi_align as roi_align
+from .ops.roi_align_rotated import make_roi_align_rotated as roi_align_rotated
 from .passes import layout as _layout_pass
 
 _REGISTER_HOOKS = [
     _roi_align_op.register,
     _multiscale_roi_align_op.register,
+    _ps_roi_align_op.register,
+    _roi_align_rotated_op.register,
     _layout_pass.register,
     _nms_op.register,
     _pipeline.register,
@@ -91,8 +100,10 @@ __all__ = [
     "is_registered",
     "multiscale_roi_align",
     "passes",
+    "ps_roi_align",
     "register",
     "roi_align",
+    "roi_align_rotated",
     "stock_tvm",
     "strategies",
     "topi",

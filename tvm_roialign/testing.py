@@ -1,7 +1,22 @@
 """Test helpers: an independent float64 NumPy reference of RoIAlign, and small build/run utilities.
 
 :func:`roi_align_ref` is written from the semantics in :mod:`tvm_roialign.topi.roi_align`'s module
-docstring with plain loops, in float64; it shares no code with the TE compute.
+docstring with plain loops, in float64; it shares no code with the TE compute. So are the references
+of the RoI family, :func:`ps_roi_align_ref` (torchvision ``ps_roi_align``) and
+:func:`roi_align_rotated_ref`, whose conventions are:
+
+==========================  ==============  ==============  =========  ==============================
+system                      ``angle_unit``  ``clockwise``   ``aligned``  shift / size clamp
+==========================  ==============  ==============  =========  ==============================
+detectron2 ROIAlignRotated  ``"degrees"``   False           True       centre - 0.5; none
+mmcv RoIAlignRotated        ``"radians"``   its flag        its flag   True: centre - 0.5, none;
+                                                                       False: no shift, sizes >= 1
+OpenVINO ROIAlignRotated    ``"radians"``   clockwise_mode  True       centre - 0.5; none
+==========================  ==============  ==============  =========  ==============================
+
+A sample ``(yy, xx)`` of the axis-aligned grid of a ``w x h`` box centred on 0 (RoIAlign's bins and
+samples, ``start = -size / 2``) is read at ``y = yy cos t - xx sin t + cy``, ``x = yy sin t + xx cos
+t + cx`` (``t`` the angle in radians, negated when clockwise), then bilinearly as RoIAlign.
 """
 
 from __future__ import annotations
@@ -131,6 +146,123 @@ def roi_align_ref(
                     out[k, ph, pw] = np.sum(values, axis=0) / max(grid_h * grid_w, 1)
                 else:
                     out[k, ph, pw] = np.max(values, axis=0)
+    return out if layout == "NHWC" else out.transpose(0, 3, 1, 2)
+
+
+def _pool_bins(plane_of, pooled, grid, point):
+    """``[PH, PW, C]``: the average over each bin's ``grid_h x grid_w`` samples, sample ``(iy, ix)``
+    of bin ``(ph, pw)`` read from ``plane_of(ph, pw) [H, W, C]`` at ``point(ph, pw, iy, ix) -> (y,
+    x)``."""
+    (ph_count, pw_count), (grid_h, grid_w) = pooled, grid
+    out = None
+    for ph in range(ph_count):
+        for pw in range(pw_count):
+            plane = plane_of(ph, pw)
+            if out is None:
+                out = np.zeros((ph_count, pw_count, plane.shape[2]))
+            for iy in range(grid_h):
+                for ix in range(grid_w):
+                    terms = _bilinear_terms(plane, *point(ph, pw, iy, ix))
+                    if terms is not None:
+                        out[ph, pw] += np.sum(terms, axis=0)
+            out[ph, pw] /= max(grid_h * grid_w, 1)
+    return out
+
+
+def _axis_aligned_points(start_h, start_w, bin_h, bin_w, grid):
+    """RoIAlign's sample positions: ``point(ph, pw, iy, ix) -> (y, x)``."""
+
+    def point(ph, pw, iy, ix):
+        return (
+            start_h + ph * bin_h + (iy + 0.5) * bin_h / grid[0],
+            start_w + pw * bin_w + (ix + 0.5) * bin_w / grid[1],
+        )
+
+    return point
+
+
+def _pooled_pair(pooled_size):
+    return (pooled_size, pooled_size) if np.isscalar(pooled_size) else tuple(pooled_size)
+
+
+def _maps(data, layout):
+    data = np.asarray(data, dtype=np.float64)
+    return data if layout == "NHWC" else data.transpose(0, 2, 3, 1)  # [N, H, W, C]
+
+
+def _roi_ok(roi, num_batch):
+    return bool(roi[0] > -1 and roi[0] < num_batch and np.isfinite(roi[1:]).all())
+
+
+def ps_roi_align_ref(data, rois, pooled_size, spatial_scale=1.0, sampling_ratio=-1, layout="NCHW"):
+    """Float64 position-sensitive RoIAlign (torchvision ``ps_roi_align``) with plain loops.
+
+    ``data [N, C * PH * PW, H, W]`` (NCHW) or ``[N, H, W, C * PH * PW]`` (NHWC), ``rois [K, 5]``;
+    output channel ``c`` of bin ``(ph, pw)`` averages input channel ``(c * PH + ph) * PW + pw``.
+    Geometry: ``start = x1 * scale - 0.5``, no size clamp; an empty grid, a non-finite coordinate
+    or a batch index outside ``[0, N)`` gives 0. Returns float64 ``[K, C, PH, PW]`` / ``[K, PH, PW,
+    C]``.
+    """
+    ph_count, pw_count = _pooled_pair(pooled_size)
+    maps = _maps(data, layout)
+    rois = np.asarray(rois, dtype=np.float64)
+    channels = maps.shape[3] // (ph_count * pw_count)
+    # input channel (c * PH + ph) * PW + pw -> [PH, PW, C]
+    mapped = maps.reshape(*maps.shape[:3], channels, ph_count, pw_count)
+    out = np.zeros((rois.shape[0], ph_count, pw_count, channels))
+    for k, roi in enumerate(rois):
+        if not _roi_ok(roi, maps.shape[0]):
+            continue
+        x1, y1, x2, y2 = (v * spatial_scale - 0.5 for v in roi[1:])
+        bin_h, bin_w = (y2 - y1) / ph_count, (x2 - x1) / pw_count
+        grid = (_grid(bin_h, sampling_ratio), _grid(bin_w, sampling_ratio))
+        point = _axis_aligned_points(y1, x1, bin_h, bin_w, grid)
+        out[k] = _pool_bins(lambda ph, pw, b=int(roi[0]): mapped[b, :, :, :, ph, pw],
+                            (ph_count, pw_count), grid, point)
+    return out if layout == "NHWC" else out.transpose(0, 3, 1, 2)
+
+
+def roi_align_rotated_ref(
+    data,
+    rois,
+    pooled_size,
+    spatial_scale=1.0,
+    sampling_ratio=-1,
+    aligned=True,
+    clockwise=False,
+    angle_unit="degrees",
+    layout="NCHW",
+):
+    """Float64 rotated RoIAlign with plain loops (conventions: module docstring).
+
+    ``rois [K, 6]`` of ``(batch_index, cx, cy, w, h, angle)``. Returns float64 ``[K, C, PH, PW]``
+    (NCHW) or ``[K, PH, PW, C]`` (NHWC); an empty grid, a non-finite coordinate or angle, or a
+    batch index outside ``[0, N)`` gives 0.
+    """
+    pooled = _pooled_pair(pooled_size)
+    maps = _maps(data, layout)
+    rois = np.asarray(rois, dtype=np.float64)
+    out = np.zeros((rois.shape[0], *pooled, maps.shape[3]))
+    offset = 0.5 if aligned else 0.0
+    for k, roi in enumerate(rois):
+        if not _roi_ok(roi, maps.shape[0]):
+            continue
+        cx, cy = roi[1] * spatial_scale - offset, roi[2] * spatial_scale - offset
+        width, height = roi[3] * spatial_scale, roi[4] * spatial_scale
+        if not aligned:
+            width, height = max(width, 1.0), max(height, 1.0)
+        theta = roi[5] * (math.pi / 180.0 if angle_unit == "degrees" else 1.0)
+        theta = -theta if clockwise else theta
+        cos, sin = math.cos(theta), math.sin(theta)
+        bin_h, bin_w = height / pooled[0], width / pooled[1]
+        grid = (_grid(bin_h, sampling_ratio), _grid(bin_w, sampling_ratio))
+        local = _axis_aligned_points(-height / 2, -width / 2, bin_h, bin_w, grid)
+
+        def point(ph, pw, iy, ix, local=local, cos=cos, sin=sin, cx=cx, cy=cy):
+            yy, xx = local(ph, pw, iy, ix)
+            return yy * cos - xx * sin + cy, yy * sin + xx * cos + cx
+
+        out[k] = _pool_bins(lambda ph, pw, b=int(roi[0]): maps[b], pooled, grid, point)
     return out if layout == "NHWC" else out.transpose(0, 3, 1, 2)
 
 

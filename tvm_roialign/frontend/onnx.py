@@ -16,6 +16,11 @@ implementation (``onnx.reference``) define it:
   corner terms ``w_i * v_i`` (the reference implementation and onnxruntime), which is
   ``relax.vision.roi_align`` with ``mode="onnx_max"``.
 
+mmdeploy's ``mmcv::MMCVRoIAlignRotated`` (mmcv's rotated RoIAlign; inputs ``features [N, C, H,
+W]`` and ``rois [K, 6]`` of ``(batch, cx, cy, w, h, angle)``, angle in radians; attributes
+``output_height``, ``output_width``, ``spatial_scale``, ``sampling_ratio``, ``aligned``,
+``clockwise``) is converted to ``relax.vision.roi_align_rotated`` (:class:`RoiAlignRotatedConverter`).
+
 Every other operator goes to TVM's stock converters. TVM 0.27's ``from_onnx`` has no converter
 hook: :func:`from_onnx` swaps the ``RoiAlign`` entry of the stock converter table for the duration
 of the call (under a lock) and restores it afterwards.
@@ -31,8 +36,15 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..ops.roi_align import make_roi_align
+from ..ops.roi_align_rotated import make_roi_align_rotated
 
-__all__ = ["COORDINATE_TRANSFORMATION_MODES", "RoiAlignConverter", "from_onnx"]
+__all__ = [
+    "COORDINATE_TRANSFORMATION_MODES",
+    "ROI_ALIGN_ROTATED_OPS",
+    "RoiAlignConverter",
+    "RoiAlignRotatedConverter",
+    "from_onnx",
+]
 
 COORDINATE_TRANSFORMATION_MODES = ("half_pixel", "output_half_pixel")
 _KNOWN_ATTRIBUTES = {
@@ -53,6 +65,18 @@ _FOREIGN_ROI_ALIGN_OPS = (
     "roialignrotated",
     "roialign_ps",
 )
+
+#: Rotated RoIAlign ops of custom domains that are imported: ``(domain, op_type)``.
+ROI_ALIGN_ROTATED_OPS = (("mmcv", "MMCVRoIAlignRotated"),)
+_ROTATED_ATTRIBUTES = {
+    "output_height",
+    "output_width",
+    "spatial_scale",
+    "sampling_ratio",
+    "aligned",
+    "clockwise",
+    "tvm_custom",
+}
 
 _patch_lock = threading.RLock()
 # Mode for RoiAlign nodes without the attribute, set for the duration of one from_onnx call.
@@ -194,10 +218,58 @@ class RoiAlignConverter(onnx_frontend.OnnxOpConverter):
         return cls._convert(bb, inputs, attr, "half_pixel")
 
 
+class RoiAlignRotatedConverter(onnx_frontend.OnnxOpConverter):
+    """mmdeploy's ``mmcv::MMCVRoIAlignRotated`` -> ``relax.vision.roi_align_rotated`` (radians)."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        custom = attr.get("tvm_custom") or {}
+        name = custom.get("name") if isinstance(custom, dict) else None
+        where = f"MMCVRoIAlignRotated node {name!r}" if name else "MMCVRoIAlignRotated node"
+        unknown = sorted(set(attr) - _ROTATED_ATTRIBUTES)
+        if unknown:
+            raise NotImplementedError(
+                f"{where}: unknown attribute(s) {unknown}; it has "
+                f"{sorted(_ROTATED_ATTRIBUTES - {'tvm_custom'})}"
+            )
+        if len(inputs) != 2 or any(x is None for x in inputs):
+            raise ValueError(f"{where}: expects 2 inputs (features [N, C, H, W], rois [K, 6])")
+        data, rois = inputs
+        dtype = str(_tensor_type(data, "features", where).dtype)
+        rois_dims = _static_dims(_tensor_type(rois, "rois", where))
+        if rois_dims is not None and (len(rois_dims) != 2 or rois_dims[1] not in (None, 6)):
+            raise ValueError(
+                f"{where}: rois must be [K, 6] rows of (batch, cx, cy, w, h, angle), got {rois_dims}"
+            )
+        size = (int(attr.get("output_height", 1)), int(attr.get("output_width", 1)))
+        if min(size) <= 0:
+            raise ValueError(f"{where}: output_height and output_width must be positive, got {size}")
+        spatial_scale = float(attr.get("spatial_scale", 1.0))
+        if not math.isfinite(spatial_scale) or spatial_scale <= 0:
+            raise ValueError(
+                f"{where}: spatial_scale must be a positive finite float, got {spatial_scale}"
+            )
+        if str(rois.ty.dtype) != dtype:
+            rois = bb.emit(relax.op.astype(rois, dtype))
+        return make_roi_align_rotated(
+            data,
+            rois,
+            size,
+            spatial_scale,
+            int(attr.get("sampling_ratio", 0)),
+            aligned=bool(int(attr.get("aligned", 1))),
+            clockwise=bool(int(attr.get("clockwise", 0))),
+            angle_unit="radians",
+            layout="NCHW",
+        )
+
+
 def _check_foreign_roi_align(graph):
     """Refuse RoIAlign variants that ONNX does not define, naming them (before TVM's own error)."""
     for node in graph.node:
         op_type = node.op_type
+        if (node.domain, op_type) in ROI_ALIGN_ROTATED_OPS:
+            continue
         lowered = op_type.lower()
         is_variant = any(name in lowered for name in _FOREIGN_ROI_ALIGN_OPS) or (
             "roialign" in lowered.replace("_", "")
@@ -207,8 +279,8 @@ def _check_foreign_roi_align(graph):
             domain = node.domain or "ai.onnx"
             raise NotImplementedError(
                 f"node {node.name!r}: {domain}::{op_type} is not ONNX RoiAlign "
-                "(position-sensitive and other RoIAlign variants are not supported); only the "
-                "standard ai.onnx RoiAlign can be imported"
+                "(position-sensitive and other RoIAlign variants are not supported); the "
+                "standard ai.onnx RoiAlign and mmcv::MMCVRoIAlignRotated can be imported"
             )
 
 
@@ -247,7 +319,8 @@ def from_onnx(
     ValueError, TypeError
         A RoiAlign node with a bad attribute or input (the message names the node and attribute).
     NotImplementedError
-        A position-sensitive or other non-ONNX RoIAlign variant, or an unknown attribute.
+        A position-sensitive or other non-ONNX RoIAlign variant (other than
+        ``mmcv::MMCVRoIAlignRotated``), or an unknown attribute.
     """
     mode = roi_align_coordinate_transformation_mode
     if mode is not None and mode not in COORDINATE_TRANSFORMATION_MODES:
@@ -266,6 +339,8 @@ def from_onnx(
         def convert_map():
             table = stock()
             table["RoiAlign"] = RoiAlignConverter
+            for _, op_type in ROI_ALIGN_ROTATED_OPS:
+                table[op_type] = RoiAlignRotatedConverter
             return table
 
         previous = getattr(_state, "default_mode", None)

@@ -8,7 +8,10 @@
   (exact at every scale). TVM's stock converter subtracts 0.5 before scaling, wrong whenever
   ``spatial_scale != 1``.
 * ``torch.ops.tvm_roialign.multiscale_roi_align.default`` (below) -> the fused op
-  ``relax.vision.multiscale_roi_align``.
+  ``relax.vision.multiscale_roi_align``;
+* ``torchvision.ps_roi_align`` -> ``relax.vision.ps_roi_align``; a rotated RoIAlign exported as a
+  custom op (detectron2's or mmcv's, or a user's ``torch.library`` op) through the converters of
+  :func:`roi_align_rotated_convert_map` (:mod:`._torch_family`).
 
 MultiScaleRoIAlign
 ------------------
@@ -50,6 +53,11 @@ from tvm.relax.frontend.torch import (
 from ..ops.multiscale_roi_align import make_multiscale_roi_align
 from ..ops.roi_align import make_roi_align
 from ..topi.multiscale_roi_align import LEVEL_EPS
+from ._torch_family import (
+    convert_ps_roi_align,
+    roi_align_rotated_convert_map,
+    roi_align_rotated_converter,
+)
 from ._torch_levels import fuse_per_level_pooling, has_per_level_pooling
 
 __all__ = [
@@ -59,6 +67,8 @@ __all__ = [
     "from_exported_program",
     "fuse_multiscale_roi_align",
     "multiscale_roi_align",
+    "roi_align_rotated_convert_map",
+    "roi_align_rotated_converter",
 ]
 
 
@@ -277,6 +287,7 @@ def convert_map() -> dict:
     return {
         "roi_align.default": _convert_roi_align,
         "multiscale_roi_align.default": _convert_multiscale_roi_align,
+        "ps_roi_align.default": convert_ps_roi_align,
     }
 
 

@@ -19,7 +19,15 @@ from tvm import relax, te, tirx
 from ..strategies import host_target, select_strategy
 from ..strategies.base import without_global_symbol
 
-__all__ = ["FreshDims", "call_target", "call_vdevice", "legalize_with_strategy", "tensor_info"]
+__all__ = [
+    "FreshDims",
+    "call_target",
+    "call_vdevice",
+    "checkable_shapes",
+    "dict_attrs_values",
+    "legalize_with_strategy",
+    "tensor_info",
+]
 
 
 def tensor_info(expr, name: str):
@@ -83,6 +91,7 @@ def legalize_with_strategy(
     compute: Callable,
     layout: str,
     attrs=None,
+    func_attrs: dict | None = None,
 ) -> relax.Call:
     """``call_tir`` of the PrimFunc of ``compute(*placeholders)`` built by the call's strategy.
 
@@ -99,6 +108,8 @@ def legalize_with_strategy(
         The op's layout (recorded on the PrimFunc for the schedule rules).
     attrs : optional
         The op's attributes, for a strategy-specific kernel (``Strategy.kernel``).
+    func_attrs : dict, optional
+        More PrimFunc attributes for the schedule rules (e.g. ``roi_align.gathered_channels``).
 
     Raises
     ------
@@ -115,9 +126,33 @@ def legalize_with_strategy(
         tensor_name = arg_name.replace("[", "_").replace("]", "")  # features[0] -> features_0
         placeholders.append(te.placeholder(fresh(shape), dtype, tensor_name))
     strategy, target = select_strategy(call_target(call))
-    func = without_global_symbol(strategy.build(compute, placeholders, target, layout, attrs))
+    func = without_global_symbol(
+        strategy.build(compute, placeholders, target, layout, attrs, func_attrs)
+    )
     if call_vdevice(call) is not None:
         func = func.with_attr("target", target)
         name = f"{name}_{target.kind.name}"
     gvar = bb.add_func(func, name)
     return relax.call_tir(gvar, list(call.args), call.ty)
+
+
+def dict_attrs_values(attrs, op_name: str) -> dict:
+    """The fields of an ``ir.DictAttrs`` as a dict (also one built with ``__dict__=``); ValueError
+    for a call without attributes."""
+    if attrs is None:
+        raise ValueError(f"{op_name} needs its attributes (pooled_size, spatial_scale, ...)")
+    values = dict(attrs.items())
+    if set(values) == {"__dict__"}:  # built with make_node("ir.DictAttrs", __dict__={...})
+        values = dict(values["__dict__"].items())
+    return values
+
+
+def checkable_shapes(call):
+    """``((data shape or None, data shape to check, dtype), (the same for rois))`` of
+    ``call.args[:2]``: the shape to check has None for unknown dimensions (rank 4 / 2 where the
+    rank is unknown), for the ops' argument checks."""
+    data_shape, data_ndim, data_dtype = tensor_info(call.args[0], "data")
+    rois_shape, rois_ndim, rois_dtype = tensor_info(call.args[1], "rois")
+    check_data = data_shape if data_shape is not None else [None] * (4 if data_ndim == -1 else data_ndim)
+    check_rois = rois_shape if rois_shape is not None else [None] * (2 if rois_ndim == -1 else rois_ndim)
+    return (data_shape, check_data, data_dtype), (rois_shape, check_rois, rois_dtype)

@@ -29,7 +29,7 @@ from tvm import relax
 from .._registry import op_exists
 from .fold_flatten_permute import FoldFlattenPermute
 from .fold_permute_dims import FoldPermuteDims
-from .layout import MULTISCALE_ROI_ALIGN_OP, ROI_ALIGN_OP, desired_target
+from .layout import ROI_ALIGN_LIKE_OPS, desired_target
 
 _DEFAULT = "default"
 
@@ -105,7 +105,7 @@ def normalize_desired_layouts(desired_layouts) -> dict[str, list[str]]:
             raise ValueError(f"desired_layouts gives {op} twice: {out[op]} and {layouts}")
         out[op] = layouts
     for op, layouts in out.items():
-        if op in (ROI_ALIGN_OP, MULTISCALE_ROI_ALIGN_OP):
+        if op in ROI_ALIGN_LIKE_OPS:
             desired_target(op, layouts, "NCHW")  # raises ValueError now rather than mid-pass
         if op in PINNED_LAYOUTS and layouts[0] not in (_DEFAULT, PINNED_LAYOUTS[op][0]):
             warnings.warn(

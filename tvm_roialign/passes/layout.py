@@ -35,7 +35,9 @@ from tvm.s_tir import slayout
 
 from .. import _registry
 from ..ops.multiscale_roi_align import OP_NAME as MULTISCALE_ROI_ALIGN_OP
+from ..ops.ps_roi_align import OP_NAME as PS_ROI_ALIGN_OP
 from ..ops.roi_align import OP_NAME as ROI_ALIGN_OP
+from ..ops.roi_align_rotated import OP_NAME as ROI_ALIGN_ROTATED_OP
 
 #: Layouts the RoIAlign kernels (and so the legalization) support.
 SUPPORTED_LAYOUTS = ("NCHW", "NHWC")
@@ -156,7 +158,7 @@ def desired_target(op_name: str, desired, cur: str) -> str:
         )
     if len(layouts) == 2 and layouts[1] not in (_DEFAULT, "", "AB", "NC"):
         raise ValueError(
-            f"the rois of {op_name} ([K, 5]) keep their layout: the second desired layout must be "
+            f"the rois of {op_name} keep their layout: the second desired layout must be "
             f"'default', got {layouts[1]!r}"
         )
     return target
@@ -248,11 +250,17 @@ def infer_layout_multiscale_roi_align(call, desired_layouts, var_layout_map):
 RULES = {
     ROI_ALIGN_OP: infer_layout_roi_align,
     MULTISCALE_ROI_ALIGN_OP: infer_layout_multiscale_roi_align,
+    # (data, rois): rois [K, 6] for the rotated op, [K, 5] for the position-sensitive one
+    ROI_ALIGN_ROTATED_OP: infer_layout_roi_align,
+    PS_ROI_ALIGN_OP: infer_layout_roi_align,
 }
+
+#: Every op the layout rule serves (for argument checks before the pass).
+ROI_ALIGN_LIKE_OPS = tuple(RULES)
 
 
 def register() -> None:
-    """Register the layout rules of roi_align and multiscale_roi_align as their
+    """Register the layout rules of the RoIAlign-like ops (:data:`RULES`) as their
     ``FRelaxInferLayout`` (idempotent; reversible through :func:`tvm_roialign.unregister`). The ops
     are registered first (:mod:`tvm_roialign.ops`)."""
     for op_name, rule in RULES.items():
@@ -262,7 +270,10 @@ def register() -> None:
 
 __all__ = [
     "MULTISCALE_ROI_ALIGN_OP",
+    "PS_ROI_ALIGN_OP",
+    "ROI_ALIGN_LIKE_OPS",
     "ROI_ALIGN_OP",
+    "ROI_ALIGN_ROTATED_OP",
     "RULES",
     "SUPPORTED_LAYOUTS",
     "current_layout",

@@ -28,6 +28,9 @@ NESTED_ACC_BLOCK = ACC_BLOCK + "_l1"
 #: multiscale_roi_align computes each roi's FPN level once, in a block of its own
 LEVEL_BLOCK = "roi_level"
 LAYOUT_ATTR = "roi_align.layout"
+#: PrimFunc attribute of an op whose output channel reads another data channel per bin
+#: (ps_roi_align): a channels-last copy of the map would not make the channel loop contiguous
+GATHERED_CHANNELS_ATTR = "roi_align.gathered_channels"
 #: TVM's OpPatternKind kOpaque: FuseOps never fuses a PrimFunc so marked.
 OPAQUE = 8
 
@@ -110,12 +113,15 @@ class Strategy:
     schedule: ScheduleRule
     kernel: Callable | None = None
 
-    def build(self, compute, inputs, target, layout: str, attrs=None) -> tvm.tirx.PrimFunc:
+    def build(
+        self, compute, inputs, target, layout: str, attrs=None, func_attrs=None
+    ) -> tvm.tirx.PrimFunc:
         """Create the PrimFunc of ``compute(*inputs)`` and schedule it for ``target``.
 
         ``compute`` returns the output te.Tensor; the index dtype is chosen from the static sizes
         of the inputs and the output (int64 past 2**31 - 1 elements or for symbolic sizes).
-        ``attrs`` (the op's attributes) are passed to the strategy's ``kernel`` if it has one.
+        ``attrs`` (the op's attributes) are passed to the strategy's ``kernel`` if it has one;
+        ``func_attrs`` are set on the PrimFunc before it is scheduled.
         """
         with target:  # the compute fences its geometry for the target (topi.exact_product)
             out = None
@@ -126,7 +132,7 @@ class Strategy:
         shapes = [t.shape for t in inputs if isinstance(t, te.Tensor)] + [out.shape]
         func = te.create_prim_func(
             [*inputs, out], index_dtype_override=index_dtype_for(*shapes)
-        ).with_attr(LAYOUT_ATTR, layout)
+        ).with_attrs({LAYOUT_ATTR: layout, **(func_attrs or {})})
         sch = self.schedule.apply(func, target, False)
         if sch is not None:
             func = sch.mod["main"]

@@ -21,6 +21,7 @@ from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
 from ..schedules.target_info import cpu_info
 from .base import (
+    GATHERED_CHANNELS_ATTR,
     NESTED_ACC_BLOCK,
     buffer_dtypes,
     find_blocks,
@@ -69,7 +70,8 @@ class RoIAlignCPU(CPUScheduleRule):
         acc = find_blocks(sch)[0]
         max_lanes = vector_lanes(target, buffer_dtypes(func)[0]) if self.vectorize else 1
         lanes = largest_divisor_lanes(_static_channels(sch, layout), max_lanes)
-        if lanes > 1 and layout == "NCHW":
+        gathered = func.attrs is not None and bool(func.attrs.get(GATHERED_CHANNELS_ATTR, False))
+        if lanes > 1 and layout == "NCHW" and not gathered:
             _channels_last_copies(sch, acc, lanes)
         acc, fused, c_out, c_acc, decompose_at = _bin_major(sch, layout)
         if lanes > 1:

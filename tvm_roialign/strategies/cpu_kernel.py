@@ -9,11 +9,17 @@ move them outside the channel loop. This kernel is written in TVMScript already 
 * each bin has a channel accumulator (``C`` elements of the accumulate dtype, on the worker's
   stack; past :data:`MAX_ACC_BYTES` the channels are processed in blocks);
 * for each sample the four corner positions and weights are computed once, as scalars (the row
-  terms once per sample row), and then applied to all channels in an inner loop, vectorized by
+  terms are loop-invariant in the sample loop unless the roi is rotated), and then applied to all
+  channels in an inner loop, vectorized by
   :func:`~tvm_roialign.strategies.cpu.vector_lanes` (the largest power of two up to it that
   divides ``C``; the TE schedule's policy);
 * the bin's output is written once, after the grid (divided by ``max(grid_h * grid_w, 1)`` in
   ``avg`` mode; 0 for an empty grid in every mode).
+
+The RoI family takes the same kernel (:class:`FamilyKernel`): ``roi_align_rotated`` turns each
+sample about the roi's centre (its geometry from :func:`~tvm_roialign.topi._sampling.rotated_roi_geometry`),
+``ps_roi_align`` reads data channel ``(c * PH + ph) * PW + pw`` for output channel ``c`` of bin
+``(ph, pw)`` (strided vector loads).
 
 NHWC reads the channel vectors of the feature map directly. NCHW first copies the feature map to
 channels-last (``[N, H, W, C]``, a workspace the size of ``data``, in parallel over rows) so that
@@ -31,26 +37,31 @@ is int32 or int64 as
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from tvm import te, tirx
 from tvm.script import tirx as T
 
 from ..topi._sampling import (
     accumulate_dtype,
-    adaptive_grid,
     data_dims,
     exact_product,
     index_dtype_for,
     is_static,
     output_shape,
-    roi_box,
-    roi_is_valid,
+    roi_geometry,
+    rotated_roi_geometry,
 )
+from ..topi.ps_roi_align import check_ps_roi_align_args
 from ..topi.roi_align import check_roi_align_args, check_spatial_scale
+from ..topi.roi_align_rotated import angle_scale, check_roi_align_rotated_args
 from .base import largest_divisor_lanes
 from .cpu import vector_lanes
 
 __all__ = [
     "MAX_ACC_BYTES",
+    "FamilyKernel",
     "channel_block_for",
     "cpu_adaptive_kernel",
     "roi_align_adaptive_cpu",
@@ -59,6 +70,19 @@ __all__ = [
 #: Largest per-bin channel accumulator (bytes, on the stack of each worker); with more channels the
 #: channels are processed in blocks that fit (the sampling positions are then computed per block).
 MAX_ACC_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class FamilyKernel:
+    """What the kernel needs of a RoI-family op: ``geometry(roi, num_batch, acc, idx)`` (a
+    :class:`~tvm_roialign.topi._sampling.RoiGeometry` with an adaptive grid; its ``rotation`` turns
+    the samples), the output channel count, and whether output channel ``c`` of bin ``(ph, pw)``
+    reads data channel ``(c * PH + ph) * PW + pw`` (position-sensitive)."""
+
+    geometry: Callable
+    out_channels: int
+    rotated: bool = False
+    position_sensitive: bool = False
 
 
 def channel_block_for(channels: int, lanes: int, acc: str) -> int:
@@ -81,6 +105,7 @@ def roi_align_adaptive_cpu(
     lanes: int,
     channel_block: int | None = None,
     half_pixel: bool = False,
+    family: FamilyKernel | None = None,
 ) -> tirx.PrimFunc:
     """The scheduled PrimFunc ``(data, rois, out)`` of RoIAlign with an adaptive grid.
 
@@ -99,6 +124,10 @@ def roi_align_adaptive_cpu(
     channel_block : int, optional
         Channels per accumulator (a multiple of ``lanes`` dividing ``C``; default ``C``). The
         channel blocks are the outermost loop.
+    family : FamilyKernel, optional
+        The RoI family's geometry and channel mapping (rotated or position-sensitive RoIAlign);
+        None for RoIAlign (``spatial_scale``, ``aligned`` and ``half_pixel`` then give the
+        geometry). ``C`` is then the *output* channel count.
 
     Returns
     -------
@@ -107,7 +136,8 @@ def roi_align_adaptive_cpu(
     """
     dtype = str(data.dtype)
     acc = accumulate_dtype(dtype)
-    num_batch, channels, height, width = data_dims(data.shape, layout)
+    num_batch, in_channels, height, width = data_dims(data.shape, layout)
+    channels = in_channels if family is None else family.out_channels
     num_rois = rois.shape[0]
     pooled_h, pooled_w = pooled_size
     out_shape = list(output_shape(num_rois, channels, pooled_size, layout))
@@ -115,7 +145,6 @@ def roi_align_adaptive_cpu(
     C = int(channels)
     channel_block = channel_block or C
     assert C % channel_block == 0 and channel_block % lanes == 0, (C, channel_block, lanes)
-    CO = C // lanes
     L = lanes
 
     def ival(dim):
@@ -132,8 +161,6 @@ def roi_align_adaptive_cpu(
     W_LAST_F = W_F - tirx.const(1.0, acc)
     PH_I = tirx.const(pooled_h, idx)
     ROWS = ival(num_rois) * PH_I  # parallel (roi, bin row) iterations
-    PH_F = tirx.const(float(pooled_h), acc)
-    PW_F = tirx.const(float(pooled_w), acc)
     ZERO = tirx.const(0.0, acc)
     ONE = tirx.const(1.0, acc)
     HALF = tirx.const(0.5, acc)
@@ -144,12 +171,16 @@ def roi_align_adaptive_cpu(
     IS_AVG = mode == "avg"
     IS_ONNX_MAX = mode == "onnx_max"
     NCHW = layout == "NCHW"
-    FEAT_SHAPE = [num_batch, height, width, channels]
+    FEAT_SHAPE = [num_batch, height, width, in_channels]
+    CIO_I = tirx.const(int(in_channels) // L, idx)  # channel vectors of the copy
+    ROTATED = family is not None and family.rotated
+    POSITION_SENSITIVE = family is not None and family.position_sensitive
+    PHPW_I = tirx.const(pooled_h * pooled_w, idx)
+    PW_I = tirx.const(pooled_w, idx)
     DATA_SHAPE = data.shape
     ROIS_SHAPE = rois.shape
     OUT_SHAPE = out_shape
     PW_EXT = tirx.const(pooled_w, idx)
-    CO_I = tirx.const(CO, idx)
     CB = channel_block
     CB_I = tirx.const(CB, idx)
     CBO_I = tirx.const(CB // L, idx)
@@ -165,11 +196,39 @@ def roi_align_adaptive_cpu(
         return tirx.Cast(acc, value)
 
     # the roi's geometry and validity: the TE compute's own helpers (same float operations)
-    def box_of(buf, k):
-        return roi_box(lambda j: to_acc(buf[k, j]), spatial_scale, aligned, half_pixel, acc)
+    def geometry_of(buf, k):
+        roi = lambda j: to_acc(buf[k, j])
+        if family is not None:
+            return family.geometry(roi, num_batch, acc, idx)
+        return roi_geometry(roi, num_batch, pooled_size, spatial_scale, 0, aligned, acc, idx,
+                            half_pixel)
 
-    def valid_of(buf, k):
-        return roi_is_valid(lambda j: to_acc(buf[k, j]), num_batch, acc)
+    def fields_of(buf, k):
+        geo = geometry_of(buf, k)
+        return (geo.start_h, geo.start_w, geo.bin_h, geo.bin_w, geo.grid_h, geo.grid_w,
+                geo.roi_ok, geo.batch)
+
+    def rotation_of(buf, k):
+        rotation = geometry_of(buf, k).rotation
+        return rotation if rotation is not None else (ONE, ZERO, ZERO, ZERO)
+
+    # a sample (yy, xx) of the roi's grid -> feature-map (y, x): turned about the centre for a
+    # rotated roi (each product rounded once, as topi's sample_point), else itself
+    def turn_y(yy, xx, cos_t, sin_t, centre_h):
+        if not ROTATED:
+            return yy
+        return exact_product(yy, cos_t) - exact_product(xx, sin_t) + centre_h
+
+    def turn_x(yy, xx, cos_t, sin_t, centre_w):
+        if not ROTATED:
+            return xx
+        return exact_product(yy, sin_t) + exact_product(xx, cos_t) + centre_w
+
+    def in_chan(cb, co, ci, ph, pw):
+        # the data channel read for output channel chan(cb, co, ci) of bin (ph, pw)
+        if POSITION_SENSITIVE:
+            return chan(cb, co, ci) * PHPW_I + ph * PW_I + pw
+        return chan(cb, co, ci)
 
     # torchvision: value = w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4, left to right
     def sample_avg(w1, w2, w3, w4, v1, v2, v3, v4):
@@ -202,7 +261,7 @@ def roi_align_adaptive_cpu(
             feat = T.alloc_buffer(FEAT_SHAPE, dtype)
             for nh in T.parallel(N_I * H_I):
                 for w in range(W_I):
-                    for co in range(CO_I):
+                    for co in range(CIO_I):
                         for ci in T.vectorized(L_I):
                             feat[nh // H_I, nh % H_I, w, co * L_I + ci] = data_buf[
                                 nh // H_I, co * L_I + ci, nh % H_I, w
@@ -216,15 +275,12 @@ def roi_align_adaptive_cpu(
                 k = row // PH_I
                 ph = row % PH_I
                 # --- the roi's geometry ---
-                start_h, start_w, roi_h, roi_w = box_of(rois_buf, k)
-                bin_h = roi_h / PH_F
-                bin_w = roi_w / PW_F
-                grid_h = adaptive_grid(roi_h / PH_F, acc, idx)
-                grid_w = adaptive_grid(roi_w / PW_F, acc, idx)
+                start_h, start_w, bin_h, bin_w, grid_h, grid_w, roi_ok, batch = fields_of(
+                    rois_buf, k
+                )
+                cos_t, sin_t, centre_h, centre_w = rotation_of(rois_buf, k)
                 grid_h_f = to_acc(grid_h)
                 grid_w_f = to_acc(grid_w)
-                roi_ok = valid_of(rois_buf, k)
-                batch = T.Cast(idx, T.Select(roi_ok, to_acc(rois_buf[k, 0]), ZERO))
                 nonempty = T.And(grid_h > I_ZERO, grid_w > I_ZERO)
                 count = to_acc(T.max(grid_h * grid_w, I_ONE))
                 y_base = start_h + exact_product(to_acc(ph), bin_h)
@@ -235,17 +291,19 @@ def roi_align_adaptive_cpu(
                         for ci in T.vectorized(L_I):
                             acc_buf[co * L_I + ci] = INIT
                     for iy in range(grid_h):
-                        # --- the sample row's terms, shared by the row's samples and channels ---
-                        y = y_base + (to_acc(iy) + HALF) * bin_h / grid_h_f
-                        y_ok = T.And(roi_ok, T.And(y >= MINUS_ONE, y <= H_F))
-                        y_c = T.min(T.max(y, ZERO), H_LAST_F)  # compare-and-select: NaN -> 0
-                        y_low = T.Cast(idx, y_c)
-                        y_high = T.min(y_low + I_ONE, H_LAST)
-                        ly = T.Select(y_low >= H_LAST, ZERO, y_c - to_acc(y_low))
-                        hy = ONE - ly
+                        yy = y_base + (to_acc(iy) + HALF) * bin_h / grid_h_f
                         for ix in range(grid_w):
-                            # --- the sample's positions and weights, shared by the channels ---
-                            x = x_base + (to_acc(ix) + HALF) * bin_w / grid_w_f
+                            # --- the sample's positions and weights, shared by the channels (the
+                            # row's terms are loop-invariant here unless the roi is rotated) ---
+                            xx = x_base + (to_acc(ix) + HALF) * bin_w / grid_w_f
+                            y = turn_y(yy, xx, cos_t, sin_t, centre_h)
+                            x = turn_x(yy, xx, cos_t, sin_t, centre_w)
+                            y_ok = T.And(roi_ok, T.And(y >= MINUS_ONE, y <= H_F))
+                            y_c = T.min(T.max(y, ZERO), H_LAST_F)  # compare-and-select: NaN -> 0
+                            y_low = T.Cast(idx, y_c)
+                            y_high = T.min(y_low + I_ONE, H_LAST)
+                            ly = T.Select(y_low >= H_LAST, ZERO, y_c - to_acc(y_low))
+                            hy = ONE - ly
                             valid = T.And(y_ok, T.And(x >= MINUS_ONE, x <= W_F))
                             x_c = T.min(T.max(x, ZERO), W_LAST_F)
                             x_low = T.Cast(idx, x_c)
@@ -267,10 +325,10 @@ def roi_align_adaptive_cpu(
                                                 w2,
                                                 w3,
                                                 w4,
-                                                feat[batch, y_low, x_low, chan(cb, co, ci)],
-                                                feat[batch, y_low, x_high, chan(cb, co, ci)],
-                                                feat[batch, y_high, x_low, chan(cb, co, ci)],
-                                                feat[batch, y_high, x_high, chan(cb, co, ci)],
+                                                feat[batch, y_low, x_low, in_chan(cb, co, ci, ph, pw)],
+                                                feat[batch, y_low, x_high, in_chan(cb, co, ci, ph, pw)],
+                                                feat[batch, y_high, x_low, in_chan(cb, co, ci, ph, pw)],
+                                                feat[batch, y_high, x_high, in_chan(cb, co, ci, ph, pw)],
                                             ),
                                         )
                             else:
@@ -296,27 +354,61 @@ def roi_align_adaptive_cpu(
     return kernel
 
 
+def _family_of(data, rois, attrs):
+    """``(pooled, spatial_scale, mode, FamilyKernel or None)`` of the op ``attrs`` belong to
+    (RoIAlign, rotated or position-sensitive RoIAlign, told apart by their fields); ValueError /
+    TypeError as the op's TE compute raises them."""
+    layout = str(attrs.layout)
+    spatial_scale = check_spatial_scale(attrs.spatial_scale)
+    num_batch = data_dims(data.shape, layout)[0]
+    if hasattr(attrs, "angle_unit"):  # relax.vision.roi_align_rotated
+        pooled = check_roi_align_rotated_args(data.shape, data.dtype, rois.shape, rois.dtype,
+                                              attrs.pooled_size, layout, attrs.angle_unit)
+
+        def geometry(roi, _num_batch, acc, idx):
+            return rotated_roi_geometry(roi, num_batch, pooled, spatial_scale, 0, attrs.aligned,
+                                        angle_scale(attrs.angle_unit), attrs.clockwise, acc, idx)
+
+        channels = data_dims(data.shape, layout)[1]
+        if not is_static(channels):
+            raise ValueError("symbolic channels")
+        return pooled, spatial_scale, "avg", FamilyKernel(geometry, int(channels), rotated=True)
+    if getattr(attrs, "position_sensitive", False):  # relax.vision.ps_roi_align
+        pooled, channels = check_ps_roi_align_args(data.shape, data.dtype, rois.shape, rois.dtype,
+                                                   attrs.pooled_size, layout)
+        if channels is None:
+            raise ValueError("symbolic channels")
+
+        def geometry(roi, _num_batch, acc, idx):
+            return roi_geometry(roi, num_batch, pooled, spatial_scale, 0, True, acc, idx, True)
+
+        return pooled, spatial_scale, "avg", FamilyKernel(geometry, channels,
+                                                          position_sensitive=True)
+    mode = str(attrs.mode)
+    pooled = check_roi_align_args(data.shape, data.dtype, rois.shape, rois.dtype,
+                                  attrs.pooled_size, layout, mode)
+    return pooled, spatial_scale, mode, None
+
+
 def cpu_adaptive_kernel(te_inputs, attrs, target):
     """Strategy kernel ``(te_inputs, attrs, target) -> te.Tensor | None`` (x86 and ARM strategies).
 
-    ``te_inputs`` are the ``data`` and ``rois`` placeholders, ``attrs`` a
-    :class:`tvm_roialign.ops.roi_align.RoiAlignAttrs`. Returns the output tensor of the scheduled
-    adaptive-grid kernel (:func:`roi_align_adaptive_cpu`) wrapped as a TE extern op, or None (the
-    op's TE compute is used) for ``sampling_ratio > 0``, a symbolic channel count, or arguments the
-    TE compute rejects (it raises the error).
+    ``te_inputs`` are the ``data`` and ``rois`` placeholders, ``attrs`` the op's attributes
+    (:class:`~tvm_roialign.ops.roi_align.RoiAlignAttrs`, ``RoiAlignRotatedAttrs`` or
+    ``PSRoiAlignAttrs``). Returns the output tensor of the scheduled adaptive-grid kernel
+    (:func:`roi_align_adaptive_cpu`) wrapped as a TE extern op, or None (the op's TE compute is
+    used) for ``sampling_ratio > 0``, a symbolic channel count, or arguments the TE compute rejects
+    (it raises the error).
     """
     if len(te_inputs) != 2 or int(attrs.sampling_ratio) > 0:
         return None
     data, rois = te_inputs
-    layout, mode = str(attrs.layout), str(attrs.mode)
+    layout = str(attrs.layout)
     try:
-        pooled = check_roi_align_args(
-            data.shape, data.dtype, rois.shape, rois.dtype, attrs.pooled_size, layout, mode
-        )
-        spatial_scale = check_spatial_scale(attrs.spatial_scale)
+        pooled, spatial_scale, mode, family = _family_of(data, rois, attrs)
     except (ValueError, TypeError):
         return None
-    channels = data_dims(data.shape, layout)[1]
+    channels = data_dims(data.shape, layout)[1] if family is None else family.out_channels
     if not is_static(channels) or int(channels) <= 0:
         return None
     acc = accumulate_dtype(data.dtype)
@@ -327,11 +419,12 @@ def cpu_adaptive_kernel(te_inputs, attrs, target):
         pooled,
         spatial_scale,
         mode,
-        bool(attrs.aligned),
+        bool(getattr(attrs, "aligned", True)),
         layout,
         lanes,
         channel_block_for(int(channels), lanes, acc),
         bool(getattr(attrs, "half_pixel", False)),
+        family,
     )
     return te.extern_primfunc(
         [data, rois], func, name="roi_align_adaptive", tag=f"roi_align_{layout.lower()}"

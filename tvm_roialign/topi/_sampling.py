@@ -9,9 +9,12 @@ rounds the same float operations in the same order (the contract is in
 * dtypes and sizes: :func:`accumulate_dtype`, :func:`index_dtype_for`, :func:`normalize_pooled_size`;
 * shapes by layout: :func:`data_dims`, :func:`output_shape`, :func:`data_form`, :func:`channel_reader`;
 * per roi: :func:`roi_is_valid`, :func:`roi_box` (products fenced by :func:`exact_product`),
-  :func:`adaptive_grid`, :func:`roi_geometry`;
+  :func:`adaptive_grid`, :func:`sampling_grid`, :func:`roi_geometry`, :func:`rotated_roi_geometry`
+  (the rotated family: the same grid in the roi's own frame, turned about its centre);
 * per sample: :func:`sample_point`, :func:`bilinear_coeffs`, :func:`sample_value`;
-* per output: :func:`reduce_samples`, :func:`finalize`, :func:`accumulate_then_finalize`.
+* per output: :func:`reduce_samples`, :func:`finalize`, :func:`accumulate_then_finalize`, and
+  :func:`pooled_compute`, the whole compute of a RoIAlign-like op from its per-roi geometry and its
+  channel mapping (roi_align, roi_align_rotated, ps_roi_align).
 """
 
 from __future__ import annotations
@@ -130,6 +133,9 @@ class RoiGeometry:
     grid_w: tirx.PrimExpr
     acc: str  # accumulate dtype
     idx: str  # index dtype
+    #: rotated rois: ``(cos, sin, centre_h, centre_w)``; the grid (``start``/``bin``) is then in the
+    #: roi's own frame, centred on 0, and :func:`sample_point` turns it about the centre
+    rotation: tuple | None = None
 
 
 @dataclass
@@ -238,14 +244,27 @@ def roi_box(roi, spatial_scale, aligned, half_pixel, acc):
     return start_h, start_w, roi_h, roi_w
 
 
-def roi_is_valid(roi, num_batch, acc):
+def roi_is_valid(roi, num_batch, acc, columns=(1, 2, 3, 4)):
     """Whether a roi is pooled at all: batch index in ``(-1, N)`` (torchvision truncates it toward
-    zero) and four finite coordinates. NaN and infinities fail, so the index is safe to use."""
+    zero) and finite coordinates (``columns``: the four box corners; ``(1, ..., 5)`` for a rotated
+    roi). NaN and infinities fail, so the index is safe to use."""
     b = roi(0)
     return tirx.all(
         b > tirx.const(-1.0, acc),
         b < tirx.Cast(acc, num_batch),
-        *(tirx.isfinite(roi(j)) for j in (1, 2, 3, 4)),
+        *(tirx.isfinite(roi(j)) for j in columns),
+    )
+
+
+def sampling_grid(roi_h, roi_w, pooled, sampling_ratio, acc, idx):
+    """``(grid_h, grid_w)``: ``sampling_ratio`` per side when positive, else adaptive."""
+    if sampling_ratio > 0:
+        grid = tirx.const(int(sampling_ratio), idx)
+        return grid, grid
+    ph, pw = pooled
+    return (
+        adaptive_grid(roi_h / tirx.const(float(ph), acc), acc, idx),
+        adaptive_grid(roi_w / tirx.const(float(pw), acc), acc, idx),
     )
 
 
@@ -257,11 +276,7 @@ def roi_geometry(
     start_h, start_w, roi_h, roi_w = roi_box(roi, spatial_scale, aligned, half_pixel, acc)
     pooled_h = tirx.const(float(ph), acc)
     pooled_w = tirx.const(float(pw), acc)
-    if sampling_ratio > 0:
-        grid_h = grid_w = tirx.const(int(sampling_ratio), idx)
-    else:
-        grid_h = adaptive_grid(roi_h / pooled_h, acc, idx)
-        grid_w = adaptive_grid(roi_w / pooled_w, acc, idx)
+    grid_h, grid_w = sampling_grid(roi_h, roi_w, pooled, sampling_ratio, acc, idx)
     roi_ok = roi_is_valid(roi, num_batch, acc)
     batch = tirx.Select(roi_ok, roi(0), tirx.const(0.0, acc)).astype(idx)
     return RoiGeometry(
@@ -275,6 +290,54 @@ def roi_geometry(
         grid_w=grid_w,
         acc=acc,
         idx=idx,
+    )
+
+
+def rotated_roi_geometry(
+    roi, num_batch, pooled, spatial_scale, sampling_ratio, aligned, angle_scale, clockwise, acc, idx
+):
+    """Per-roi geometry of a rotated roi ``(batch, cx, cy, w, h, angle)`` (``roi(j)`` in ``acc``).
+
+    ``centre = c * spatial_scale - offset`` (offset 0.5 when ``aligned``, the product rounded on its
+    own), ``size = w * spatial_scale`` (clamped to >= 1 unless ``aligned``), ``theta = angle *
+    angle_scale`` (``pi / 180`` for degrees, 1 for radians), negated when ``clockwise``. The grid
+    is the axis-aligned one of a box of that size centred on 0 (``start = -size / 2``), sampled by
+    :func:`sample_point`, which turns each point by ``theta`` about the centre.
+    """
+    ph, pw = pooled
+    scale = tirx.const(float(spatial_scale), acc)
+    offset = tirx.const(0.5, acc)
+
+    def centre(j):
+        value = exact_product(roi(j), scale)
+        return value - offset if aligned else value
+
+    roi_w = exact_product(roi(3), scale)
+    roi_h = exact_product(roi(4), scale)
+    if not aligned:
+        roi_w = clamp_roi_size(roi_w, acc)
+        roi_h = clamp_roi_size(roi_h, acc)
+    theta = roi(5) if float(angle_scale) == 1.0 else exact_product(
+        roi(5), tirx.const(float(angle_scale), acc)
+    )
+    if clockwise:
+        theta = -theta
+    grid_h, grid_w = sampling_grid(roi_h, roi_w, pooled, sampling_ratio, acc, idx)
+    roi_ok = roi_is_valid(roi, num_batch, acc, columns=(1, 2, 3, 4, 5))
+    batch = tirx.Select(roi_ok, roi(0), tirx.const(0.0, acc)).astype(idx)
+    two = tirx.const(2.0, acc)
+    return RoiGeometry(
+        batch=batch,
+        roi_ok=roi_ok,
+        start_h=-roi_h / two,
+        start_w=-roi_w / two,
+        bin_h=roi_h / tirx.const(float(ph), acc),
+        bin_w=roi_w / tirx.const(float(pw), acc),
+        grid_h=grid_h,
+        grid_w=grid_w,
+        acc=acc,
+        idx=idx,
+        rotation=(tirx.cos(theta), tirx.sin(theta), centre(2), centre(1)),
     )
 
 
@@ -347,7 +410,15 @@ def sample_point(geo: RoiGeometry, ph, pw, iy, ix, acc):
         + exact_product(pw.astype(acc), geo.bin_w)
         + (ix.astype(acc) + half) * geo.bin_w / geo.grid_w.astype(acc)
     )
-    return y, x
+    if geo.rotation is None:
+        return y, x
+    # rotated: (y, x) is the point in the roi's frame; turn it by theta about the centre
+    # (counter-clockwise in image coordinates for a positive angle), each product rounded once
+    cos, sin, centre_h, centre_w = geo.rotation
+    return (
+        exact_product(y, cos) - exact_product(x, sin) + centre_h,
+        exact_product(y, sin) + exact_product(x, cos) + centre_w,
+    )
 
 
 def sample_value(load, co: BilinearCoeffs, mode, acc):
@@ -407,4 +478,36 @@ def accumulate_then_finalize(out_shape, layout, body, final, tag):
         lambda k, ph, pw, c: final(k, acc_t[k, ph, pw, c]),
         name="roi_align",
         tag=tag,
+    )
+
+
+def pooled_compute(data, num_rois, pooled, geometry, channel_of, out_channels, mode, layout, tag):
+    """The TE compute of a RoIAlign-like op on one feature map (:func:`accumulate_then_finalize`).
+
+    ``geometry(k)`` is roi ``k``'s :class:`RoiGeometry`; ``channel_of(c, ph, pw)`` the data channel
+    that output channel ``c`` of bin ``(ph, pw)`` reads (``c`` for RoIAlign, ``(c * PH + ph) * PW +
+    pw`` for the position-sensitive op). Output ``[K, out_channels, PH, PW]`` (NCHW) or ``[K, PH,
+    PW, out_channels]`` (NHWC) in data's dtype.
+    """
+    _, _, height, width = data_dims(data.shape, layout)
+    out_shape = output_shape(num_rois, out_channels, pooled, layout)
+    acc = accumulate_dtype(data.dtype)
+
+    def body(k, c, ph, pw):
+        geo = geometry(k)
+
+        def value(iy, ix):
+            y, x = sample_point(geo, ph, pw, iy, ix, acc)
+            co = bilinear_coeffs(y, x, height, width, geo.roi_ok, acc, geo.idx)
+            load = channel_reader(data, layout, geo.batch, channel_of(c, ph, pw), acc)
+            return sample_value(load, co, mode, acc)
+
+        return reduce_samples(value, geo, mode, acc)
+
+    return accumulate_then_finalize(
+        out_shape,
+        layout,
+        body,
+        lambda k, accumulated: finalize(accumulated, geometry(k), mode, acc, data.dtype),
+        tag,
     )

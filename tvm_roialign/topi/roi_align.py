@@ -64,21 +64,15 @@ from ._sampling import (
     MAX_ADAPTIVE_GRID,
     MODES,
     accumulate_dtype,
-    accumulate_then_finalize,
-    bilinear_coeffs,
-    channel_reader,
     check_layout_and_mode,
     data_dims,
     data_form,
-    finalize,
     index_dtype_for,
     is_static,
     normalize_pooled_size,
     output_shape,
-    reduce_samples,
+    pooled_compute,
     roi_geometry,
-    sample_point,
-    sample_value,
 )
 
 __all__ = [
@@ -130,7 +124,7 @@ def _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, ali
     )
     spatial_scale = check_spatial_scale(spatial_scale)
     sampling_ratio = int(sampling_ratio)
-    num_batch, channels, height, width = data_dims(data.shape, layout)
+    num_batch, channels, _, _ = data_dims(data.shape, layout)
     out_shape = output_shape(rois.shape[0], channels, pooled, layout)
     acc = accumulate_dtype(data.dtype)
     idx = index_dtype_for(data.shape, out_shape)
@@ -148,21 +142,15 @@ def _roi_align(data, rois, pooled_size, spatial_scale, mode, sampling_ratio, ali
             half_pixel,
         )
 
-    def body(k, c, ph, pw):
-        geo = geometry(k)
-
-        def value(iy, ix):
-            y, x = sample_point(geo, ph, pw, iy, ix, acc)
-            co = bilinear_coeffs(y, x, height, width, geo.roi_ok, acc, idx)
-            return sample_value(channel_reader(data, layout, geo.batch, c, acc), co, mode, acc)
-
-        return reduce_samples(value, geo, mode, acc)
-
-    return accumulate_then_finalize(
-        out_shape,
+    return pooled_compute(
+        data,
+        rois.shape[0],
+        pooled,
+        geometry,
+        lambda c, ph, pw: c,
+        channels,
+        mode,
         layout,
-        body,
-        lambda k, accumulated: finalize(accumulated, geometry(k), mode, acc, data.dtype),
         f"roi_align_{layout.lower()}",
     )
 
