@@ -17,6 +17,7 @@ import pytest
 import torch
 import torchvision
 import tvm
+from _targets import GENERIC as HOST
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
@@ -26,7 +27,6 @@ from tvm_roialign import _registry
 from tvm_roialign.ops.ps_roi_align import OP_NAME
 from tvm_roialign.testing import ps_roi_align_ref, single_op_module, smooth_data
 
-HOST = tvm.target.Target({"kind": "llvm"})
 NATIVE = tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
 N, C_OUT, H, W = 2, 4, 14, 18
 POOLED = (3, 2)

@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pytest
 import tvm
+from _targets import GENERIC as HOST
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax
@@ -24,7 +25,6 @@ from tvm_roialign import _registry
 from tvm_roialign.ops.roi_align_rotated import OP_NAME
 from tvm_roialign.testing import roi_align_rotated_ref, single_op_module, smooth_data
 
-HOST = tvm.target.Target({"kind": "llvm"})
 NATIVE = tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
 N, C, H, W = 2, 8, 14, 18
 POOLED = (3, 4)
