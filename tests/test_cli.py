@@ -366,6 +366,16 @@ def test_compile_errors(pt2_model, onnx_model, workdir, capfd):
         (["compile", str(model), "--weights", str(garbage), "-o", out], ["--weights", "detector name"]),
         (["compile", str(model), "--input-size", "64x64", "-o", out], ["--input-size", "detector name"]),
         (["compile", str(onnx_path), "--seed", "1", "-o", out], ["--seed", "detector name"]),
+        (["compile", str(model), "--min-size", "800", "-o", out], ["--min-size", "detector name"]),
+        (["compile", str(model), "--max-size", "1333", "-o", out], ["--max-size", "detector name"]),
+        (
+            ["compile", "fasterrcnn_mobilenet_v3_large_fpn", "--input-size", "512", "-o", out],
+            ["--input-size", "400x600,600x400", "or all"],
+        ),
+        (
+            ["compile", "fasterrcnn_mobilenet_v3_large_fpn", "--min-size", "8", "-o", out],
+            ["--min-size", "at least 32"],
+        ),
         (["compile", str(model), "--target", "tpu", "-o", out], ["--target", "unknown target"]),
         (["compile", str(model), "--target", '{"kind": "bogus"}', "-o", out], ["invalid target"]),
         (

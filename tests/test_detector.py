@@ -31,7 +31,7 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
-from _tiny_rcnn import tiny_rcnn
+from _tiny_rcnn import tiny_keypoint_rcnn, tiny_rcnn
 
 from tvm_roialign import cli
 from tvm_roialign.frontend.detection import export_detector
@@ -301,6 +301,42 @@ def test_full_model_batch_of_three(any_size):
         if "masks" in ref:
             ref["masks"] = ref["masks"][:, 0]
         assert_equal_detections(ours, ref)
+
+
+def test_keypoint_rcnn(tmp_path):
+    """A Keypoint R-CNN (MultiScaleRoIAlign 14x14, keypoint head, heatmaps): the artifact's
+    heatmaps and the runner's NumPy ``heatmaps_to_keypoints`` give eager's keypoints (within
+    1e-2 px) on the coffee photo, with the boxes and scores."""
+    model = tiny_keypoint_rcnn(seed=2, detections_per_img=12)
+    rgb = photo("coffee")
+    artifact = det.compile_detector(model, rgb.shape[:2], target="llvm")
+    assert artifact.meta["outputs"] == [
+        "boxes", "scores", "labels", "keypoint_heatmaps", "num_detections"
+    ]
+    detector = Detector(artifact.export(tmp_path / "kp.so"))
+    ref = det.torch_detections(model, rgb)
+    assert len(ref["boxes"]) == 12 and ref["keypoints"].shape == (12, 5, 3)
+    ours = detector(rgb)
+    result = assert_equal_detections(ours, ref)
+    assert result["max_keypoint_diff"] <= 1e-2, result
+    np.testing.assert_allclose(ours["keypoints_scores"], ref["keypoints_scores"], atol=1e-3)
+
+
+@pytest.mark.skipif(
+    not ALL_PHOTOS, reason="a full Keypoint R-CNN compile: TVM_ROIALIGN_ALL_PHOTOS=1"
+)
+def test_full_keypoint_rcnn(tmp_path_factory):
+    """torchvision's keypointrcnn_resnet50_fpn (17 keypoints, 100 detections) on the astronaut
+    and coffee photos at their own sizes, one artifact."""
+    model = det.build_torch_detector("keypointrcnn_resnet50_fpn")
+    rgbs = [photo("astronaut"), photo("coffee")]
+    detector = compile_to(
+        tmp_path_factory, model, [r.shape[:2] for r in rgbs], "keypointrcnn_resnet50_fpn"
+    )
+    for rgb in rgbs:
+        ref = det.torch_detections(model, rgb)
+        result = assert_equal_detections(detector(rgb), ref)
+        assert "max_keypoint_diff" in result, result
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ clip, thresholds, batched NMS,    and ``remove_small_boxes(1e-2)`` as a mask, ba
 ``[:detections_per_img]``         the cap ``detections_per_img``
 mask head, ``maskrcnn_inference`` the mask branch on ``detections_per_img`` rows; each row's
                                   mask logits of its label, sigmoid
+keypoint head (Keypoint R-CNN)    the keypoint branch on those rows: its heatmaps
 postprocess: boxes to the         the caller's: boxes come in the resized image's pixels;
 original size, paste masks        the runner maps and pastes them as torchvision does
 ================================  ==========================================================
@@ -30,8 +31,9 @@ Rows past the valid count are zero (boxes, scores, labels, masks), so they never
 variants: any ``torchvision.models.detection.FasterRCNN`` / ``MaskRCNN`` (GeneralizedRCNNTransform,
 RegionProposalNetwork with an AnchorGenerator, RoIHeads with MultiScaleRoIAlign poolers): the
 ResNet-50 FPN v1 and v2 models, MobileNetV3 FPN Faster R-CNN, and users' models built from those
-parts with their own backbone, heads or settings. Keypoint R-CNN (keypoint head) is refused, as
-are models in training mode and ones with a ``fixed_size`` transform. The poolers infer their
+parts with their own backbone, heads or settings, and Keypoint R-CNN (its keypoint branch gives
+the heatmaps; the runner finds the keypoints in them as ``heatmaps_to_keypoints`` does). Refused:
+models in training mode and ones with a ``fixed_size`` transform. The poolers infer their
 scales from the padded size: torchvision infers them from the batch's largest resized height,
 which gives the same scales down to :func:`tvm_roialign.runtime.transform.pooler_scales`' bound
 (the runner refuses a batch below it).
@@ -87,8 +89,6 @@ def _check_model(model) -> None:
     if getattr(model.transform, "fixed_size", None) is not None:
         raise ValueError("a transform with fixed_size is not supported (min_size / max_size are)")
     heads = model.roi_heads
-    if heads.has_keypoint():
-        raise ValueError("Keypoint R-CNN (a keypoint head) is not supported")
     for name in ("box_roi_pool", "box_head", "box_predictor"):
         if getattr(heads, name, None) is None:
             raise ValueError(f"model.roi_heads.{name} is missing")
@@ -266,6 +266,15 @@ class StaticGeneralizedRCNN(torch.nn.Module):
         probs = torch.sigmoid(logits.gather(1, index)[:, 0])
         return torch.where(rows[:, None, None], probs, 0.0)
 
+    def _keypoints(self, features, boxes, rows):
+        """The keypoint branch's heatmaps ``[D, K, 56, 56]`` (logits; zero rows past the count):
+        ``heatmaps_to_keypoints`` resizes them to each box's size, which is the runner's
+        (:func:`tvm_roialign.runtime.keypoints.heatmaps_to_keypoints`)."""
+        heads = self.model.roi_heads
+        pooled = heads.keypoint_roi_pool(features, [boxes], [self.padded])
+        logits = heads.keypoint_predictor(heads.keypoint_head(pooled))
+        return torch.where(rows[:, None, None, None], logits, 0.0)
+
     def forward(self, images, image_size):
         features = self.model.backbone(images)
         proposals, rows = self._proposals(list(features.values()), image_size)
@@ -275,6 +284,8 @@ class StaticGeneralizedRCNN(torch.nn.Module):
         outputs = [boxes[None], scores[None], labels[None]]
         if self.model.roi_heads.has_mask():
             outputs.append(self._masks(features, boxes, labels, det_rows)[None])
+        if self.model.roi_heads.has_keypoint():
+            outputs.append(self._keypoints(features, boxes, det_rows)[None])
         outputs.append(count)
         return tuple(outputs)
 
@@ -286,4 +297,6 @@ class StaticGeneralizedRCNN(torch.nn.Module):
         names = ["boxes", "scores", "labels"]
         if self.has_mask:
             names.append("masks")
+        if self.model.roi_heads.has_keypoint():
+            names.append("keypoint_heatmaps")
         return [*names, "num_detections"]

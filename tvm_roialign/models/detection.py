@@ -57,6 +57,7 @@ DETECTORS = (
     "maskrcnn_resnet50_fpn_v2",
     "fasterrcnn_resnet50_fpn_v2",
     "fasterrcnn_mobilenet_v3_large_fpn",
+    "keypointrcnn_resnet50_fpn",
 )
 
 #: The photo sizes whose padded sizes a default artifact serves: square, 4:3, 3:2 and 16:9,
@@ -254,9 +255,12 @@ def _program_metadata(program) -> dict:
         )
     images = [n for n in program.graph.find_nodes(op="placeholder")][-2]
     padded = [int(d) for d in images.meta["val"].shape[-2:]]
-    names = ["boxes", "scores", "labels", "masks", "num_detections"]
-    if len(outputs) == 4:
-        names.remove("masks")
+    (returned,) = program.graph.find_nodes(op="output")
+    ranks = [node.meta["val"].dim() for node in returned.args[0]]
+    if len(ranks) != len(outputs):
+        raise ValueError("the program's outputs are not a detector's (boxes, scores, labels, ...)")
+    extra = {4: "masks", 5: "keypoint_heatmaps"}
+    names = ["boxes", "scores", "labels", *(extra.get(r, "?") for r in ranks[3:-1]), "num_detections"]
     bucket = {
         "padded": padded,
         "function": function_name(padded),
@@ -432,7 +436,8 @@ def sample_photo(name: str):
 
 def torch_detections(model, rgb) -> dict:
     """torchvision eager on an RGB uint8 photo (as a ``[3, H, W]`` float tensor in [0, 1]), as
-    NumPy arrays: ``boxes``, ``labels``, ``scores`` and, for Mask R-CNN, ``masks [n, H, W]``."""
+    NumPy arrays: ``boxes``, ``labels``, ``scores`` and, for Mask R-CNN, ``masks [n, H, W]``,
+    for Keypoint R-CNN ``keypoints [n, K, 3]`` and ``keypoints_scores [n, K]``."""
     import numpy as np
     import torch
 
@@ -442,13 +447,36 @@ def torch_detections(model, rgb) -> dict:
     out = {key: result[key].numpy() for key in ("boxes", "labels", "scores")}
     if "masks" in result:
         out["masks"] = result["masks"][:, 0].numpy()
+    for key in ("keypoints", "keypoints_scores"):
+        if key in result:
+            out[key] = result[key].numpy()
     return out
+
+
+def _keypoint_diff(ours: dict, ref: dict) -> float:
+    """The largest keypoint (x, y) difference, each detection paired with the reference one of
+    the same label and nearest box (the pairing of ``compare_detections``)."""
+    import numpy as np
+
+    ob, rb = np.asarray(ours["boxes"], np.float64), np.asarray(ref["boxes"], np.float64)
+    if len(ob) == 0:
+        return 0.0
+    used, worst = set(), 0.0
+    for i in range(len(ob)):
+        cands = [j for j in range(len(rb)) if j not in used and ref["labels"][j] == ours["labels"][i]]
+        j = min(cands or [j for j in range(len(rb)) if j not in used],
+                key=lambda j: float(np.abs(ob[i] - rb[j]).max()))
+        used.add(j)
+        diff = np.abs(ours["keypoints"][i, :, :2] - ref["keypoints"][j, :, :2]).max()
+        worst = max(worst, float(diff))
+    return worst
 
 
 def compare(ours: dict, ref: dict) -> dict:
     """:func:`tvm_roialign.models.maskrcnn.compare_detections` of two NumPy detection dicts
-    (``masks [n, H, W]`` optional), with ``passed``: same count and labels, boxes within 1e-2 px,
-    scores within 1e-4, >= 99.9% of mask pixels equal at 0.5."""
+    (``masks [n, H, W]`` and ``keypoints [n, K, 3]`` optional), with ``passed``: same count and
+    labels, boxes within 1e-2 px, scores within 1e-4, >= 99.9% of mask pixels equal at 0.5,
+    keypoints within 1e-2 px."""
     import numpy as np
     import torch
 
@@ -466,7 +494,10 @@ def compare(ours: dict, ref: dict) -> dict:
         }
 
     result = compare_detections(tensors(ours), tensors(ref))
+    if "keypoints" in ref and result["num_detections_tvm"] == result["num_detections_torch"]:
+        result["max_keypoint_diff"] = _keypoint_diff(ours, ref)
     result["passed"] = bool(
+        result.get("max_keypoint_diff", 0.0) <= 1e-2 and
         result["num_detections_tvm"] == result["num_detections_torch"]
         and result["same_labels"]
         and result["max_box_diff"] <= 1e-2

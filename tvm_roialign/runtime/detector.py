@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .draw import draw_detections
+from .keypoints import heatmaps_to_keypoints
 from .masks import paste_masks
 from .transform import TransformSettings, padded_size, resize_boxes, resize_keypoints
 
@@ -125,7 +126,8 @@ class Detector:
     artifact's function for the padded size, and its postprocess; it returns ``boxes [n, 4]``
     (x1, y1, x2, y2 in the photo's pixels), ``labels [n]`` int64, ``scores [n]``, and for Mask
     R-CNN ``masks [n, H, W]`` (probabilities pasted into the photo) and ``masks28 [n, M, M]``
-    (the artifact's own output), plus ``run_s`` (the artifact) and ``total_s`` (with the NumPy
+    (the artifact's own output), for Keypoint R-CNN ``keypoints [n, K, 3]`` (x, y, 1 in the
+    photo's pixels) and ``keypoints_scores [n, K]``, plus ``run_s`` (the artifact) and ``total_s`` (with the NumPy
     steps). A list of photos is one batch, padded together as torchvision's ``batch_images``
     pads it (what ``model(images)`` computes), and gives a list of such dicts; :meth:`raw`
     gives the batch as ``[N, D, ...]`` arrays and ``num_detections [N]``. A photo (or batch)
@@ -258,9 +260,11 @@ class Detector:
         if "masks" in arrays:
             out["masks28"] = arrays["masks"][i, :count]
             out["masks"] = paste_masks(out["masks28"], boxes, *original)
-        if "keypoints" in arrays:
-            out["keypoints"] = resize_keypoints(arrays["keypoints"][i, :count], resized, original)
-            out["keypoints_scores"] = arrays["keypoints_scores"][i, :count]
+        if "keypoint_heatmaps" in arrays:
+            keypoints, out["keypoints_scores"] = heatmaps_to_keypoints(
+                arrays["keypoint_heatmaps"][i, :count], arrays["boxes"][i, :count]
+            )
+            out["keypoints"] = resize_keypoints(keypoints, resized, original)
         return out
 
     def name_of(self, label: int) -> str:
