@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                 "size": list(rgb.shape[:2]),
                 "padded": list(ours["padded"]),
                 "comparison_with_eager": det.compare(ours, det.torch_detections(model, rgb)),
-                "any_s": timed(lambda: anysize(rgb), args.repeat),
+                "any_s": timed(lambda rgb=rgb: anysize(rgb), args.repeat),
             }
 
             def eager(image=image):
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
 
             row["eager_s"] = timed(eager, args.repeat)
             if name in statics:
-                row["static_s"] = timed(lambda: statics[name](rgb), args.repeat)
+                row["static_s"] = timed(lambda d=statics[name], rgb=rgb: d(rgb), args.repeat)
                 row["any_over_static"] = row["any_s"] / row["static_s"]
             row["any_over_eager"] = row["any_s"] / row["eager_s"]
             report["photos"][name] = row

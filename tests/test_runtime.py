@@ -209,9 +209,9 @@ def test_runner_keeps_the_aspect_ratio(artifact, photo_name, crop, padded):
 
 
 def test_runner_batch_is_eagers_batched_call(artifact):
-    """Three photos of different sizes in one call: padded together (224x224 is not in the
-    artifact: refused; coffee + chelsea: 160x224), equal to eager's ``model([a, b])`` image by
-    image; ``raw`` gives ``[N, D, ...]`` and the per-image counts."""
+    """Photos of different sizes in one call: padded together (coffee + its portrait: 224x224,
+    not in the artifact: refused; coffee + chelsea: 160x224), equal to eager's ``model([a, b])``
+    image by image; ``raw`` gives ``[N, D, ...]`` and the per-image counts."""
     library, _, model, rgb = artifact
     detector = Detector(library)
     chelsea = det.sample_photo("chelsea")
@@ -241,9 +241,11 @@ def test_runner_errors(artifact, tmp_path):
         detector(np.zeros((10, 10), np.uint8))
     with pytest.raises(ValueError, match=r"^images\[1\] must be \[H, W, 3\] uint8 RGB, got float32"):
         detector([rgb, rgb.astype(np.float32)])
-    with pytest.raises(ValueError, match=r"^images\[0\] must be \[H, W, 3\] uint8 RGB, got uint8 \[10, 10, 4\]"):
+    with pytest.raises(
+        ValueError, match=r"^images\[0\] must be \[H, W, 3\] uint8 RGB, got uint8 \[10, 10, 4\]"
+    ):
         detector([np.zeros((10, 10, 4), np.uint8)])
-    with pytest.raises(ValueError, match="^images is an empty list"):
+    with pytest.raises(ValueError, match=r"^images is an empty list"):
         detector([])
     with pytest.raises(ValueError, match=r"^a photo of 100x600 is padded to 64x224 .* accepts padded "
                        r"sizes 160x160, 160x224, 224x160 \(compile with --input-size 100x600"):

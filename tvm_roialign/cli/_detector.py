@@ -54,7 +54,7 @@ def add_compile_arguments(p) -> None:
         "--input-size",
         default=None,
         help="the photo sizes the artifact serves, HxW[,HxW...], or all (every size; one build "
-        "per padded size); default: square, 4:3, 3:2 and 16:9 photos, landscape and portrait",
+        "per padded size); default: square, 4:3 and 3:2 photos, landscape and portrait",
     )
     group.add_argument(
         "--min-size",

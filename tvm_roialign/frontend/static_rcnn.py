@@ -47,7 +47,6 @@ import torch.nn.functional as F
 from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.rpn import concat_box_prediction_layers
-from torchvision.ops import boxes as box_ops
 
 from ..runtime.bilinear import bilinear_weights
 from ..topi.nms import OFFSET_TRICK_MAX_NUMEL
@@ -129,7 +128,7 @@ class StaticGeneralizedRCNN(torch.nn.Module):
         model,
         padded_size,
         offset_trick_max_numel: int = OFFSET_TRICK_MAX_NUMEL,
-        float64: bool = True,  # noqa: ARG002 - kept for callers; the resize is the runner's now
+        float64: bool = True,
     ):
         super().__init__()
         _check_model(model)

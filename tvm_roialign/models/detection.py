@@ -60,10 +60,10 @@ DETECTORS = (
     "keypointrcnn_resnet50_fpn",
 )
 
-#: The photo sizes whose padded sizes a default artifact serves: square, 4:3, 3:2 and 16:9,
-#: landscape and portrait (with the package's 512 / 512 resize: 512x512, 384x512, 352x512,
-#: 288x512 and their transposes).
-DEFAULT_PHOTO_SIZES = ((512, 512), (384, 512), (512, 384), (400, 600), (600, 400), (288, 512), (512, 288))
+#: The photo sizes whose padded sizes a default artifact serves: square, 4:3 and 3:2, landscape
+#: and portrait (with the package's 512 / 512 resize: 512x512, 384x512, 512x384, 352x512,
+#: 512x352; five builds in one artifact).
+DEFAULT_PHOTO_SIZES = ((512, 512), (384, 512), (512, 384), (400, 600), (600, 400))
 
 #: ConvertLayout's desired layouts for the NHWC artifact (the package's whole-model NHWC set).
 NHWC_LAYOUTS = desired_layouts("NHWC")
@@ -253,7 +253,7 @@ def _program_metadata(program) -> dict:
             "the program is not a detector exported with tvm_roialign.frontend.detection."
             "export_detector (images and image_size inputs, tvm_roialign::batched_nms expected)"
         )
-    images = [n for n in program.graph.find_nodes(op="placeholder")][-2]
+    images = list(program.graph.find_nodes(op="placeholder"))[-2]
     padded = [int(d) for d in images.meta["val"].shape[-2:]]
     (returned,) = program.graph.find_nodes(op="output")
     ranks = [node.meta["val"].dim() for node in returned.args[0]]
