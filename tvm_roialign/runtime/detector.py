@@ -129,8 +129,8 @@ class Detector:
     (the artifact's own output), for Keypoint R-CNN ``keypoints [n, K, 3]`` (x, y, 1 in the
     photo's pixels) and ``keypoints_scores [n, K]``, plus ``run_s`` (the artifact) and
     ``total_s`` (with the NumPy steps). A list of photos is one batch, padded together as
-    torchvision's ``batch_images`` pads it (what ``model(images)`` computes), and gives a list of such dicts; :meth:`raw`
-    gives the batch as ``[N, D, ...]`` arrays and ``num_detections [N]``. A photo (or batch)
+    torchvision's ``batch_images`` pads it (what ``model(images)`` computes), and gives a list
+    of such dicts; :meth:`raw` gives the batch as ``[N, D, ...]`` arrays and ``num_detections [N]``. A photo (or batch)
     whose padded size the artifact was not compiled for is refused with the sizes it accepts
     (:attr:`accepted`), never stretched.
     """
