@@ -122,17 +122,17 @@ class Detector:
     """A compiled detector artifact, ready to run on photos of the sizes it serves.
 
     ``Detector(path)(rgb)`` does what torchvision's ``model([image])`` does: its transform
-    (normalize, resize keeping the aspect ratio, pad: :mod:`tvm_roialign.runtime.transform`), the
-    artifact's function for the padded size, and its postprocess; it returns ``boxes [n, 4]``
-    (x1, y1, x2, y2 in the photo's pixels), ``labels [n]`` int64, ``scores [n]``, and for Mask
-    R-CNN ``masks [n, H, W]`` (probabilities pasted into the photo) and ``masks28 [n, M, M]``
-    (the artifact's own output), for Keypoint R-CNN ``keypoints [n, K, 3]`` (x, y, 1 in the
+    (normalize, resize keeping the aspect ratio, pad: :mod:`tvm_roialign.runtime.transform`),
+    the artifact's function for the padded size, and its postprocess; it returns ``boxes [n,
+    4]`` (x1, y1, x2, y2 in the photo's pixels), ``labels [n]`` int64, ``scores [n]``, and for
+    Mask R-CNN ``masks [n, H, W]`` (probabilities pasted into the photo) and ``masks28 [n, M,
+    M]`` (the artifact's own output), for Keypoint R-CNN ``keypoints [n, K, 3]`` (x, y, 1 in the
     photo's pixels) and ``keypoints_scores [n, K]``, plus ``run_s`` (the artifact) and
     ``total_s`` (with the NumPy steps). A list of photos is one batch, padded together as
     torchvision's ``batch_images`` pads it (what ``model(images)`` computes), and gives a list
-    of such dicts; :meth:`raw` gives the batch as ``[N, D, ...]`` arrays and ``num_detections [N]``. A photo (or batch)
-    whose padded size the artifact was not compiled for is refused with the sizes it accepts
-    (:attr:`accepted`), never stretched.
+    of such dicts; :meth:`raw` gives the batch as ``[N, D, ...]`` arrays and ``num_detections
+    [N]``. A photo (or batch) whose padded size the artifact was not compiled for is refused
+    with the sizes it accepts (:attr:`accepted`), never stretched.
     """
 
     def __init__(self, library):
