@@ -73,6 +73,34 @@ def eager_batch(model, rgbs):
     return out
 
 
+def print_report(report) -> None:
+    a = report["artifact"]
+    print(
+        f"{report['model']}: one artifact, padded sizes {a['padded_sizes']}: import {a['import_s']:.0f} s, "
+        f"build {a['build_s']:.0f} s, {a['library_mb']:.0f} MiB"
+    )
+    for name, s in report.get("static_artifacts", {}).items():
+        print(
+            f"  static artifact of {name}: import {s['import_s']:.0f} s, build {s['build_s']:.0f} s, "
+            f"{s['library_mb']:.0f} MiB"
+        )
+    print(f"{'photo':13s} {'size':>9s} {'padded':>9s} {'any s':>7s} {'static s':>9s} {'eager s':>8s} "
+          f"{'any/static':>10s} {'any/eager':>9s} {'max box px':>10s} {'max score':>9s} {'masks':>7s} equal")
+    for name, r in report["photos"].items():
+        c = r["comparison_with_eager"]
+        static = f"{r['static_s']:9.3f}" if "static_s" in r else f"{'-':>9s}"
+        ratio = f"{r['any_over_static']:10.2f}" if "any_over_static" in r else f"{'-':>10s}"
+        print(
+            f"{name:13s} {'x'.join(map(str, r['size'])):>9s} {'x'.join(map(str, r['padded'])):>9s} "
+            f"{r['any_s']:7.3f} {static} {r['eager_s']:8.3f} {ratio} {r['any_over_eager']:9.2f} "
+            f"{c['max_box_diff']:10.2e} {c.get('max_score_diff', 0):9.1e} "
+            f"{c['mask_pixel_agreement']:7.5f} {c['passed']}"
+        )
+    b = report["batch"]
+    print(f"batch {b['photos']} (padded {b['padded']}): equal to eager's batched call: "
+          f"{[c['passed'] for c in b['comparisons']]}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="maskrcnn_resnet50_fpn")
@@ -133,31 +161,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=float))
-    a = report["artifact"]
-    print(
-        f"{args.model}: one artifact, padded sizes {a['padded_sizes']}: import {a['import_s']:.0f} s, "
-        f"build {a['build_s']:.0f} s, {a['library_mb']:.0f} MiB"
-    )
-    for name, s in report.get("static_artifacts", {}).items():
-        print(
-            f"  static artifact of {name}: import {s['import_s']:.0f} s, build {s['build_s']:.0f} s, "
-            f"{s['library_mb']:.0f} MiB"
-        )
-    print(f"{'photo':13s} {'size':>9s} {'padded':>9s} {'any s':>7s} {'static s':>9s} {'eager s':>8s} "
-          f"{'any/static':>10s} {'any/eager':>9s} {'max box px':>10s} {'max score':>9s} {'masks':>7s} equal")
-    for name, r in report["photos"].items():
-        c = r["comparison_with_eager"]
-        static = f"{r['static_s']:9.3f}" if "static_s" in r else f"{'-':>9s}"
-        ratio = f"{r['any_over_static']:10.2f}" if "any_over_static" in r else f"{'-':>10s}"
-        print(
-            f"{name:13s} {'x'.join(map(str, r['size'])):>9s} {'x'.join(map(str, r['padded'])):>9s} "
-            f"{r['any_s']:7.3f} {static} {r['eager_s']:8.3f} {ratio} {r['any_over_eager']:9.2f} "
-            f"{c['max_box_diff']:10.2e} {c.get('max_score_diff', 0):9.1e} "
-            f"{c['mask_pixel_agreement']:7.5f} {c['passed']}"
-        )
-    b = report["batch"]
-    print(f"batch {b['photos']} (padded {b['padded']}): equal to eager's batched call: "
-          f"{[c['passed'] for c in b['comparisons']]}")
+    print_report(report)
     print(f"written {out}")
     return 0
 
