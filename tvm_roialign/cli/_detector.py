@@ -67,8 +67,9 @@ def add_compile_arguments(p) -> None:
         "--max-size",
         type=int,
         default=None,
-        help=f"torchvision's max_size: the long side's bound (default: {DEFAULT_MAX_SIZE}; "
-        "torchvision's: 1333)",
+        help=f"torchvision's max_size: the long side's bound (default: {DEFAULT_MAX_SIZE}, or "
+        "--min-size x 1333 / 800 when --min-size is given: --min-size 800 alone is torchvision's "
+        "own 800 / 1333)",
     )
     group.add_argument("--weights", default=None, help="a state_dict (default: random weights, --seed)")
     group.add_argument(
@@ -134,8 +135,15 @@ def _input_sizes(text: str | None):
 
 
 def _bounds(args) -> tuple[int, int]:
+    """``(min_size, max_size)``: 512 / 512 by default; ``--min-size`` alone keeps torchvision's
+    ratio (``--min-size 800`` is torchvision's own 800 / 1333)."""
     low = DEFAULT_MIN_SIZE if args.min_size is None else args.min_size
-    high = DEFAULT_MAX_SIZE if args.max_size is None else args.max_size
+    if args.max_size is not None:
+        high = args.max_size
+    elif args.min_size is None:
+        high = DEFAULT_MAX_SIZE
+    else:
+        high = round(args.min_size * 1333 / 800)
     for flag, value in (("--min-size", low), ("--max-size", high)):
         if value < 32:
             raise CLIError(f"{flag} must be at least 32 pixels, got {value}")
