@@ -61,3 +61,27 @@ def tiny_rcnn(masks: bool, seed: int, detections_per_img: int):
         mask_predictor=mask_predictor,
         **settings,
     ).eval()
+
+
+def tiny_keypoint_rcnn(seed: int, detections_per_img: int, num_keypoints: int = 5):
+    """A Keypoint R-CNN of the same parts (2 classes, ``num_keypoints`` keypoints, a two-conv
+    keypoint head) with random weights from ``seed``, in eval mode."""
+    from torchvision.models.detection import KeypointRCNN
+    from torchvision.models.detection.keypoint_rcnn import KeypointRCNNHeads, KeypointRCNNPredictor
+
+    torch.manual_seed(seed)
+    return KeypointRCNN(
+        TinyBackbone(),
+        num_classes=2,
+        min_size=160,
+        max_size=200,
+        rpn_anchor_generator=AnchorGenerator(sizes=((16, 32, 64),), aspect_ratios=((0.5, 1.0, 2.0),)),
+        box_roi_pool=MultiScaleRoIAlign(["0"], output_size=7, sampling_ratio=2),
+        keypoint_roi_pool=MultiScaleRoIAlign(["0"], output_size=14, sampling_ratio=2),
+        keypoint_head=KeypointRCNNHeads(32, (32, 32)),
+        keypoint_predictor=KeypointRCNNPredictor(32, num_keypoints),
+        rpn_pre_nms_top_n_test=300,
+        rpn_post_nms_top_n_test=50,
+        box_detections_per_img=detections_per_img,
+        box_score_thresh=0.0,
+    ).eval()

@@ -366,6 +366,16 @@ def test_compile_errors(pt2_model, onnx_model, workdir, capfd):
         (["compile", str(model), "--weights", str(garbage), "-o", out], ["--weights", "detector name"]),
         (["compile", str(model), "--input-size", "64x64", "-o", out], ["--input-size", "detector name"]),
         (["compile", str(onnx_path), "--seed", "1", "-o", out], ["--seed", "detector name"]),
+        (["compile", str(model), "--min-size", "800", "-o", out], ["--min-size", "detector name"]),
+        (["compile", str(model), "--max-size", "1333", "-o", out], ["--max-size", "detector name"]),
+        (
+            ["compile", "fasterrcnn_mobilenet_v3_large_fpn", "--input-size", "512", "-o", out],
+            ["--input-size", "400x600,600x400", "or all"],
+        ),
+        (
+            ["compile", "fasterrcnn_mobilenet_v3_large_fpn", "--min-size", "8", "-o", out],
+            ["--min-size", "at least 32"],
+        ),
         (["compile", str(model), "--target", "tpu", "-o", out], ["--target", "unknown target"]),
         (["compile", str(model), "--target", '{"kind": "bogus"}', "-o", out], ["invalid target"]),
         (
@@ -787,3 +797,31 @@ def test_maskrcnn_compile_only_cross_target(workdir, capsys):
     for counts in report["transposes"]["per_piece"].values():
         assert counts["adjacent_to_roi_align_after"] == 0
     assert not out.exists()
+
+
+def test_detector_resize_bounds(monkeypatch, workdir, capsys):
+    """--min-size / --max-size of a detector name are torchvision's min_size / max_size: 512 / 512
+    by default, --min-size 800 alone is torchvision's own 800 / 1333; the model is built with
+    them and --input-size gives the photo sizes (compile stopped before the build)."""
+    from argparse import Namespace
+
+    from tvm_roialign.cli._detector import _bounds
+    from tvm_roialign.models import detection
+
+    assert _bounds(Namespace(min_size=None, max_size=None)) == (512, 512)
+    assert _bounds(Namespace(min_size=800, max_size=None)) == (800, 1333)
+    assert _bounds(Namespace(min_size=600, max_size=1000)) == (600, 1000)
+    seen = {}
+
+    def stop(model, sizes, *args, **kwargs):
+        seen["bounds"] = (model.transform.min_size, model.transform.max_size)
+        seen["padded"] = detection.bucket_sizes(model.transform, sizes)
+        raise ValueError("stopped before the build")
+
+    monkeypatch.setattr(detection, "compile_detector", stop)
+    name = "fasterrcnn_mobilenet_v3_large_fpn"
+    argv = ["compile", name, "--min-size", "800", "--input-size", "400x600,600x400", "-o",
+            str(workdir / "never.so")]
+    code, _, err = _cli(argv, capsys)
+    assert code == 1 and "stopped before the build" in err, err
+    assert seen == {"bounds": ((800,), 1333), "padded": [(800, 1216), (1216, 800)]}

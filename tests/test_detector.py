@@ -7,12 +7,13 @@ more candidates than the caps. The artifacts are built for the generic ``llvm`` 
 contraction, so float32 rounding stays PyTorch's) and run through
 :class:`tvm_roialign.runtime.Detector`, the runner that imports no PyTorch.
 
-Cost: each full-size model is compiled once for the module (512x512 input: the astronaut, the
-top 512 rows of matplotlib's Grace Hopper, and a grey picture without detections); a small
-detector of a user's making covers the ``.pt2`` route, the resize inside the artifact and the cross
-targets; the static form is checked eagerly on 128-pixel models (no TVM). The other photos at
-their own sizes (coffee 400x600, chelsea 300x451, rocket 427x640, grace_hopper 600x512:
-torchvision's resize inside the artifact) take one full compile each and run with
+Cost: each full-size model is compiled once for the module (the 512x512 padded size: the
+astronaut, the top 512 rows of matplotlib's Grace Hopper, and a grey picture without detections;
+Mask R-CNN's artifact also serves the coffee photo, 352x512); a small detector of a user's making
+covers the ``.pt2`` route and the cross targets (tests/test_runtime.py: the transform, buckets and
+batches); the static form is checked eagerly on 128-pixel models (no TVM). One artifact per model
+for all the photos at their own sizes (coffee 400x600, chelsea 300x451, rocket 427x640,
+grace_hopper 600x512, a portrait and a very wide photo) and a batch of three in one call run with
 ``TVM_ROIALIGN_ALL_PHOTOS=1``.
 """
 
@@ -30,7 +31,7 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
-from _tiny_rcnn import tiny_rcnn
+from _tiny_rcnn import tiny_keypoint_rcnn, tiny_rcnn
 
 from tvm_roialign import cli
 from tvm_roialign.frontend.detection import export_detector
@@ -77,7 +78,8 @@ def shared_dir(tmp_path_factory) -> Path:
 
 
 def compile_to(tmp_path_factory, model, size, name):
-    """The artifact of ``model`` for ``size``, compiled by the first worker that needs it."""
+    """The artifact of ``model`` for the photo size(s) ``size``, compiled by the first worker
+    that needs it."""
     root = shared_dir(tmp_path_factory)
     library = root / f"{name}.so"
     with open(root / f"{name}.lock", "w") as lock:
@@ -114,20 +116,31 @@ def torch_threads():
 def test_static_form_is_torchvision_eager(
     small_models, torch_threads, name, photo_name
 ):
-    """The static form (masks for filters, padded NMS, static top-k, gathered resize) run by
-    PyTorch gives torchvision's own detections bit for bit."""
+    """The static form (masks for filters, padded NMS, static top-k) run by PyTorch on the
+    runner's NumPy transform of the photo, with torchvision's postprocess, gives torchvision's
+    own detections bit for bit."""
+    from tvm_roialign.frontend.static_rcnn import torch_bilinear_fused
+    from tvm_roialign.runtime.transform import TransformSettings, padded_size, resize_boxes
+
     model = small_models[name]
     rgb = photo(photo_name)
-    static = StaticGeneralizedRCNN(model, rgb.shape[:2]).eval()
+    settings = TransformSettings.of(model.transform, torch_bilinear_fused(30, 57))
+    transformed = settings(rgb)
+    resized = transformed.shape[1:]
+    padded = padded_size([resized])
+    images = torch.zeros((1, 3, *padded))
+    images[0, :, : resized[0], : resized[1]] = torch.from_numpy(transformed)
+    static = StaticGeneralizedRCNN(model, padded).eval()
     image = torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0
     with torch.no_grad():
         (ref,) = model([image])
-        outputs = dict(zip(static.output_names(), static(image)))
+        outputs = dict(
+            zip(static.output_names(), static(images, torch.tensor(resized, dtype=torch.float32)))
+        )
     count = int(outputs["num_detections"][0])
     assert count == len(ref["boxes"])
-    torch.testing.assert_close(
-        outputs["boxes"][0, :count], ref["boxes"], rtol=0, atol=0
-    )
+    boxes = resize_boxes(outputs["boxes"][0, :count].numpy(), resized, rgb.shape[:2])
+    np.testing.assert_array_equal(boxes, ref["boxes"].numpy())
     torch.testing.assert_close(
         outputs["scores"][0, :count], ref["scores"], rtol=0, atol=0
     )
@@ -153,12 +166,13 @@ def _tiny_detector():
 def test_users_own_detector_from_pt2(tmp_path, capfd):
     """A detector of the user's making, exported with ``export_detector`` to a ``.pt2`` and
     compiled with ``tvm-roialign compile``: the artifact equals torchvision eager (the coffee
-    photo, resized inside to 160x240; more candidates than the caps: 20 detections)."""
+    photo, resized to 133x200 and padded to 160x224; more candidates than the caps: 20 detections)."""
     model = _tiny_detector()
     rgb = photo("coffee")
     ref = det.torch_detections(model, rgb)
     assert len(ref["boxes"]) == 20
-    program, _ = export_detector(model, rgb.shape[:2])
+    (padded,) = det.bucket_sizes(model.transform, rgb.shape[:2])
+    program, _ = export_detector(model, padded)
     torch.export.save(program, tmp_path / "tiny.pt2")
     library = tmp_path / "tiny.so"
     for flag, value in (("--weights", "w.pth"), ("--input-size", "64x64"), ("--seed", "1")):
@@ -185,13 +199,20 @@ def test_users_own_detector_from_pt2(tmp_path, capfd):
 
 
 # --------------------------------------------------------------------------------------------------
-# the full models (torchvision's settings: 1000 proposals, 100 detections) at 512x512
+# the full models (torchvision's settings: 1000 proposals, 100 detections, min/max size 512)
+
+#: The photo sizes of the default run's artifacts: Mask R-CNN's also serves the coffee photo
+#: (400x600: resized to 341x512, padded to 352x512; a second function in the same artifact).
+FULL_SIZES = {
+    "maskrcnn_resnet50_fpn": [(512, 512), (400, 600)],
+    "fasterrcnn_resnet50_fpn": [(512, 512)],
+}
 
 
 @pytest.fixture(scope="module", params=MODELS)
 def full(request, tmp_path_factory):
     model = det.build_torch_detector(request.param)
-    return model, compile_to(tmp_path_factory, model, (512, 512), request.param)
+    return model, compile_to(tmp_path_factory, model, FULL_SIZES[request.param], request.param)
 
 
 @pytest.mark.parametrize("photo_name", ["astronaut", "grace_hopper_512"])
@@ -203,6 +224,21 @@ def test_full_model(full, photo_name):
     ref = det.torch_detections(model, rgb)
     assert len(ref["boxes"]) == model.roi_heads.detections_per_img
     assert_equal_detections(detector(rgb), ref)
+
+
+@pytest.mark.parametrize("full", ["maskrcnn_resnet50_fpn"], indirect=True)
+def test_full_model_non_square_photo(full):
+    """The coffee photo at its own size (400x600), not stretched: torchvision's aspect-keeping
+    resize, padding and postprocess give eager's detections; a photo whose padded size the
+    artifact lacks (300x1200: 128x512) is refused, naming the sizes it accepts."""
+    model, detector = full
+    rgb = photo("coffee")
+    result = detector(rgb)
+    assert result["padded"] == (352, 512) and result["resized"] == (341, 512)
+    assert_equal_detections(result, det.torch_detections(model, rgb))
+    with pytest.raises(ValueError, match=r"a photo of 300x1200 is padded to 128x512 .* "
+                       r"accepts padded sizes 352x512, 512x512"):
+        detector(np.zeros((300, 1200, 3), np.uint8))
 
 
 def test_full_model_no_detection(full):
@@ -217,18 +253,90 @@ def test_full_model_no_detection(full):
         assert not raw[name].any(), name
 
 
+def all_photos() -> dict:
+    """Every photo at its own size: the packages' five, a portrait and a very wide one."""
+    out = {name: photo(name) for name in det.SAMPLE_PHOTOS}
+    out["portrait"] = np.ascontiguousarray(np.rot90(photo("coffee")))  # 600x400
+    out["wide"] = np.ascontiguousarray(photo("rocket")[130:290])  # 160x640 (1:4)
+    return out
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def any_size(request, tmp_path_factory):
+    """One artifact per model for every photo of :func:`all_photos` (one function per padded
+    size: 512x512, 352x512, 512x448, 512x352, 128x512)."""
+    model = det.build_torch_detector(request.param)
+    sizes = [rgb.shape[:2] for rgb in all_photos().values()]
+    return model, compile_to(tmp_path_factory, model, sizes, f"{request.param}_any")
+
+
 @pytest.mark.skipif(
-    not ALL_PHOTOS, reason="one full compile per photo: TVM_ROIALIGN_ALL_PHOTOS=1"
+    not ALL_PHOTOS, reason="one full compile per model and padded size: TVM_ROIALIGN_ALL_PHOTOS=1"
 )
-@pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("photo_name", ["coffee", "chelsea", "rocket", "grace_hopper"])
-def test_full_model_other_photo_sizes(tmp_path_factory, name, photo_name):
-    model = det.build_torch_detector(name)
-    rgb = photo(photo_name)
-    detector = compile_to(
-        tmp_path_factory, model, rgb.shape[:2], f"{name}_{photo_name}"
-    )
+@pytest.mark.parametrize(
+    "photo_name", ["astronaut", "coffee", "chelsea", "rocket", "grace_hopper", "portrait", "wide"]
+)
+def test_full_model_any_photo_size(any_size, photo_name):
+    model, detector = any_size
+    rgb = all_photos()[photo_name]
     assert_equal_detections(detector(rgb), det.torch_detections(model, rgb))
+
+
+@pytest.mark.skipif(
+    not ALL_PHOTOS, reason="one full compile per model and padded size: TVM_ROIALIGN_ALL_PHOTOS=1"
+)
+def test_full_model_batch_of_three(any_size):
+    """coffee, chelsea and grace_hopper in one call: padded together to 512x512 as
+    torchvision's batch_images pads them; equal to eager's batched call, image by image."""
+    model, detector = any_size
+    photos = all_photos()
+    rgbs = [photos[n] for n in ("coffee", "chelsea", "grace_hopper")]
+    images = [torch.from_numpy(r).permute(2, 0, 1).float() / 255.0 for r in rgbs]
+    with torch.no_grad():
+        refs = model(images)
+    results = detector(rgbs)
+    assert [r["padded"] for r in results] == [(512, 512)] * 3
+    for ours, ref in zip(results, refs):
+        ref = {k: v.numpy() for k, v in ref.items()}
+        if "masks" in ref:
+            ref["masks"] = ref["masks"][:, 0]
+        assert_equal_detections(ours, ref)
+
+
+def test_keypoint_rcnn(tmp_path):
+    """A Keypoint R-CNN (MultiScaleRoIAlign 14x14, keypoint head, heatmaps): the artifact's
+    heatmaps and the runner's NumPy ``heatmaps_to_keypoints`` give eager's keypoints (within
+    1e-2 px) on the coffee photo, with the boxes and scores."""
+    model = tiny_keypoint_rcnn(seed=2, detections_per_img=12)
+    rgb = photo("coffee")
+    artifact = det.compile_detector(model, rgb.shape[:2], target="llvm")
+    assert artifact.meta["outputs"] == [
+        "boxes", "scores", "labels", "keypoint_heatmaps", "num_detections"
+    ]
+    detector = Detector(artifact.export(tmp_path / "kp.so"))
+    ref = det.torch_detections(model, rgb)
+    assert len(ref["boxes"]) == 12 and ref["keypoints"].shape == (12, 5, 3)
+    ours = detector(rgb)
+    result = assert_equal_detections(ours, ref)
+    assert result["max_keypoint_diff"] <= 1e-2, result
+    np.testing.assert_allclose(ours["keypoints_scores"], ref["keypoints_scores"], atol=1e-3)
+
+
+@pytest.mark.skipif(
+    not ALL_PHOTOS, reason="a full Keypoint R-CNN compile: TVM_ROIALIGN_ALL_PHOTOS=1"
+)
+def test_full_keypoint_rcnn(tmp_path_factory):
+    """torchvision's keypointrcnn_resnet50_fpn (17 keypoints, 100 detections) on the astronaut
+    and coffee photos at their own sizes, one artifact."""
+    model = det.build_torch_detector("keypointrcnn_resnet50_fpn")
+    rgbs = [photo("astronaut"), photo("coffee")]
+    detector = compile_to(
+        tmp_path_factory, model, [r.shape[:2] for r in rgbs], "keypointrcnn_resnet50_fpn"
+    )
+    for rgb in rgbs:
+        ref = det.torch_detections(model, rgb)
+        result = assert_equal_detections(detector(rgb), ref)
+        assert "max_keypoint_diff" in result, result
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,47 @@ def test_resize_matches_interpolate(rng, size, out):
     )
 
 
+@pytest.mark.parametrize("bounds", [(512, 512), (800, 1333), (160, 200)])
+@pytest.mark.parametrize("size", [(400, 600), (600, 512), (300, 451), (237, 311), (160, 640), (33, 1000)])
+def test_transform_is_torchvisions(bounds, size, rng):
+    """The runner's NumPy transform (normalize, aspect-keeping resize, padding) is torchvision's
+    GeneralizedRCNNTransform bit for bit (at least two PyTorch threads: its generic kernel), and
+    every padded size a photo gets is among :func:`all_padded_sizes`."""
+    from torchvision.models.detection.transform import GeneralizedRCNNTransform
+
+    from tvm_roialign.runtime.transform import TransformSettings, all_padded_sizes, padded_size
+
+    transform = GeneralizedRCNNTransform(*bounds, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    settings = TransformSettings.of(transform, torch_bilinear_fused(30, 57))
+    rgb = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 2))
+    try:
+        with torch.no_grad():
+            images, _ = transform([torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0])
+    finally:
+        torch.set_num_threads(threads)
+    ours = settings(rgb)
+    assert tuple(ours.shape[1:]) == tuple(images.image_sizes[0])
+    padded = padded_size([ours.shape[1:]])
+    assert padded == tuple(images.tensors.shape[-2:])
+    h, w = ours.shape[1:]
+    np.testing.assert_array_equal(ours, images.tensors[0, :, :h, :w].numpy())
+    assert padded in all_padded_sizes(*bounds)
+
+
+def test_padded_size_of_a_batch_is_batch_images():
+    """Resized sizes of three photos padded together, as torchvision's batch_images pads."""
+    from torchvision.models.detection.transform import GeneralizedRCNNTransform
+
+    from tvm_roialign.runtime.transform import padded_size
+
+    transform = GeneralizedRCNNTransform(512, 512, [0.0] * 3, [1.0] * 3)
+    sizes = [(341, 512), (512, 436), (128, 500)]
+    batched = transform.batch_images([torch.zeros((3, *s)) for s in sizes])
+    assert padded_size(sizes) == tuple(batched.shape[-2:]) == (512, 512)
+
+
 def test_paste_masks_matches_torchvision(rng):
     height, width, count = 400, 600, 80
     masks = rng.random((count, 28, 28), dtype=np.float32)
@@ -111,15 +152,21 @@ def _tiny_mask_rcnn():
     return tiny_rcnn(masks=True, seed=1, detections_per_img=12)
 
 
+#: The tiny model's photo sizes in the artifact: coffee (400x600 -> 133x200, padded 160x224),
+#: its portrait (224x160) and a square (160x160).
+TINY_SIZES = [(400, 600), (600, 400), (300, 300)]
+
+
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
-    """``(library, photo path, model, rgb)``: the tiny Mask R-CNN compiled for the coffee photo."""
+    """``(library, photo path, model, rgb)``: the tiny Mask R-CNN compiled for three padded
+    sizes (one artifact)."""
     root = tmp_path_factory.mktemp("runtime")
     rgb = det.sample_photo("coffee")
     photo = root / "coffee.png"
     Image.fromarray(rgb).save(photo)
     model = _tiny_mask_rcnn()
-    library = det.compile_detector(model, rgb.shape[:2], target="llvm").export(
+    library = det.compile_detector(model, TINY_SIZES, target="llvm").export(
         root / "tiny.so"
     )
     return library, photo, model, rgb
@@ -135,34 +182,85 @@ def test_runner_matches_torchvision(artifact, tmp_path):
     )
     assert json.loads((tmp_path / "out.json").read_text()) == summary
     assert summary["num_detections"] == 12 and summary["image_size"] == [400, 600]
+    assert summary["resized_size"] == [133, 200] and summary["padded_size"] == [160, 224]
     with Image.open(tmp_path / "out.png") as drawn:
         assert drawn.width == 600 and drawn.height > 400  # the caption strip below the photo
 
 
-def test_runner_resizes_other_photo_sizes(artifact):
-    """A photo of another size is resized to the artifact's input and the boxes mapped back."""
-    library, _, _, rgb = artifact
+@pytest.mark.parametrize(
+    "photo_name,crop,padded",
+    [("chelsea", None, (160, 224)), ("coffee", "portrait", (224, 160)), ("astronaut", None, (160, 160)),
+     ("rocket", (slice(0, 300), slice(100, 400)), (160, 160))],
+)
+def test_runner_keeps_the_aspect_ratio(artifact, photo_name, crop, padded):
+    """Photos of other sizes, each at its own size, through the function of its padded size:
+    eager's detections (no stretch), boxes and masks in the photo's own pixels."""
+    library, _, model, _ = artifact
+    rgb = det.sample_photo(photo_name)
+    if crop == "portrait":
+        rgb = np.ascontiguousarray(np.rot90(rgb))
+    elif crop is not None:
+        rgb = np.ascontiguousarray(rgb[crop])
+    result = Detector(library)(rgb)
+    assert result["padded"] == padded
+    assert result["masks"].shape[1:] == rgb.shape[:2]
+    comparison = det.compare(result, det.torch_detections(model, rgb))
+    assert comparison["passed"], comparison
+
+
+def test_runner_batch_is_eagers_batched_call(artifact):
+    """Photos of different sizes in one call: padded together (coffee + its portrait: 224x224,
+    not in the artifact: refused; coffee + chelsea: 160x224), equal to eager's ``model([a, b])``
+    image by image; ``raw`` gives ``[N, D, ...]`` and the per-image counts."""
+    library, _, model, rgb = artifact
     detector = Detector(library)
-    bigger = np.asarray(
-        Image.fromarray(rgb).resize((900, 600), Image.Resampling.BILINEAR)
-    )
-    result = detector(bigger)
-    assert result["masks"].shape[1:] == (600, 900)
-    assert (result["boxes"][:, 2] <= 900 + 1e-3).all() and (
-        result["boxes"][:, 3] <= 600 + 1e-3
-    ).all()
+    chelsea = det.sample_photo("chelsea")
+    portrait = np.ascontiguousarray(np.rot90(rgb))
+    with pytest.raises(ValueError, match=r"a batch of 2 photos \(400x600, 600x400\) is padded to "
+                       r"224x224 .*accepts padded sizes 160x160, 160x224, 224x160"):
+        detector([rgb, portrait])
+    batch = [rgb, chelsea]
+    images = [torch.from_numpy(r).permute(2, 0, 1).float() / 255.0 for r in batch]
+    with torch.no_grad():
+        refs = model(images)
+    results = detector(batch)
+    for ours, ref in zip(results, refs):
+        ref = {k: v.numpy() for k, v in ref.items()}
+        ref["masks"] = ref["masks"][:, 0]
+        comparison = det.compare(ours, ref)
+        assert comparison["passed"], comparison
+    raw = detector.raw(batch)
+    assert raw["boxes"].shape == (2, 12, 4) and raw["masks"].shape[:2] == (2, 12)
+    assert raw["num_detections"].tolist() == [len(r["boxes"]) for r in refs]
 
 
 def test_runner_errors(artifact, tmp_path):
-    library, _, _, _ = artifact
-    with pytest.raises(ValueError, match=r"image must be \[H, W, 3\] uint8"):
-        Detector(library)(np.zeros((10, 10), np.uint8))
+    library, _, _, rgb = artifact
+    detector = Detector(library)
+    with pytest.raises(ValueError, match=r"^image must be \[H, W, 3\] uint8"):
+        detector(np.zeros((10, 10), np.uint8))
+    with pytest.raises(ValueError, match=r"^images\[1\] must be \[H, W, 3\] uint8 RGB, got float32"):
+        detector([rgb, rgb.astype(np.float32)])
+    with pytest.raises(
+        ValueError, match=r"^images\[0\] must be \[H, W, 3\] uint8 RGB, got uint8 \[10, 10, 4\]"
+    ):
+        detector([np.zeros((10, 10, 4), np.uint8)])
+    with pytest.raises(ValueError, match=r"^images is an empty list"):
+        detector([])
+    with pytest.raises(ValueError, match=r"^a photo of 100x600 is padded to 64x224 .* accepts padded "
+                       r"sizes 160x160, 160x224, 224x160 \(compile with --input-size 100x600"):
+        detector(np.zeros((100, 600, 3), np.uint8))
     (tmp_path / "plain.so").write_bytes(b"")
     with pytest.raises(ValueError, match="has no metadata file"):
         Detector(tmp_path / "plain.so")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         Detector(tmp_path / "missing.so")
     meta = json.loads(Path(str(library) + ".json").read_text())
+    old = {k: v for k, v in meta.items() if k not in ("buckets", "transform")}
+    (tmp_path / "old.so").write_bytes(Path(library).read_bytes())
+    (tmp_path / "old.so.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="compiled by an older tvm-roialign"):
+        Detector(tmp_path / "old.so")
     meta["target"] = {"kind": "llvm", "mtriple": "riscv64-linux-gnu"}
     (tmp_path / "riscv.so").write_bytes(b"")
     (tmp_path / "riscv.so.json").write_text(json.dumps(meta))
@@ -192,6 +290,12 @@ def test_cli_run_on_a_detector(artifact, tmp_path, capsys, monkeypatch):
     code, _, err = run("--image", str(not_image), "--out", str(tmp_path / "r.png"))
     assert code == 1 and err.count("\n") == 1, err
     assert err.startswith("tvm-roialign: error: --image: ") and "not a readable image" in err, err
+    wide = tmp_path / "wide.png"
+    Image.fromarray(np.zeros((100, 600, 3), np.uint8)).save(wide)
+    code, _, err = run("--image", str(wide), "--out", str(tmp_path / "r.png"))
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.startswith(f"tvm-roialign: error: --image {str(wide)!r}: a photo of 100x600 is "
+                          "padded to 64x224"), err
     code, out, err = run("--image", str(photo), "--out", str(tmp_path / "r.png"))
     assert code == 0, err
     assert "12 detections in" in out and "with the mask paste" in out, out

@@ -20,11 +20,18 @@ from ._progress import Progress
 _DETECTOR_OP = b"tvm_roialign.batched_nms"
 
 #: The defaults of the options that only detector names take (None in the parser: "not given").
-DEFAULT_INPUT_SIZE = "512x512"
 DEFAULT_SEED = 3
+DEFAULT_MIN_SIZE = 512
+DEFAULT_MAX_SIZE = 512
 
 #: The options that only detector names take: (attribute, flag).
-_NAME_OPTIONS = (("weights", "--weights"), ("input_size", "--input-size"), ("seed", "--seed"))
+_NAME_OPTIONS = (
+    ("weights", "--weights"),
+    ("input_size", "--input-size"),
+    ("seed", "--seed"),
+    ("min_size", "--min-size"),
+    ("max_size", "--max-size"),
+)
 
 
 def _names() -> str:
@@ -40,11 +47,29 @@ def alternatives() -> str:
 
 def add_compile_arguments(p) -> None:
     group = p.add_argument_group(
-        "detectors (MODEL is a torchvision detector name; --input-size, --weights and --seed "
-        "only apply to a name)"
+        "detectors (MODEL is a torchvision detector name; --input-size, --min-size, --max-size, "
+        "--weights and --seed only apply to a name)"
     )
     group.add_argument(
-        "--input-size", default=None, help=f"height x width of the photos (default: {DEFAULT_INPUT_SIZE})"
+        "--input-size",
+        default=None,
+        help="the photo sizes the artifact serves, HxW[,HxW...], or all (every size; one build "
+        "per padded size); default: square, 4:3 and 3:2 photos, landscape and portrait",
+    )
+    group.add_argument(
+        "--min-size",
+        type=int,
+        default=None,
+        help=f"torchvision's min_size: the short side's target (default: {DEFAULT_MIN_SIZE}; "
+        "torchvision's own and its published weights': 800)",
+    )
+    group.add_argument(
+        "--max-size",
+        type=int,
+        default=None,
+        help=f"torchvision's max_size: the long side's bound (default: {DEFAULT_MAX_SIZE}, or "
+        "--min-size x 1333 / 800 when --min-size is given: --min-size 800 alone is torchvision's "
+        "own 800 / 1333)",
     )
     group.add_argument("--weights", default=None, help="a state_dict (default: random weights, --seed)")
     group.add_argument(
@@ -90,14 +115,39 @@ def is_detector_library(library: str) -> bool:
     return Path(library).is_file() and _is_detector(library)
 
 
-def _input_size(text: str) -> tuple[int, int]:
-    try:
-        height, width = (int(v) for v in text.lower().split("x"))
-        if height < 1 or width < 1:
-            raise ValueError
-    except ValueError:
-        raise CLIError(f"--input-size {text!r} must look like 512x512 (height x width)") from None
-    return height, width
+def _input_sizes(text: str | None):
+    """``--input-size``: None (the default sizes), ``"all"`` or a list of ``(H, W)``."""
+    if text is None or text.strip().lower() == "all":
+        return None if text is None else "all"
+    sizes = []
+    for part in text.split(","):
+        try:
+            height, width = (int(v) for v in part.strip().lower().split("x"))
+            if height < 1 or width < 1:
+                raise ValueError
+        except ValueError:
+            raise CLIError(
+                f"--input-size {text!r} must look like 512x512 or 400x600,600x400 (height x "
+                "width of the photos), or all"
+            ) from None
+        sizes.append((height, width))
+    return sizes
+
+
+def _bounds(args) -> tuple[int, int]:
+    """``(min_size, max_size)``: 512 / 512 by default; ``--min-size`` alone keeps torchvision's
+    ratio (``--min-size 800`` is torchvision's own 800 / 1333)."""
+    low = DEFAULT_MIN_SIZE if args.min_size is None else args.min_size
+    if args.max_size is not None:
+        high = args.max_size
+    elif args.min_size is None:
+        high = DEFAULT_MAX_SIZE
+    else:
+        high = round(args.min_size * 1333 / 800)
+    for flag, value in (("--min-size", low), ("--max-size", high)):
+        if value < 32:
+            raise CLIError(f"{flag} must be at least 32 pixels, got {value}")
+    return low, high
 
 
 def compile_main(args, target, out: Path, layout: str, t_start: float) -> int:
@@ -109,7 +159,8 @@ def compile_main(args, target, out: Path, layout: str, t_start: float) -> int:
     name = args.model if args.model in DETECTORS else None
     if name is None:  # an exported .pt2: its size, weights and seed are fixed in it
         reject_detector_options(args)
-    size = _input_size(args.input_size or DEFAULT_INPUT_SIZE) if name else None
+    sizes = _input_sizes(args.input_size) if name else None
+    min_size, max_size = _bounds(args) if name else (None, None)
     if args.weights is not None and not Path(args.weights).is_file():
         raise CLIError(f"--weights {args.weights!r} does not exist")
     seed = DEFAULT_SEED if args.seed is None else args.seed
@@ -120,12 +171,15 @@ def compile_main(args, target, out: Path, layout: str, t_start: float) -> int:
             progress(f"build torchvision {name}")
             t0 = time.perf_counter()
             try:
-                model = build_torch_detector(name, DetectorConfig(seed=seed, weights=args.weights))
+                config = DetectorConfig(
+                    seed=seed, weights=args.weights, min_size=min_size, max_size=max_size
+                )
+                model = build_torch_detector(name, config)
             except (ValueError, FileNotFoundError) as err:
                 raise CLIError(f"--weights: {first_line(err)}") from None
             times["model_s"] = time.perf_counter() - t0
         try:
-            artifact = compile_detector(model, size, target, layout, progress=progress, name=name)
+            artifact = compile_detector(model, sizes, target, layout, progress=progress, name=name)
             times["import_s"], times["build_s"] = artifact.import_s, artifact.compile_s
             progress(f"export {out}")
             t0 = time.perf_counter()
@@ -134,10 +188,11 @@ def compile_main(args, target, out: Path, layout: str, t_start: float) -> int:
         except (ValueError, FileNotFoundError) as err:
             raise CLIError(first_line(err)) from None
     times = add_total(times, t_start, args.startup_s)
-    height, width = artifact.meta["input"]["shape"][1:3]
+    padded = [f"{h}x{w}" for h, w in (b["padded"] for b in artifact.meta["buckets"])]
+    shown = ", ".join(padded) if len(padded) <= 8 else f"{', '.join(padded[:8])}, ..."
     print(
-        f"compiled {args.model} ({height}x{width}, {describe(target)}, layout {layout}) -> {out} "
-        f"(+ {out.name}.json) in {format_times(times)}"
+        f"compiled {args.model} (padded sizes {shown}; {describe(target)}, layout {layout}) -> "
+        f"{out} (+ {out.name}.json) in {format_times(times)}"
     )
     return 0
 
@@ -158,7 +213,10 @@ def run_main(args) -> int:
         masks = "masks" in (read_metadata(args.library).get("outputs") or ())
         summary = detect_to_files(args.library, args.image, out, report, top=args.draw_top)
     except (ValueError, FileNotFoundError) as err:
-        raise CLIError(first_line(err)) from None
+        message = first_line(err)
+        if message.startswith("a photo of"):  # its padded size is not the artifact's
+            message = f"--image {args.image!r}: {message}"
+        raise CLIError(message) from None
     paste = f" ({summary['total_ms']:.0f} ms with the mask paste)" if masks else ""
     print(
         f"{summary['num_detections']} detections in {summary['run_ms']:.0f} ms{paste} "

@@ -61,9 +61,13 @@ def add_model_arguments(p) -> None:
     )
     p.add_argument("--seed", type=int, default=3, help="seed of the random weights")
     p.add_argument("--layout", default="NHWC", type=str.upper, help="NHWC (ConvertLayout) or NCHW")
-    p.add_argument("--min-size", type=int, default=512, help="torchvision resize min_size")
     p.add_argument(
-        "--max-size", type=int, default=None, help="torchvision resize max_size (default: --min-size)"
+        "--min-size", type=int, default=512,
+        help="torchvision's resize min_size (default 512; torchvision's own and its weights': 800)",
+    )
+    p.add_argument(
+        "--max-size", type=int, default=None,
+        help="torchvision's resize max_size (default: --min-size; torchvision's: 1333)",
     )
     p.add_argument("--proposals", type=int, default=1000, help="RPN proposals kept")
     p.add_argument("--detections", type=int, default=100, help="detections per image at most")

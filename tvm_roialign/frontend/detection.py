@@ -13,7 +13,7 @@ size from the model's own caps) and the two data-dependent computations become c
 * ``tvm_roialign::multiscale_roi_align`` (:mod:`tvm_roialign.frontend.torch`): the poolers.
 
 Both run eagerly with torchvision's own functions, so the exported program (``ep.module()``)
-computes what torchvision computes. :func:`export_detector` exports a model for one input size;
+computes what torchvision computes. :func:`export_detector` exports a model for one padded image size;
 :func:`from_exported_program` imports any program that holds these ops (also one loaded from a
 ``.pt2`` file: importing this module registers the ops with torch).
 """
@@ -32,6 +32,8 @@ __all__ = [
     "convert_map",
     "export_detector",
     "from_exported_program",
+    "settings_of_tensor",
+    "settings_tensor",
 ]
 
 
@@ -123,24 +125,60 @@ def from_exported_program(exported_program, *, custom_convert_map=None, **kwargs
     )
 
 
-def export_detector(model, image_size, **static_kwargs):
-    """``torch.export`` of a torchvision Faster / Mask R-CNN for one ``(H, W)`` input image.
+def export_detector(model, padded_size, **static_kwargs):
+    """``torch.export`` of a torchvision Faster / Mask R-CNN for one padded image size.
 
     ``model`` is wrapped by :class:`~tvm_roialign.frontend.static_rcnn.StaticGeneralizedRCNN`
-    (``static_kwargs`` go to it) and exported with its poolers fused. The program takes one
-    ``[3, H, W]`` float32 image in ``[0, 1]`` (what the torchvision model takes) and returns
-    ``boxes [1, D, 4]``, ``scores [1, D]``, ``labels [1, D]`` (int64), ``masks [1, D, M, M]``
-    (Mask R-CNN only: each detection's mask probabilities for its label) and
-    ``num_detections [1]`` (int64); rows from ``num_detections`` on are zero.
+    (``static_kwargs`` go to it) and exported with its poolers fused. The program takes
+    ``images [1, 3, Hp, Wp]`` float32 (a photo after torchvision's transform: normalized,
+    resized, zero-padded; :class:`tvm_roialign.runtime.transform.TransformSettings`) and
+    ``image_size [2]`` float32 (the resized ``(h, w)``), and returns ``boxes [1, D, 4]`` (in the
+    resized image's pixels), ``scores [1, D]``, ``labels [1, D]`` (int64), ``masks [1, D, M, M]``
+    (Mask R-CNN only: each detection's mask probabilities for its label) and ``num_detections
+    [1]`` (int64); rows from ``num_detections`` on are zero. The transform's settings travel in
+    the program as the buffer ``transform_settings`` (see :func:`settings_tensor`), and the
+smallest largest-resized-height it serves (:meth:`StaticGeneralizedRCNN.min_height`) as
+``min_resized_height``.
 
     Returns
     -------
     (torch.export.ExportedProgram, StaticGeneralizedRCNN)
     """
-    from .static_rcnn import StaticGeneralizedRCNN
+    from .static_rcnn import StaticGeneralizedRCNN, torch_bilinear_fused
 
-    static = StaticGeneralizedRCNN(model, image_size, **static_kwargs).eval()
-    image = torch.zeros((3, *static.image_size))
+    static = StaticGeneralizedRCNN(model, padded_size, **static_kwargs).eval()
+    static.register_buffer(
+        "transform_settings", settings_tensor(model.transform, torch_bilinear_fused(30, 57))
+    )
+    static.register_buffer("min_resized_height", torch.tensor(static.min_height(), dtype=torch.int64))
+    args = (torch.zeros((1, 3, *static.padded)), torch.tensor(static.padded, dtype=torch.float32))
     with torch.no_grad(), torch_frontend.fuse_multiscale_roi_align(static):
-        program = torch.export.export(static, (image,))
+        program = torch.export.export(static, args)
     return program, static
+
+
+def settings_tensor(transform, resize_fma: bool) -> torch.Tensor:
+    """GeneralizedRCNNTransform's eval settings as float64 ``[min_size, max_size,
+    size_divisible, mean (3), std (3), resize_fma]`` (a buffer of the exported program)."""
+    values = [
+        float(transform.min_size[-1]),
+        float(transform.max_size),
+        float(transform.size_divisible),
+        *(float(v) for v in transform.image_mean),
+        *(float(v) for v in transform.image_std),
+        float(bool(resize_fma)),
+    ]
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def settings_of_tensor(values) -> dict:
+    """:func:`settings_tensor`'s values as ``TransformSettings.to_dict()``."""
+    v = [float(x) for x in values]
+    return {
+        "min_size": int(v[0]),
+        "max_size": int(v[1]),
+        "size_divisible": int(v[2]),
+        "image_mean": v[3:6],
+        "image_std": v[6:9],
+        "resize_fma": bool(v[9]),
+    }

@@ -1,20 +1,23 @@
 """Whole torchvision detectors as one TVM artifact that runs without PyTorch.
 
 :func:`compile_detector` takes a torchvision Faster / Mask R-CNN (by name, as a model, or as a
-program exported with :func:`tvm_roialign.frontend.detection.export_detector`), exports it for one
-input image size in its static form (:mod:`tvm_roialign.frontend.static_rcnn`), imports it with
-tvm-roialign's converters, converts it to NHWC (:class:`~tvm_roialign.passes.ConvertLayout`) and
-builds it with the CPU pipeline (:func:`tvm_roialign.pipeline.build`; for this machine's CPU unless
-another target is given). The result, :class:`DetectorArtifact`, is written as a library plus a
-``.json`` of metadata, which :class:`tvm_roialign.runtime.Detector` runs with TVM's runtime, NumPy
-and Pillow only.
+program exported with :func:`tvm_roialign.frontend.detection.export_detector`), exports it in its
+static form (:mod:`tvm_roialign.frontend.static_rcnn`) once per padded image size it is to serve
+(:func:`bucket_sizes`), imports them with tvm-roialign's converters into one module, converts it
+to NHWC (:class:`~tvm_roialign.passes.ConvertLayout`) and builds it with the CPU pipeline
+(:func:`tvm_roialign.pipeline.build`; for this machine's CPU unless another target is given). The
+result, :class:`DetectorArtifact`, is written as a library plus a ``.json`` of metadata (the
+padded sizes, torchvision's transform settings), which :class:`tvm_roialign.runtime.Detector`
+runs with TVM's runtime, NumPy and Pillow only.
 
-The artifact's ``main(image)`` takes ``[3, H, W]`` float32 in ``[0, 1]`` and returns
-``boxes [1, D, 4]``, ``scores [1, D]``, ``labels [1, D]`` (int64), ``masks [1, D, M, M]`` (Mask
-R-CNN: each detection's mask probabilities for its label) and ``num_detections [1]`` (int64),
-``D`` = the model's ``detections_per_img``; rows from ``num_detections`` on are zero (TensorRT's
-and ONNX's detector convention, one image).
-"""
+The artifact has one function per padded size ``(Hp, Wp)``, ``detect_<Hp>x<Wp>(images,
+image_size)``: ``images [1, 3, Hp, Wp]`` float32 (a photo after torchvision's transform:
+normalized, resized keeping its aspect ratio, zero-padded; the runner makes it), ``image_size
+[2]`` float32 (the resized ``(h, w)``); it returns ``boxes [1, D, 4]`` (in the resized image's
+pixels), ``scores [1, D]``, ``labels [1, D]`` (int64), ``masks [1, D, M, M]`` (Mask R-CNN: each
+detection's mask probabilities for its label) and ``num_detections [1]`` (int64), ``D`` = the
+model's ``detections_per_img``; rows from ``num_detections`` on are zero (TensorRT's and ONNX's
+detector convention). The weights are stored once (the VM's constant pool shares equal tensors)."""
 
 from __future__ import annotations
 
@@ -54,7 +57,13 @@ DETECTORS = (
     "maskrcnn_resnet50_fpn_v2",
     "fasterrcnn_resnet50_fpn_v2",
     "fasterrcnn_mobilenet_v3_large_fpn",
+    "keypointrcnn_resnet50_fpn",
 )
+
+#: The photo sizes whose padded sizes a default artifact serves: square, 4:3 and 3:2, landscape
+#: and portrait (with the package's 512 / 512 resize: 512x512, 384x512, 512x384, 352x512,
+#: 512x352; five builds in one artifact).
+DEFAULT_PHOTO_SIZES = ((512, 512), (384, 512), (512, 384), (400, 600), (600, 400))
 
 #: ConvertLayout's desired layouts for the NHWC artifact (the package's whole-model NHWC set).
 NHWC_LAYOUTS = desired_layouts("NHWC")
@@ -121,54 +130,110 @@ def _tvm_friendly(model):
             predictor.conv5_mask = original
 
 
+def function_name(padded) -> str:
+    """The artifact's function for one padded size: ``detect_<Hp>x<Wp>``."""
+    return f"detect_{int(padded[0])}x{int(padded[1])}"
+
+
+def bucket_sizes(transform, image_sizes=None) -> list[tuple[int, int]]:
+    """The padded sizes an artifact of a model with ``transform`` (its
+    ``GeneralizedRCNNTransform``) is built for: those of the photo sizes ``image_sizes`` (one
+    ``(H, W)`` or a list; None: :data:`DEFAULT_PHOTO_SIZES`), or ``"all"``: every padded size a
+    photo can get (:func:`~tvm_roialign.runtime.transform.all_padded_sizes`)."""
+    from ..runtime.transform import all_padded_sizes, padded_size, resized_size
+
+    low, high, divisible = int(transform.min_size[-1]), int(transform.max_size), int(
+        transform.size_divisible
+    )
+    if isinstance(image_sizes, str):
+        if image_sizes != "all":
+            raise ValueError(f"image_sizes must be (H, W), a list of them or 'all', got {image_sizes!r}")
+        return all_padded_sizes(low, high, divisible)
+    if image_sizes is None:
+        image_sizes = DEFAULT_PHOTO_SIZES
+    elif len(image_sizes) == 2 and all(isinstance(v, int) for v in image_sizes):
+        image_sizes = [image_sizes]
+    sizes = []
+    for size in image_sizes:
+        height, width = (int(v) for v in size)
+        if height < 1 or width < 1:
+            raise ValueError(f"image sizes must be positive (H, W), got {tuple(size)}")
+        padded = padded_size([resized_size((height, width), low, high)], divisible)
+        if padded not in sizes:
+            sizes.append(padded)
+    return sizes
+
+
+def _import_one(model, padded, offset_trick_max_numel, float64):
+    from ..frontend.detection import export_detector, from_exported_program
+
+    program, static = export_detector(
+        model, padded, offset_trick_max_numel=offset_trick_max_numel, float64=float64
+    )
+    mod = from_exported_program(program, keep_params_as_input=False)
+    bucket = {
+        "padded": list(static.padded),
+        "function": function_name(static.padded),
+        "min_resized_height": static.min_height(),
+    }
+    return mod["main"], bucket, static
+
+
 def import_detector(
-    model, image_size, layout: str = "NHWC", offset_trick_max_numel=4000, float64=True
+    model, image_sizes=None, layout: str = "NHWC", offset_trick_max_numel=4000, float64=True
 ):
     """``(IRModule, metadata)`` of ``model`` (a torchvision detector, or a program exported with
-    :func:`~tvm_roialign.frontend.detection.export_detector`) for ``(H, W)`` input images;
-    ``float64=False`` for targets without float64 (Metal)."""
+    :func:`~tvm_roialign.frontend.detection.export_detector`): one function per padded size of
+    :func:`bucket_sizes` (``detect_<Hp>x<Wp>``); ``float64=False`` for targets without float64
+    (Metal)."""
     import torch
 
-    from ..frontend.detection import export_detector, from_exported_program
+    from ..frontend.detection import from_exported_program
+    from ..frontend.static_rcnn import torch_bilinear_fused
     from ..passes import ConvertLayout
+    from ..runtime.transform import TransformSettings
 
     if layout not in ("NCHW", "NHWC"):
         raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
     if isinstance(model, torch.export.ExportedProgram):
-        program = model
-        meta = _program_metadata(program)
+        meta = _program_metadata(model)
+        functions = {meta["buckets"][0]["function"]: from_exported_program(
+            model, keep_params_as_input=False
+        )["main"]}
     else:
+        functions, buckets = {}, []
         with _tvm_friendly(model):
-            program, static = export_detector(
-                model,
-                image_size,
-                offset_trick_max_numel=offset_trick_max_numel,
-                float64=float64,
-            )
+            for padded in bucket_sizes(model.transform, image_sizes):
+                func, bucket, static = _import_one(model, padded, offset_trick_max_numel, float64)
+                functions[bucket["function"]] = func
+                buckets.append(bucket)
         meta = {
-            "input": {
-                "name": "image",
-                "shape": [3, *static.image_size],
-                "dtype": "float32",
-            },
             "outputs": static.output_names(),
-            "resized": list(static.resized),
-            "padded": list(static.padded),
+            "buckets": buckets,
+            "transform": TransformSettings.of(
+                model.transform, torch_bilinear_fused(30, 57)
+            ).to_dict(),
             "max_detections": static.num_detections,
             "proposals": static.num_proposals,
             "score_threshold": float(model.roi_heads.score_thresh),
             "categories": _categories(model),
             "offset_trick_max_numel": int(offset_trick_max_numel),
         }
+    mod = tvm.IRModule(
+        {name: func.with_attr("global_symbol", name) for name, func in functions.items()}
+    )
     fold = relax.transform.FoldConstant()
-    mod = fold(from_exported_program(program, keep_params_as_input=False))
+    mod = fold(mod)
     if layout == "NHWC":
         mod = fold(ConvertLayout(desired_layouts(layout))(mod))
     return mod, meta
 
 
 def _program_metadata(program) -> dict:
-    """Metadata of a detector program loaded from a ``.pt2`` (its input and output shapes)."""
+    """Metadata of a detector program loaded from a ``.pt2`` (its padded size, transform and
+    output names, from :func:`~tvm_roialign.frontend.detection.export_detector`)."""
+    from ..frontend.detection import settings_of_tensor
+
     placeholders = [
         spec
         for spec in program.graph_signature.input_specs
@@ -178,20 +243,33 @@ def _program_metadata(program) -> dict:
     ops = {
         str(node.target) for node in program.graph.nodes if node.op == "call_function"
     }
-    if len(placeholders) != 1 or "tvm_roialign.batched_nms.default" not in ops:
+    state = program.state_dict
+    if (
+        len(placeholders) != 2
+        or "tvm_roialign.batched_nms.default" not in ops
+        or "transform_settings" not in state
+    ):
         raise ValueError(
             "the program is not a detector exported with tvm_roialign.frontend.detection."
-            "export_detector (one image input and tvm_roialign::batched_nms expected)"
+            "export_detector (images and image_size inputs, tvm_roialign::batched_nms expected)"
         )
-    shape = [
-        int(d) for d in program.graph.find_nodes(op="placeholder")[-1].meta["val"].shape
-    ]
-    names = ["boxes", "scores", "labels", "masks", "num_detections"]
-    if len(outputs) == 4:
-        names.remove("masks")
+    images = list(program.graph.find_nodes(op="placeholder"))[-2]
+    padded = [int(d) for d in images.meta["val"].shape[-2:]]
+    (returned,) = program.graph.find_nodes(op="output")
+    ranks = [node.meta["val"].dim() for node in returned.args[0]]
+    if len(ranks) != len(outputs):
+        raise ValueError("the program's outputs are not a detector's (boxes, scores, labels, ...)")
+    extra = {4: "masks", 5: "keypoint_heatmaps"}
+    names = ["boxes", "scores", "labels", *(extra.get(r, "?") for r in ranks[3:-1]), "num_detections"]
+    bucket = {
+        "padded": padded,
+        "function": function_name(padded),
+        "min_resized_height": int(state["min_resized_height"]),
+    }
     return {
-        "input": {"name": "image", "shape": shape, "dtype": "float32"},
         "outputs": names,
+        "buckets": [bucket],
+        "transform": settings_of_tensor(state["transform_settings"]),
         "categories": None,
     }
 
@@ -250,7 +328,7 @@ def _linker(target: dict, path: Path) -> dict:
 
 def compile_detector(
     model,
-    image_size=None,
+    image_sizes=None,
     target=None,
     layout: str = "NHWC",
     config: DetectorConfig | None = None,
@@ -265,8 +343,10 @@ def compile_detector(
     model : str | torch.nn.Module | torch.export.ExportedProgram | path
         A name from :data:`DETECTORS` (built with ``config``), a torchvision Faster / Mask R-CNN
         in eval mode, or an exported detector program (in memory or a ``.pt2`` file).
-    image_size : (int, int)
-        ``(H, W)`` of the input photos (not needed for an exported program).
+    image_sizes : (int, int) | list of (int, int) | "all" | None
+        The photo sizes ``(H, W)`` the artifact serves: one function per padded size they get
+        from torchvision's transform (:func:`bucket_sizes`; None: :data:`DEFAULT_PHOTO_SIZES`;
+        ``"all"``: every padded size). Not used for an exported program (its own size).
     target : str | dict | tvm.target.Target | None
         Anything :func:`tvm_roialign.target.parse_target` takes: a short name (``"native"``,
         ``"llvm-generic"``, ``"aarch64"``, ``"cuda"``...), a tvmc string, a JSON/dict target or a
@@ -293,12 +373,12 @@ def compile_detector(
     elif isinstance(model, (str, Path)):
         name = name or Path(model).stem
         model = _load_program(Path(model))
-    if image_size is None and not hasattr(model, "graph_signature"):
-        raise ValueError("image_size (H, W) is needed to compile a torchvision model")
-    progress("export and import")
+    progress("export and import" if hasattr(model, "graph_signature") else (
+        f"export and import {len(bucket_sizes(model.transform, image_sizes))} padded size(s)"
+    ))
     t0 = time.perf_counter()
     mod, meta = import_detector(
-        model, image_size, layout, offset_trick_max_numel, target.kind.name != "metal"
+        model, image_sizes, layout, offset_trick_max_numel, target.kind.name != "metal"
     )
     import_s = time.perf_counter() - t0
     progress(f"build for {target.kind.name}")
@@ -356,7 +436,8 @@ def sample_photo(name: str):
 
 def torch_detections(model, rgb) -> dict:
     """torchvision eager on an RGB uint8 photo (as a ``[3, H, W]`` float tensor in [0, 1]), as
-    NumPy arrays: ``boxes``, ``labels``, ``scores`` and, for Mask R-CNN, ``masks [n, H, W]``."""
+    NumPy arrays: ``boxes``, ``labels``, ``scores`` and, for Mask R-CNN, ``masks [n, H, W]``,
+    for Keypoint R-CNN ``keypoints [n, K, 3]`` and ``keypoints_scores [n, K]``."""
     import numpy as np
     import torch
 
@@ -366,13 +447,36 @@ def torch_detections(model, rgb) -> dict:
     out = {key: result[key].numpy() for key in ("boxes", "labels", "scores")}
     if "masks" in result:
         out["masks"] = result["masks"][:, 0].numpy()
+    for key in ("keypoints", "keypoints_scores"):
+        if key in result:
+            out[key] = result[key].numpy()
     return out
+
+
+def _keypoint_diff(ours: dict, ref: dict) -> float:
+    """The largest keypoint (x, y) difference, each detection paired with the reference one of
+    the same label and nearest box (the pairing of ``compare_detections``)."""
+    import numpy as np
+
+    ob, rb = np.asarray(ours["boxes"], np.float64), np.asarray(ref["boxes"], np.float64)
+    if len(ob) == 0:
+        return 0.0
+    used, worst = set(), 0.0
+    for i in range(len(ob)):
+        cands = [j for j in range(len(rb)) if j not in used and ref["labels"][j] == ours["labels"][i]]
+        j = min(cands or [j for j in range(len(rb)) if j not in used],
+                key=lambda j: float(np.abs(ob[i] - rb[j]).max()))
+        used.add(j)
+        diff = np.abs(ours["keypoints"][i, :, :2] - ref["keypoints"][j, :, :2]).max()
+        worst = max(worst, float(diff))
+    return worst
 
 
 def compare(ours: dict, ref: dict) -> dict:
     """:func:`tvm_roialign.models.maskrcnn.compare_detections` of two NumPy detection dicts
-    (``masks [n, H, W]`` optional), with ``passed``: same count and labels, boxes within 1e-2 px,
-    scores within 1e-4, >= 99.9% of mask pixels equal at 0.5."""
+    (``masks [n, H, W]`` and ``keypoints [n, K, 3]`` optional), with ``passed``: same count and
+    labels, boxes within 1e-2 px, scores within 1e-4, >= 99.9% of mask pixels equal at 0.5,
+    keypoints within 1e-2 px."""
     import numpy as np
     import torch
 
@@ -390,7 +494,10 @@ def compare(ours: dict, ref: dict) -> dict:
         }
 
     result = compare_detections(tensors(ours), tensors(ref))
+    if "keypoints" in ref and result["num_detections_tvm"] == result["num_detections_torch"]:
+        result["max_keypoint_diff"] = _keypoint_diff(ours, ref)
     result["passed"] = bool(
+        result.get("max_keypoint_diff", 0.0) <= 1e-2 and
         result["num_detections_tvm"] == result["num_detections_torch"]
         and result["same_labels"]
         and result["max_box_diff"] <= 1e-2

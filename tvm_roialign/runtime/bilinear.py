@@ -1,7 +1,7 @@
 """Bilinear resizing as PyTorch's CPU kernel computes it (``align_corners=False``), in NumPy.
 
-The runtime's mask paste uses it, and the static-form detector
-(:mod:`tvm_roialign.frontend.static_rcnn`) builds its input resize from the same weights. NumPy
+The runtime's mask paste and its torchvision transform (:mod:`tvm_roialign.runtime.transform`)
+use it. NumPy
 only: this module must stay importable without PyTorch.
 """
 
@@ -38,16 +38,20 @@ def bilinear_weights(in_size: int, out_size: int, fused: bool = True):
     return index0, index1, (f32(1) - lambda1).astype(f32), lambda1
 
 
-def _lerp(a, wa, b, wb):
-    """``fma(a, wa, b * wb)`` in float32 (formed in float64, rounded once)."""
+def _lerp(a, wa, b, wb, fused: bool = True):
+    """``fma(a, wa, b * wb)`` in float32 (formed in float64, rounded once); ``fused=False``:
+    ``a * wa + b * wb`` rounded at each step."""
+    if not fused:
+        return (a * wa + b * wb).astype(np.float32)
     return (a.astype(np.float64) * wa + (b * wb).astype(np.float64)).astype(np.float32)
 
 
-def resize_bilinear(array: np.ndarray, height: int, width: int) -> np.ndarray:
+def resize_bilinear(array: np.ndarray, height: int, width: int, fused: bool = True) -> np.ndarray:
     """``array [..., H, W]`` float32 resized to ``[..., height, width]`` (width first, then
-    height, each ``fma(a, w0, b * w1)``: PyTorch's generic CPU kernel on an FMA machine)."""
+    height, each ``fma(a, w0, b * w1)``: PyTorch's generic CPU kernel on an FMA machine;
+    ``fused=False``: its baseline x86-64 build, source coordinates and sums rounded twice)."""
     array = np.asarray(array, dtype=np.float32)
-    wi0, wi1, wl0, wl1 = bilinear_weights(array.shape[-1], width)
-    x = _lerp(array[..., wi0], wl0, array[..., wi1], wl1)
-    hi0, hi1, hl0, hl1 = bilinear_weights(array.shape[-2], height)
-    return _lerp(x[..., hi0, :], hl0[:, None], x[..., hi1, :], hl1[:, None])
+    wi0, wi1, wl0, wl1 = bilinear_weights(array.shape[-1], width, fused)
+    x = _lerp(array[..., wi0], wl0, array[..., wi1], wl1, fused)
+    hi0, hi1, hl0, hl1 = bilinear_weights(array.shape[-2], height, fused)
+    return _lerp(x[..., hi0, :], hl0[:, None], x[..., hi1, :], hl1[:, None], fused)

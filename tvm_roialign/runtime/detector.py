@@ -2,10 +2,12 @@
 
 An artifact is a library (``model.so``, from :func:`tvm_roialign.models.detection.compile_detector`
 or ``tvm-roialign compile``) plus ``model.so.json``, its metadata (``"kind": "detector"``): the
-input image size, the output names, the category names, the target. :class:`Detector` loads both
-and, for an RGB photo, runs the artifact, keeps the first ``num_detections`` rows, maps the boxes
-back to the photo if it had to be resized to the artifact's input size, and pastes the 28x28 masks
-into the photo (:func:`~tvm_roialign.runtime.masks.paste_masks`). :func:`detect_to_files` draws the
+padded image sizes it serves, torchvision's transform settings, the output names, the category
+names, the target. :class:`Detector` loads both and, for an RGB photo (or a batch of them), does
+torchvision's transform in NumPy (:mod:`~tvm_roialign.runtime.transform`), runs the artifact's
+function for the padded size, keeps the first ``num_detections`` rows, maps the boxes back to the
+photo as torchvision's postprocess does, and pastes the 28x28 masks into the photo
+(:func:`~tvm_roialign.runtime.masks.paste_masks`). :func:`detect_to_files` draws the
 result and writes it as JSON.
 """
 
@@ -19,7 +21,9 @@ import numpy as np
 
 from ..host import host_machine, is_host_triple, use_usable_cores
 from .draw import draw_detections
+from .keypoints import heatmaps_to_keypoints
 from .masks import paste_masks
+from .transform import TransformSettings, padded_size, resize_boxes, resize_keypoints
 
 __all__ = [
     "METADATA_KIND",
@@ -99,13 +103,34 @@ def _device(target: dict):
     return device
 
 
-class Detector:
-    """A compiled detector artifact, ready to run on photos.
+def _check_photo(rgb, where: str) -> np.ndarray:
+    rgb = np.asarray(rgb)
+    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8 or 0 in rgb.shape:
+        raise ValueError(
+            f"{where} must be [H, W, 3] uint8 RGB, got {rgb.dtype} {list(rgb.shape)}"
+        )
+    return rgb
 
-    ``Detector(path)(rgb)`` returns ``boxes [n, 4]`` (x1, y1, x2, y2 in the photo's pixels),
-    ``labels [n]`` int64, ``scores [n]``, and for Mask R-CNN ``masks [n, H, W]`` (probabilities
-    pasted into the photo) and ``masks28 [n, M, M]`` (the artifact's own output), plus ``run_s``
-    (the artifact) and ``total_s`` (with the NumPy steps).
+
+def _size(size) -> str:
+    return f"{int(size[0])}x{int(size[1])}"
+
+
+class Detector:
+    """A compiled detector artifact, ready to run on photos of the sizes it serves.
+
+    ``Detector(path)(rgb)`` does what torchvision's ``model([image])`` does: its transform
+    (normalize, resize keeping the aspect ratio, pad: :mod:`tvm_roialign.runtime.transform`),
+    the artifact's function for the padded size, and its postprocess; it returns ``boxes [n,
+    4]`` (x1, y1, x2, y2 in the photo's pixels), ``labels [n]`` int64, ``scores [n]``, and for
+    Mask R-CNN ``masks [n, H, W]`` (probabilities pasted into the photo) and ``masks28 [n, M,
+    M]`` (the artifact's own output), for Keypoint R-CNN ``keypoints [n, K, 3]`` (x, y, 1 in the
+    photo's pixels) and ``keypoints_scores [n, K]``, plus ``run_s`` (the artifact) and
+    ``total_s`` (with the NumPy steps). A list of photos is one batch, padded together as
+    torchvision's ``batch_images`` pads it (what ``model(images)`` computes), and gives a list
+    of such dicts; :meth:`raw` gives the batch as ``[N, D, ...]`` arrays and ``num_detections
+    [N]``. A photo (or batch) whose padded size the artifact was not compiled for is refused
+    with the sizes it accepts (:attr:`accepted`), never stretched.
     """
 
     def __init__(self, library):
@@ -118,66 +143,127 @@ class Detector:
                 f"compiled detector {str(library)!r} does not exist"
             )
         self.meta = read_metadata(self.path)
+        if "buckets" not in self.meta or "transform" not in self.meta:
+            raise ValueError(
+                f"{str(library)!r} was compiled by an older tvm-roialign (its metadata has no "
+                f"padded sizes or transform settings); compile it again"
+            )
         self.device = _device(self.meta.get("target", {}))
         use_usable_cores()
         self.vm = relax.VirtualMachine(
             tvm.runtime.load_module(str(self.path)), self.device
         )
-        _, self.height, self.width = self.meta["input"]["shape"]
+        self.settings = TransformSettings.from_dict(self.meta["transform"])
+        self.buckets = {tuple(b["padded"]): b for b in self.meta["buckets"]}
         self.outputs = list(self.meta["outputs"])
         self.names = self.meta.get("categories")
 
-    def _input(self, rgb: np.ndarray) -> np.ndarray:
-        rgb = np.asarray(rgb)
-        if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
+    @property
+    def accepted(self) -> list[tuple[int, int]]:
+        """The padded sizes ``(Hp, Wp)`` this artifact has a function for."""
+        return sorted(self.buckets)
+
+    def _bucket(self, resized, shapes) -> dict:
+        padded = padded_size(resized, self.settings.size_divisible)
+        bucket = self.buckets.get(padded)
+        settings = f"min_size {self.settings.min_size}, max_size {self.settings.max_size}"
+        what = (
+            f"a photo of {_size(shapes[0])}" if len(shapes) == 1 else
+            f"a batch of {len(shapes)} photos ({', '.join(_size(s) for s in shapes)})"
+        )
+        if bucket is None:
             raise ValueError(
-                f"image must be [H, W, 3] uint8 RGB, got {rgb.dtype} {list(rgb.shape)}"
+                f"{what} is padded to {_size(padded)} by torchvision's transform ({settings}); "
+                f"this artifact accepts padded sizes {', '.join(_size(s) for s in self.accepted)} "
+                f"(compile with --input-size {_size(shapes[0])} or --input-size all)"
             )
-        if rgb.shape[:2] != (self.height, self.width):
-            from PIL import Image
-
-            rgb = np.asarray(
-                Image.fromarray(rgb).resize(
-                    (self.width, self.height), Image.Resampling.BILINEAR
-                )
+        height = max(r[0] for r in resized)
+        if height < bucket["min_resized_height"]:
+            raise ValueError(
+                f"{what} is resized to a height of {height} in {_size(padded)}, where "
+                f"torchvision's poolers infer other scales than the artifact's (it needs a "
+                f"height of at least {bucket['min_resized_height']})"
             )
-        # torchvision's to-tensor: uint8 / 255 in float32, channels first
-        return np.ascontiguousarray(rgb.transpose(2, 0, 1)).astype(
-            np.float32
-        ) / np.float32(255)
+        return bucket
 
-    def raw(self, rgb: np.ndarray) -> dict:
-        """The artifact's outputs by name (padded to the cap) and ``run_s``."""
+    def _prepare(self, images):
+        single = not isinstance(images, (list, tuple))
+        photos = [images] if single else list(images)
+        if not photos:
+            raise ValueError("images is an empty list: give one or more [H, W, 3] uint8 photos")
+        photos = [
+            _check_photo(p, "image" if single else f"images[{i}]") for i, p in enumerate(photos)
+        ]
+        tensors = [self.settings(p) for p in photos]
+        resized = [t.shape[1:] for t in tensors]
+        bucket = self._bucket(resized, [p.shape[:2] for p in photos])
+        return single, photos, tensors, resized, bucket
+
+    def _run(self, tensor, resized, bucket) -> list[np.ndarray]:
         import tvm
 
-        image = tvm.runtime.tensor(self._input(rgb), self.device)
+        height, width = bucket["padded"]
+        batch = np.zeros((1, 3, height, width), np.float32)
+        batch[0, :, : tensor.shape[1], : tensor.shape[2]] = tensor
+        result = self.vm[bucket["function"]](
+            tvm.runtime.tensor(batch, self.device),
+            tvm.runtime.tensor(np.asarray(resized, np.float32), self.device),
+        )
+        return [r.numpy() for r in result]
+
+    def raw(self, images) -> dict:
+        """The artifact's outputs by name for one photo or a batch (a list): ``[N, D, ...]``
+        (``N = 1`` for one photo; boxes in the resized images' pixels, rows past
+        ``num_detections [N]`` zero), ``resized`` and ``padded`` (the transform's sizes) and
+        ``run_s``."""
+        _, _, tensors, resized, bucket = self._prepare(images)
+        return self._raw(tensors, resized, bucket)
+
+    def _raw(self, tensors, resized, bucket) -> dict:
         t0 = time.perf_counter()
-        result = self.vm["main"](image)
-        arrays = dict(zip(self.outputs, (r.numpy() for r in result)))
+        runs = [self._run(t, r, bucket) for t, r in zip(tensors, resized)]
+        arrays = {
+            name: np.concatenate([run[i] for run in runs])
+            for i, name in enumerate(self.outputs)
+        }
         arrays["run_s"] = time.perf_counter() - t0
+        arrays["resized"] = [tuple(int(v) for v in r) for r in resized]
+        arrays["padded"] = tuple(bucket["padded"])
         return arrays
 
-    def __call__(self, rgb: np.ndarray) -> dict:
+    def __call__(self, images):
         start = time.perf_counter()
-        arrays = self.raw(rgb)
-        run_s = arrays["run_s"]
-        count = int(arrays["num_detections"][0])
-        height, width = np.asarray(rgb).shape[:2]
-        boxes = arrays["boxes"][0, :count]
-        if (height, width) != (self.height, self.width):
-            boxes = boxes * np.array(
-                [width / self.width, height / self.height] * 2, np.float32
-            )
+        single, photos, tensors, resized, bucket = self._prepare(images)
+        arrays = self._raw(tensors, resized, bucket)
+        results = [
+            self._postprocess(arrays, i, resized[i], photo.shape[:2])
+            for i, photo in enumerate(photos)
+        ]
+        for result in results:
+            result["run_s"] = arrays["run_s"]
+            result["total_s"] = time.perf_counter() - start
+            result["padded"] = arrays["padded"]
+        return results[0] if single else results
+
+    def _postprocess(self, arrays, i, resized, original) -> dict:
+        """torchvision's postprocess of image ``i``: boxes (and keypoints) to the photo's
+        size, masks pasted into it."""
+        count = int(arrays["num_detections"][i])
+        boxes = resize_boxes(arrays["boxes"][i, :count], resized, original)
         out = {
             "boxes": boxes,
-            "labels": arrays["labels"][0, :count],
-            "scores": arrays["scores"][0, :count],
+            "labels": arrays["labels"][i, :count],
+            "scores": arrays["scores"][i, :count],
+            "resized": tuple(int(v) for v in resized),
         }
         if "masks" in arrays:
-            out["masks28"] = arrays["masks"][0, :count]
-            out["masks"] = paste_masks(out["masks28"], boxes, height, width)
-        out["run_s"] = run_s
-        out["total_s"] = time.perf_counter() - start
+            out["masks28"] = arrays["masks"][i, :count]
+            out["masks"] = paste_masks(out["masks28"], boxes, *original)
+        if "keypoint_heatmaps" in arrays:
+            keypoints, out["keypoints_scores"] = heatmaps_to_keypoints(
+                arrays["keypoint_heatmaps"][i, :count], arrays["boxes"][i, :count]
+            )
+            out["keypoints"] = resize_keypoints(keypoints, resized, original)
         return out
 
     def name_of(self, label: int) -> str:
@@ -204,7 +290,8 @@ def detect_to_files(
         "library": str(library),
         "image": str(image_path),
         "image_size": list(rgb.shape[:2]),
-        "input_size": [detector.height, detector.width],
+        "resized_size": list(result["resized"]),
+        "padded_size": list(result["padded"]),
         "target": meta.get("target"),
         "run_ms": result["run_s"] * 1e3,
         "total_ms": result["total_s"] * 1e3,

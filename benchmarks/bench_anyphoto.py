@@ -1,0 +1,170 @@
+"""One detector artifact for photos of several sizes, against torchvision eager and static builds.
+
+For one model: a single artifact compiled for the padded sizes of all the photos
+(:func:`tvm_roialign.models.detection.compile_detector` with their sizes; one function per padded
+size), run through :class:`tvm_roialign.runtime.Detector` on each photo at its own size and on a
+batch of three photos in one call; compared with torchvision eager (``model([image])``, and
+``model([a, b, c])`` for the batch). For ``--static`` photos, an artifact compiled for that photo's
+size only is timed as well (the same round, interleaved), giving the ratio any-size / static.
+Compile time and library size are reported for each artifact.
+
+    python benchmarks/bench_anyphoto.py [--model maskrcnn_resnet50_fpn] [--repeat 3]
+        [--static coffee,grace_hopper] [--out benchmarks/results/bench_anyphoto.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tvm_roialign.models import detection as det
+from tvm_roialign.runtime import Detector
+
+
+def photos() -> dict:
+    """The photos at their own sizes: the packages' five, a portrait and a very wide one."""
+    out = {name: det.sample_photo(name) for name in det.SAMPLE_PHOTOS}
+    out["portrait"] = np.ascontiguousarray(np.rot90(det.sample_photo("coffee")))  # 600x400
+    out["wide"] = np.ascontiguousarray(det.sample_photo("rocket")[130:290])  # 160x640, 1:4
+    return out
+
+
+def timed(fn, repeat):
+    fn()
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - t0)
+    return statistics.median(runs)
+
+
+def compiled(model, sizes, target, path, log, what):
+    log(f"compile {what}: {len(sizes)} photo size(s)")
+    artifact = det.compile_detector(model, sizes, target=target)
+    library = artifact.export(path)
+    return Detector(library), {
+        "import_s": artifact.import_s,
+        "build_s": artifact.compile_s,
+        "library_mb": library.stat().st_size / 2**20,
+        "padded_sizes": [b["padded"] for b in artifact.meta["buckets"]],
+    }
+
+
+def eager_batch(model, rgbs):
+    images = [torch.from_numpy(r).permute(2, 0, 1).float() / 255.0 for r in rgbs]
+    with torch.no_grad():
+        results = model(images)
+    out = []
+    for result in results:
+        d = {k: result[k].numpy() for k in ("boxes", "labels", "scores")}
+        if "masks" in result:
+            d["masks"] = result["masks"][:, 0].numpy()
+        out.append(d)
+    return out
+
+
+def print_report(report) -> None:
+    a = report["artifact"]
+    print(
+        f"{report['model']}: one artifact, padded sizes {a['padded_sizes']}: import {a['import_s']:.0f} s, "
+        f"build {a['build_s']:.0f} s, {a['library_mb']:.0f} MiB"
+    )
+    for name, s in report.get("static_artifacts", {}).items():
+        print(
+            f"  static artifact of {name}: import {s['import_s']:.0f} s, build {s['build_s']:.0f} s, "
+            f"{s['library_mb']:.0f} MiB"
+        )
+    print(f"{'photo':13s} {'size':>9s} {'padded':>9s} {'any s':>7s} {'static s':>9s} {'eager s':>8s} "
+          f"{'any/static':>10s} {'any/eager':>9s} {'max box px':>10s} {'max score':>9s} {'masks':>7s} equal")
+    for name, r in report["photos"].items():
+        c = r["comparison_with_eager"]
+        static = f"{r['static_s']:9.3f}" if "static_s" in r else f"{'-':>9s}"
+        ratio = f"{r['any_over_static']:10.2f}" if "any_over_static" in r else f"{'-':>10s}"
+        print(
+            f"{name:13s} {'x'.join(map(str, r['size'])):>9s} {'x'.join(map(str, r['padded'])):>9s} "
+            f"{r['any_s']:7.3f} {static} {r['eager_s']:8.3f} {ratio} {r['any_over_eager']:9.2f} "
+            f"{c['max_box_diff']:10.2e} {c.get('max_score_diff', 0):9.1e} "
+            f"{c['mask_pixel_agreement']:7.5f} {c['passed']}"
+        )
+    b = report["batch"]
+    print(f"batch {b['photos']} (padded {b['padded']}): equal to eager's batched call: "
+          f"{[c['passed'] for c in b['comparisons']]}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="maskrcnn_resnet50_fpn")
+    parser.add_argument("--target", default="native")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--static", default="coffee,grace_hopper")
+    parser.add_argument("--batch", default="coffee,chelsea,grace_hopper")
+    parser.add_argument("--out", default="benchmarks/results/bench_anyphoto.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+    def log(message):
+        print(message, file=sys.stderr, flush=True)
+
+    model = det.build_torch_detector(args.model)
+    rgbs = photos()
+    report = {"model": args.model, "target": args.target, "repeat": args.repeat, "photos": {}}
+    with tempfile.TemporaryDirectory() as workdir:
+        anysize, report["artifact"] = compiled(
+            model, [r.shape[:2] for r in rgbs.values()], args.target,
+            Path(workdir) / "any.so", log, "the any-size artifact",
+        )
+        statics = {}
+        for name in filter(None, args.static.split(",")):
+            statics[name], report.setdefault("static_artifacts", {})[name] = compiled(
+                model, [rgbs[name].shape[:2]], args.target, Path(workdir) / f"{name}.so", log,
+                f"the static artifact of {name}",
+            )
+        for name, rgb in rgbs.items():
+            log(f"{name} {rgb.shape[0]}x{rgb.shape[1]}")
+            image = torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0
+            ours = anysize(rgb)
+            row = {
+                "size": list(rgb.shape[:2]),
+                "padded": list(ours["padded"]),
+                "comparison_with_eager": det.compare(ours, det.torch_detections(model, rgb)),
+                "any_s": timed(lambda rgb=rgb: anysize(rgb), args.repeat),
+            }
+
+            def eager(image=image):
+                with torch.no_grad():
+                    return model([image])
+
+            row["eager_s"] = timed(eager, args.repeat)
+            if name in statics:
+                row["static_s"] = timed(lambda d=statics[name], rgb=rgb: d(rgb), args.repeat)
+                row["any_over_static"] = row["any_s"] / row["static_s"]
+            row["any_over_eager"] = row["any_s"] / row["eager_s"]
+            report["photos"][name] = row
+        names = args.batch.split(",")
+        batch = [rgbs[n] for n in names]
+        ours = anysize(batch)
+        report["batch"] = {
+            "photos": names,
+            "padded": list(ours[0]["padded"]),
+            "comparisons": [det.compare(o, r) for o, r in zip(ours, eager_batch(model, batch))],
+        }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=float))
+    print_report(report)
+    print(f"written {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
