@@ -118,8 +118,8 @@ def check_model_file(path: Path, alternatives: str = "") -> None:
 
 
 def symbolic_inputs_note(path: Path, mod) -> str | None:
-    """A ``note:`` line when inputs of ``mod`` have symbolic dimensions (ONNX dynamic axes), which
-    make slower code and a longer build than static shapes; None when all are static."""
+    """A ``note:`` line when inputs of ``mod`` have symbolic dimensions (ONNX dynamic axes): the
+    library runs at every size, and ``--input-shapes`` builds for one; None when all are static."""
     dynamic = [s for s in signature(mod) if s["shape"] and any(isinstance(d, str) for d in s["shape"])]
     if not dynamic:
         return None
@@ -129,8 +129,8 @@ def symbolic_inputs_note(path: Path, mod) -> str | None:
         for s in dynamic
     )
     return (
-        f"note: {path.name} has inputs with symbolic dimensions: {listed}; static shapes build "
-        f'faster and run faster: give them, e.g. --input-shapes "{example}"'
+        f"note: {path.name} has inputs with symbolic dimensions: {listed}; the library runs at "
+        f'every size (for one size only: --input-shapes "{example}")'
     )
 
 
