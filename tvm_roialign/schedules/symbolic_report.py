@@ -3,7 +3,8 @@
 A kernel (PrimFunc) has a symbolic shape when one of its buffers has a symbolic dimension (an ONNX
 model's dynamic height, width or batch). After the schedule rules, it counts as *served* when it
 runs in parallel and vectorized and, if it holds a conv2d or matmul reduction, register-tiled (an
-unrolled tile); otherwise the reason is the first of those it lacks. :func:`symbolic_report_pass`
+unrolled tile accumulated in a cache block, as the conv and matmul rules do); otherwise the reason
+is the first of those it lacks. :func:`symbolic_report_pass`
 hands the :class:`SymbolicCoverage` of a module to a callback (``tvm-roialign compile`` prints it,
 as it prints the coverage of ``--tuning-records``).
 """
@@ -61,8 +62,11 @@ def _reason(func: tirx.PrimFunc) -> str | None:
         return "serial"
     if tirx.ForKind.VECTORIZED not in kinds:
         return "scalar: no static innermost axis of 4 or more lanes"
-    if contraction and tirx.ForKind.UNROLLED not in kinds:
-        return "not register-tiled (a strided conv or a grouped one)"
+    # the conv / matmul rules accumulate their tile in a cache block (``<name>_local`` or
+    # ``_global``); the fallback accumulates in the output
+    tiled = [name for name in contraction if name.endswith(("_local", "_global"))]
+    if contraction and (not tiled or tirx.ForKind.UNROLLED not in kinds):
+        return "no register tile: the fallback rule"
     return None
 
 
