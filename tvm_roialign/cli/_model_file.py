@@ -119,7 +119,8 @@ def check_model_file(path: Path, alternatives: str = "") -> None:
 
 def symbolic_inputs_note(path: Path, mod) -> str | None:
     """A ``note:`` line when inputs of ``mod`` have symbolic dimensions (ONNX dynamic axes): the
-    library runs at every size, and ``--input-shapes`` builds for one; None when all are static."""
+    library runs at every size, ``--input-shapes`` builds a faster one for one size (the build's
+    'symbolic shapes' line says which kernels fell back); None when all are static."""
     dynamic = [s for s in signature(mod) if s["shape"] and any(isinstance(d, str) for d in s["shape"])]
     if not dynamic:
         return None
@@ -130,7 +131,8 @@ def symbolic_inputs_note(path: Path, mod) -> str | None:
     )
     return (
         f"note: {path.name} has inputs with symbolic dimensions: {listed}; the library runs at "
-        f'every size (for one size only: --input-shapes "{example}")'
+        f"every size, but kernels the rules cannot tile at a symbolic size (the 'symbolic shapes' "
+        f'line) run slower than at one static size: --input-shapes "{example}"'
     )
 
 
