@@ -454,7 +454,8 @@ def test_missing_package_names_the_pip_package():
 
 
 def test_symbolic_onnx_inputs_get_one_note(workdir, capsys):
-    """An ONNX model with dynamic axes builds, with one note (not under -q) suggesting static shapes."""
+    """An ONNX model with dynamic axes builds, with one note (not under -q) that the library runs at
+    every size (--input-shapes for one), and one line saying which kernels the rules tiled."""
     path = _onnx_model(
         workdir / "dyn.onnx",
         [helper.make_node("Relu", ["x"], ["y"])],
@@ -468,8 +469,15 @@ def test_symbolic_onnx_inputs_get_one_note(workdir, capsys):
     assert len(notes) == 1, err
     assert "x [batch, 3, height, width]" in notes[0], notes
     assert '--input-shapes "x:[1,3,224,224]"' in notes[0], notes
-    code, _, err = _cli(["compile", str(path), "-o", lib], capsys)
+    assert "runs at every size" in notes[0] and "'symbolic shapes' line" in notes[0], notes
+    code, out, err = _cli(["compile", str(path), "-o", lib], capsys)
     assert code == 0 and "note:" not in err, err
+    (line,) = [text for text in out.splitlines() if text.startswith("symbolic shapes:")]
+    # NCHW relu: the innermost axis (width) is symbolic, so no vector of static lanes
+    assert line == (
+        "symbolic shapes: 0 of 1 kernels tiled, vectorized, parallel; 1 fell back: relu1 "
+        "(scalar: no static innermost axis of 4 or more lanes)"
+    ), out
     code, _, err = _cli(
         ["compile", str(path), "--input-shapes", "x:[1,3,8,8]", "-o", lib], capsys, quiet=False
     )

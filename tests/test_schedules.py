@@ -363,8 +363,9 @@ def test_padded_conv_slice_stays_inside_its_output(rng):
 
 def test_symbolic_conv_runs_and_keeps_no_whole_output_local_buffer(rng):
     """A conv whose image size is symbolic (an ONNX model exported with dynamic height and width)
-    is scheduled by the fallback rule without a ``local`` accumulator: TIR would size it by the
-    whole output, one stack array per parallel task, and the model segfaulted at 224x224."""
+    is scheduled without a ``local`` accumulator of the output's symbolic shape: TIR sized it by
+    the whole output, one stack array per parallel task, and the model segfaulted at 224x224 (the
+    tile's own accumulator: tests/test_symbolic_shapes.py)."""
     h, w = tvm.tirx.Var("h", "int64"), tvm.tirx.Var("w", "int64")
     weight = rng.standard_normal((3, 3, 8, 16)).astype("float32")
     bb = relax.BlockBuilder()

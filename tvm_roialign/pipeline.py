@@ -146,6 +146,7 @@ def cpu_pipeline(
     tuning_records=None,
     pack_weights: bool = True,
     rules=None,
+    symbolic_report=None,
     **graph_options,
 ) -> tvm.transform.Pass:
     """The llvm build pipeline (see the module docstring for its phases).
@@ -162,6 +163,10 @@ def cpu_pipeline(
         Phase 6 (False: the packing stages stay inside the kernels, run at every call; for tests).
     rules : list of ScheduleRule or None
         Phase 5 rules (default :func:`tvm_roialign.schedules.default_rules`).
+    symbolic_report : callable(SymbolicCoverage) or None
+        Called after phase 5 when kernels have symbolic shapes: which the rules tiled, vectorized
+        and parallelized, and which fell back and why
+        (:class:`~tvm_roialign.schedules.symbolic_report.SymbolicCoverage`).
     graph_options
         Phases 1-3 (:func:`prepare_pipeline`): ``layout`` of the convolutions (and RoIAlign)
         after phase 1 (``"NHWC"``, the layout the conv rules and Winograd are written for;
@@ -189,6 +194,10 @@ def cpu_pipeline(
                 phases.append(apply_database_pass(tuning_records))
             # 5. default schedule rules (skip tirx.is_scheduled functions)
             phases.append(cpu_schedule_pass(rules))
+            if symbolic_report is not None:
+                from .schedules.symbolic_report import symbolic_report_pass
+
+                phases.append(symbolic_report_pass(symbolic_report))
             if pack_weights:
                 # 6. weight packing at compile time
                 phases += [

@@ -178,8 +178,9 @@ def check_model_file(path: Path, alternatives: str = "") -> None:
 
 
 def symbolic_inputs_note(path: Path, mod) -> str | None:
-    """A ``note:`` line when inputs of ``mod`` have symbolic dimensions (ONNX dynamic axes), which
-    make slower code and a longer build than static shapes; None when all are static."""
+    """A ``note:`` line when inputs of ``mod`` have symbolic dimensions (ONNX dynamic axes): the
+    library runs at every size, ``--input-shapes`` builds a faster one for one size (the build's
+    'symbolic shapes' line says which kernels fell back); None when all are static."""
     dynamic = [s for s in signature(mod) if s["shape"] and any(isinstance(d, str) for d in s["shape"])]
     if not dynamic:
         return None
@@ -189,8 +190,9 @@ def symbolic_inputs_note(path: Path, mod) -> str | None:
         for s in dynamic
     )
     return (
-        f"note: {path.name} has inputs with symbolic dimensions: {listed}; static shapes build "
-        f'faster and run faster: give them, e.g. --input-shapes "{example}"'
+        f"note: {path.name} has inputs with symbolic dimensions: {listed}; the library runs at "
+        f"every size, but kernels the rules cannot tile at a symbolic size (the 'symbolic shapes' "
+        f'line) run slower than at one static size: --input-shapes "{example}"'
     )
 
 

@@ -177,14 +177,17 @@ class _LastRelaxModule:
             self.mod = mod
 
 
-def _build(mod, target, capture_tir: bool, records=None):
+def _build(mod, target, capture_tir: bool, records=None, symbolic_report=None):
     """The pipeline's build without its own layout conversion: ``--desired-layout`` decided it."""
     import tvm
 
     from ..pipeline import build
 
+    options = {"tuning_records": records, "layout": None}
+    if symbolic_report is not None and target.kind.name == "llvm":
+        options["symbolic_report"] = symbolic_report
     if not capture_tir:
-        return build(mod, target, tuning_records=records, layout=None), None
+        return build(mod, target, **options), None
     instrument = tvm.ir.instrument.pass_instrument(_LastRelaxModule)()
     ctx = tvm.transform.PassContext.current()
     with tvm.transform.PassContext(
@@ -194,7 +197,7 @@ def _build(mod, target, capture_tir: bool, records=None):
         config=dict(ctx.config),
         instruments=[*ctx.instruments, instrument],
     ):
-        executable = build(mod, target, tuning_records=records, layout=None)
+        executable = build(mod, target, **options)
     return executable, instrument.mod
 
 
@@ -242,11 +245,14 @@ def main(args) -> int:
     times = {}
     with Progress(args.quiet) as progress, tvm_messages(args.quiet):
         records, coverages = open_records(args.tuning_records, target)
+        symbolic: list = []
         mod, layout_name = import_model(args, options, progress, times)
         progress(f"build for {describe(target)}")
         t0 = time.perf_counter()
         try:
-            executable, tir_mod = _build(mod, target, "tir" in formats, records)
+            executable, tir_mod = _build(
+                mod, target, "tir" in formats, records, symbolic_report=symbolic.append
+            )
         except Exception as err:  # noqa: BLE001
             raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
         times["build_s"] = time.perf_counter() - t0
@@ -275,9 +281,16 @@ def main(args) -> int:
             "tuned": sorted({name for c in coverages for name in c.tuned}),
             "untuned": sorted({name for c in coverages for name in c.untuned}),
         }
+    for coverage in symbolic:
+        meta["symbolic_shapes"] = {
+            "served": coverage.served,
+            "fell_back": [{"kernel": k, "why": why} for k, why in coverage.fell_back],
+        }
     Path(f"{out}.json").write_text(json.dumps(meta, indent=2))
     extra = f"; wrote {', '.join(dumps)}" if dumps else ""
     print_coverage(coverages)
+    for coverage in symbolic:
+        print(coverage)
     print(
         f"compiled {args.model} -> {out} ({describe(target)}, layout {layout_name}) in "
         f"{format_times(times)}{extra}"

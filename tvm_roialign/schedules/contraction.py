@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import Schedule
@@ -49,6 +50,12 @@ _LATENCY_CHAINS = 16
 #: on AVX-512: a 4x4 tile (256 weight bytes per 16 multiply-adds) runs a [1024, 256] x [256, 256]
 #: matmul at 0.67x the speed of an 8x2 tile (128 bytes)
 _L2_BYTES_PER_CYCLE = 16
+#: TVM's limit for a buffer on the stack (``runtime::kMaxStackAlloca``; larger ones are heap
+#: workspaces)
+_MAX_STACK_BYTES = 1024
+#: row extents a symbolic one is assumed to take when a tile is chosen for it: the widths of the
+#: feature maps of an image model at 224 to 480 pixels (stride 2 to 32) and of a batch of rows
+NOMINAL_ROWS = (7, 10, 14, 15, 28, 30, 56, 60, 112, 120)
 
 
 @dataclass
@@ -57,13 +64,18 @@ class Contraction:
 
     block: object  # SBlockRV
     roles: str  # one of B/M/N/R per loop, in loop order
-    extents: list[int]
+    #: per loop; None for a symbolic extent (batch and row loops only)
+    extents: list[int | None]
     column: int  # loop position of the vectorized column axis
     data_read: int  # read-region index of ``a``
     weight_read: int  # read-region index of ``w``
     weight_column_dim: int  # dimension of ``w`` indexed by the column axis
     weight_ndim: int
     dtype: str
+    #: dimension of the output indexed by the innermost row (``M``) loop, and its block var
+    row_dim: int = -1
+    row_var: str = ""
+    name: str = ""
 
     @property
     def num_columns(self) -> int:
@@ -92,9 +104,8 @@ def analyze_contraction(sch: Schedule, block) -> Contraction | None:
         return None
     extents = []
     for loop, it in zip(loops, iters):
-        loop_stmt = sch.get(loop)
-        extent = static_int(loop_stmt.extent)
-        if extent is None or static_int(it.dom.extent) != extent:
+        extent = static_int(sch.get(loop).extent)
+        if extent is not None and static_int(it.dom.extent) != extent:
             return None
         extents.append(extent)
     # every iter bound to its own loop, in order (the normal form dlight's analysis checks)
@@ -140,12 +151,16 @@ def analyze_contraction(sch: Schedule, block) -> Contraction | None:
             roles.append("M")
     if "R" not in roles or "M" not in roles:
         return None
+    # a symbolic image size or batch is served; symbolic channels or reductions are not
+    if any(e is None and r not in "BM" for r, e in zip(roles, extents)):
+        return None
     column = var_pos[column_var]
     dtype = (
         str(stmt.writes[0].source.ty.dtype)
         if hasattr(stmt.writes[0].source.ty, "dtype")
         else "float32"
     )
+    last_row = [it.var for it, r in zip(iters, roles) if r == "M"][-1]
     return Contraction(
         block,
         "".join(roles),
@@ -156,6 +171,9 @@ def analyze_contraction(sch: Schedule, block) -> Contraction | None:
         dims[0],
         len(wregion),
         dtype,
+        next(d for d, e in enumerate(out_idx) if e.same_as(last_row)),
+        last_row.name,
+        stmt.name_hint,
     )
 
 
@@ -188,13 +206,25 @@ def pick_lanes(extent: int, lanes: int) -> int | None:
     return None
 
 
+def _tile_use(rows_extent: int | None, rows: int) -> float:
+    """Share of a row tile's work that is not padding, over ``rows_extent`` (None: symbolic, the
+    mean over :data:`NOMINAL_ROWS`)."""
+    extents = NOMINAL_ROWS if rows_extent is None else (rows_extent,)
+    return sum(e / (-(-e // rows) * rows) for e in extents) / len(extents)
+
+
 def pick_tile(
-    rows_extent: int, vectors: int, registers: int, vector_bytes: int = 64
+    rows_extent: int | None,
+    vectors: int,
+    registers: int,
+    vector_bytes: int = 64,
+    max_bytes: int | None = None,
 ) -> tuple[int, int]:
     """``(rows, cols)`` of the register tile.
 
     ``cols`` divides the number of column vectors; ``rows`` need not divide the innermost row
-    extent (a predicate guards the last tile, whose idle rows count as lost work). The tile
+    extent (a predicate guards the last tile, whose idle rows count as lost work; for a symbolic
+    extent, None, the loss is averaged over :data:`NOMINAL_ROWS`). The tile
     needs ``rows * cols`` accumulators, ``cols`` weight vectors and a broadcast register. A step of
     the reduction issues ``rows * cols`` multiply-adds (two per cycle) and ``rows + cols`` loads
     (two per cycle), streams ``cols`` weight vectors from L2 (:data:`_L2_BYTES_PER_CYCLE`), and cannot
@@ -208,9 +238,11 @@ def pick_tile(
     for cols in range(1, min(vectors, 8) + 1):
         if vectors % cols:
             continue
-        for rows in range(1, min(rows_extent, 32) + 1):
+        for rows in range(1, min(rows_extent or 32, 32) + 1):
             acc = rows * cols
             if acc + cols + 1 > registers or acc > _MAX_ACCUMULATORS:
+                continue
+            if max_bytes is not None and acc * vector_bytes > max_bytes:
                 continue
             cycles = max(
                 acc / 2,
@@ -219,7 +251,7 @@ def pick_tile(
                 cols * vector_bytes / _L2_BYTES_PER_CYCLE,
             )
             # a last, partial tile (rows not dividing the extent) computes padding rows
-            used = rows_extent / (-(-rows_extent // rows) * rows)
+            used = _tile_use(rows_extent, rows)
             key = (round(acc / 2 / cycles * used, 3), -(rows + cols), -rows)
             if best_key is None or key > best_key:
                 best, best_key = (rows, cols), key
@@ -241,12 +273,14 @@ def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
     lanes = pick_lanes(c.num_columns, info.lanes(c.dtype))
     if lanes is None:
         return None
-    rows_pos = [i for i, r in enumerate(c.roles) if r == "M"]
     rows, cols = pick_tile(
-        c.extents[rows_pos[-1]],
+        c.extents[rows_pos(c)],
         c.num_columns // lanes,
         info.vector_registers,
         lanes * 4,
+        # the accumulator of a symbolic extent must stay under TVM's stack limit (see
+        # _tile_accumulator)
+        _MAX_STACK_BYTES - 1 if None in c.extents else None,
     )
     return Tiling(lanes, rows, cols, rows_outer=weight_bytes(c) <= info.l2_bytes // 2)
 
@@ -329,13 +363,114 @@ def schedule_contraction(
     sch.reorder(*batch, *spatial, *red, m_inner, n_tile, n_lane)
     outer = sch.fuse(*batch, *spatial)
     sch.parallel(outer)
-    local = sch.cache_write(c.block, 0, "local")
+    local = sch.cache_write(c.block, 0, "global" if None in c.extents else "local")
     sch.reverse_compute_at(local, outer, preserve_unit_loops=True)
+    if None in c.extents:
+        _tile_accumulator(sch, c, rows, cols * lanes)
     sch.vectorize(n_lane)
     sch.unroll(n_tile)
     sch.unroll(m_inner)
     sch.decompose_reduction(c.block, red[0])
     return outer, local
+
+
+def unit_row_stride(sch: Schedule, c: Contraction) -> bool:
+    """Whether the rows of ``c`` read consecutive rows of ``a`` (a stride-1 conv, a matmul): the
+    form :func:`unguard_rows` is written for."""
+    stmt = sch.get(c.block)
+    row = next(it.var for it in stmt.iter_vars if it.var.name == c.row_var)
+    for r in stmt.reads[c.data_read].region:
+        found = []
+        walk(r.min, tirx.Mul, lambda node: found.append(node))
+        if row in _vars_of(r.min) and any(row in _vars_of(m) for m in found):
+            return False
+    return True
+
+
+def rows_pos(c: Contraction) -> int:
+    """Loop position of the innermost row axis (the one the register tile splits)."""
+    return c.roles.rindex("M")
+
+
+def _tile_accumulator(sch: Schedule, c: Contraction, rows: int, block_cols: int) -> None:
+    """Give the accumulator of a contraction of symbolic extent tile axes of its own.
+
+    TIR compacts the accumulator to the region one step of the parallel loop touches, but with a
+    symbolic extent it cannot bound that region by the tile: the guarded last tile of a symbolic
+    row extent spans rows ``[t * rows, min(t * rows + rows, W))``, and it sized the buffer by the
+    whole output (one stack array per parallel task: a segfault). Laid out as ``[..., W / rows,
+    rows, ..., C / block_cols, block_cols]``, the tile is one point of the outer axes and all of the
+    inner ones, so it compacts to exactly ``rows x block_cols`` (the padding rows of the last tile
+    are never written back). The accumulator is a ``global`` buffer: TVM puts one under 1 KiB on
+    the stack, where LLVM keeps it in registers; a ``local`` one becomes a heap workspace per step
+    whose stores LLVM keeps in the reduction loop (3x slower).
+    """
+    dim = c.row_dim
+
+    def index_map(*idx):
+        *lead, col = idx
+        lead = [*lead[:dim], lead[dim] // rows, lead[dim] % rows, *lead[dim + 1 :]]
+        return (*lead, col // block_cols, col % block_cols)
+
+    sch.transform_layout(
+        c.block, ("write", 0), index_map, assume_injective_transform=True
+    )
+
+
+def unguard_rows(sch: Schedule, c: Contraction) -> Schedule:
+    """``sch`` with the register tile of a symbolic row extent computed without guards.
+
+    Splitting a symbolic row extent by the tile guards every row of every step of the reduction
+    (a branch per multiply-add row, 3x slower than the static tile). The tile's padding rows of
+    the last tile may as well be computed: they accumulate in their own slots of the tiled
+    accumulator (:func:`_tile_accumulator`), which the guarded write-back never copies out, and
+    they read the last real row (the row index clamped in the loads of ``a``), so they never read
+    past the data. The init and update blocks of ``c`` lose their predicate; everything else is
+    kept. Returns a fresh schedule of the result (the rule's last step)."""
+    if c.extents[rows_pos(c)] is None:
+        names = {f"{c.name}_init", f"{c.name}_update"}
+        func = sch.mod["main"]
+        body = tvm_ffi.structural_map(
+            func.body,
+            (
+                s_tir.SBlockRealize,
+                lambda r: _unguarded(r, c.row_var) if r.block.name_hint in names else r,
+            ),
+        )
+        sch = Schedule(func.with_body(body), error_render_level="none")
+    return sch
+
+
+def _unguarded(realize, row_var: str):
+    block = realize.block
+    row = next((it for it in block.iter_vars if it.var.name == row_var), None)
+    if row is None:
+        return realize
+    clamped = tirx.Min(row.var, row.dom.min + row.dom.extent - 1)
+    accumulator = block.writes[0].source
+
+    def clamp(load):
+        if load.source.same_as(accumulator):
+            return load
+        indices = [
+            tvm_ffi.structural_map(i, (tirx.Var, lambda v: clamped if v.same_as(row.var) else v))
+            for i in load.indices
+        ]
+        return tirx.BufferLoad(load.source, indices)
+
+    body = tvm_ffi.structural_map(block.body, (tvm.ir.expr.TensorLoad, clamp))
+    new_block = s_tir.SBlock(
+        block.iter_vars,
+        block.reads,
+        block.writes,
+        block.name_hint,
+        body,
+        block.init,
+        block.alloc_buffers,
+        block.match_buffers,
+        block.annotations,
+    )
+    return s_tir.SBlockRealize(realize.iter_values, True, new_block)
 
 
 def inline_epilogue(sch: Schedule, writer) -> list:
@@ -377,12 +512,15 @@ def _same_output_shape(sch: Schedule, writer, consumer) -> bool:
 
     def shape(block):
         writes = sch.get(block).writes
-        if len(writes) != 1:
-            return None
-        return [static_int(dim) for dim in writes[0].source.ty.shape]
+        return list(writes[0].source.ty.shape) if len(writes) == 1 else None
 
     ours, theirs = shape(writer), shape(consumer)
-    return ours is not None and None not in ours and ours == theirs
+    return (
+        ours is not None
+        and theirs is not None
+        and len(ours) == len(theirs)
+        and all(tvm_ffi.structural_equal(a, b) for a, b in zip(ours, theirs))
+    )
 
 
 def try_step(step, *args) -> bool:
@@ -415,5 +553,7 @@ __all__ = [
     "pick_tile",
     "schedule_contraction",
     "try_step",
+    "unguard_rows",
+    "unit_row_stride",
     "vectorize_writeback",
 ]

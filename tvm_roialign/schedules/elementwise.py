@@ -31,6 +31,10 @@ def schedule_injective_block(sch: Schedule, block, lanes: int) -> None:
     loops = sch.get_loops(block)
     if not loops or any(_is_parallel(sch, lp) for lp in loops):
         return
+    extents = [static_int(sch.get(lp).extent) for lp in loops]
+    if None in extents:
+        _schedule_symbolic_block(sch, loops, extents, lanes)
+        return
     inner_extent = static_int(sch.get(loops[-1]).extent)
     total = 1
     for lp in loops:
@@ -45,6 +49,24 @@ def schedule_injective_block(sch: Schedule, block, lanes: int) -> None:
         outer = fused
     if total is None or total >= _MIN_PARALLEL:
         sch.parallel(outer)
+
+
+def _schedule_symbolic_block(sch: Schedule, loops, extents, lanes: int) -> None:
+    """A spatial block with symbolic extents (image size, batch): the loops up to the last
+    symbolic one fused and parallel, the static inner ones (channels) fused and vectorized.
+    Fusing the static ones into the symbolic extent as well would make TIR split it by
+    ``(w + 6) * 3`` and fail to prove that divisible when the buffers are compacted."""
+    last = max(i for i, e in enumerate(extents) if e is None)
+    outer, inner = loops[: last + 1], loops[last + 1 :]
+    outer = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    sch.parallel(outer)
+    if not inner:
+        return
+    fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    vec = pick_lanes(extents[-1], lanes)
+    if vec is not None:
+        _, vector = sch.split(fused, [None, vec])
+        sch.vectorize(vector)
 
 
 def schedule_rest(sch: Schedule, lanes: int) -> None:

@@ -18,6 +18,7 @@ from .contraction import (
     choose_tiling,
     inline_epilogue,
     schedule_contraction,
+    unguard_rows,
     vectorize_writeback,
 )
 from .conv2d_nhwc import find_main_reduction, schedule_producers
@@ -60,10 +61,12 @@ class Matmul(CPURule):
         tiling = choose_tiling(contraction, info)
         if tiling is None:
             return None
-        if self.reduce_chunks and not tiling.rows_outer:
+        rows = [e for r, e in zip(contraction.roles, contraction.extents) if r == "M"]
+        # GEMM blocking needs the rows' count (a symbolic one: the tile accumulates in registers)
+        if self.reduce_chunks and not tiling.rows_outer and None not in rows:
             rows_total = 1
-            for role, extent in zip(contraction.roles, contraction.extents):
-                rows_total *= extent if role == "M" else 1
+            for extent in rows:
+                rows_total *= extent
             tiling.reduce_chunk = _reduce_chunk(
                 contraction.extents[contraction.roles.index("R")],
                 rows_total,
@@ -76,7 +79,7 @@ class Matmul(CPURule):
             vectorize_writeback(sch, local, tiling.lanes)
         schedule_producers(sch, contraction.block, tiling.lanes)
         schedule_rest(sch, tiling.lanes)
-        return sch
+        return unguard_rows(sch, contraction)
 
 
 __all__ = ["Matmul"]
