@@ -381,7 +381,7 @@ def unit_row_stride(sch: Schedule, c: Contraction) -> bool:
     row = next(it.var for it in stmt.iter_vars if it.var.name == c.row_var)
     for r in stmt.reads[c.data_read].region:
         found = []
-        walk(r.min, tirx.Mul, lambda node: found.append(node))
+        walk(r.min, tirx.Mul, found.append)
         if row in _vars_of(r.min) and any(row in _vars_of(m) for m in found):
             return False
     return True
