@@ -35,109 +35,14 @@ so that its kernels can be tiled.
 
 from __future__ import annotations
 
-import warnings
-
 import tvm
 from tvm import relax
 
-from .schedules import CPUDefault, default_rules
+from .pipeline_phases import _current, cpu_schedule_pass, prepare_pipeline
+from .schedules import CPUDefault
 
 #: The name under which :func:`cpu_pipeline` is registered with ``tvm.relax.pipeline``.
 PIPELINE_NAME = "tvm_roialign_cpu"
-
-
-def cpu_schedule_pass(rules=None) -> tvm.transform.Pass:
-    """``ApplyDefaultSchedule`` with ``rules`` (default: :func:`default_rules`)."""
-    from tvm.s_tir.dlight.base.transform import ApplyDefaultSchedule
-
-    return ApplyDefaultSchedule(*(rules if rules is not None else default_rules()))
-
-
-def _graph_passes(
-    target, layout: str | None, fold_batch_norm: bool, pad_channels: bool, winograd: int
-) -> list:
-    from .passes import (
-        ConvertLayout,
-        FoldBatchNorm,
-        FoldConstantNumPy,
-        PadChannels,
-        WinogradConv2D,
-        desired_layouts,
-    )
-    from .schedules import cpu_info
-
-    passes = []
-    if layout is not None:
-        # the convolutions, and RoIAlign so that no transpose sits between them
-        passes.append(_try_pass(ConvertLayout(desired_layouts(layout))))
-    # weights in a converted layout (permute_dims of a constant) become constants: NumPy folds
-    # layout and arithmetic ops on constants without compiling them, FoldConstant the rest
-    passes += [FoldConstantNumPy(), relax.transform.FoldConstant()]
-    if fold_batch_norm:
-        passes.append(FoldBatchNorm())
-    passes += [
-        relax.transform.DecomposeOpsForInference(),
-        relax.transform.FoldConstant(),
-    ]
-    if pad_channels:
-        passes.append(PadChannels(multiple=cpu_info(target).lanes()))
-    if winograd:
-        passes.append(WinogradConv2D(tile=winograd))
-    return passes
-
-
-def _try_pass(inner: tvm.transform.Pass) -> tvm.transform.Pass:
-    """``inner``, or the module unchanged (with a warning) where ``inner`` fails: a layout
-    conversion is an optimization, and TVM's ConvertLayout runs out of memory on some graphs
-    (torchvision's vit_b_16)."""
-
-    @tvm.transform.module_pass(opt_level=0, name=f"Try{inner.info.name}")
-    def attempt(mod, _ctx):
-        try:
-            return inner(mod)
-        except Exception as err:  # noqa: BLE001 - TVM raises InternalError / TVMError
-            first = (
-                str(err).strip().splitlines()[-1]
-                if str(err).strip()
-                else type(err).__name__
-            )
-            warnings.warn(f"{inner.info.name} skipped: {first}", stacklevel=2)
-            return mod
-
-    return attempt
-
-
-def _current(target):
-    return target if target is not None else tvm.target.Target.current(allow_none=False)
-
-
-def prepare_pipeline(
-    target: tvm.target.Target | None = None,
-    *,
-    layout: str | None = "NHWC",
-    fold_batch_norm: bool = True,
-    pad_channels: bool = True,
-    winograd: int = 4,
-) -> tvm.transform.Pass:
-    """Phases 1-3 of :func:`cpu_pipeline`: what schedules (and tuning records) apply to."""
-    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
-
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignCPUPrepare")
-    def prepare(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        tgt = _current(target)
-        with tgt:
-            phases = [
-                # 1. graph rewrites on Relax ops
-                *_graph_passes(tgt, layout, fold_batch_norm, pad_channels, winograd),
-                # 2. legalize and fuse
-                *cpu_generic.library_dispatch_passes(tgt),
-                *cpu_generic.legalize_passes(tgt),
-                # 3. constant weights are layout-free
-                relax.transform.AttachAttrLayoutFreeBuffers(),
-            ]
-            return tvm.transform.Sequential(phases)(mod)
-
-    return prepare
 
 
 def cpu_pipeline(

@@ -74,7 +74,7 @@ def slot_module(mod: tvm.IRModule, target, **pipeline_options) -> tvm.IRModule:
     """``mod`` as the tuned-schedule phase of the build pipeline sees it (``pipeline_options``:
     ``layout``, ``fold_batch_norm``, ``pad_channels``, ``winograd``, as given to
     ``pipeline.build``)."""
-    from ..pipeline import prepare_pipeline
+    from ..pipeline_phases import prepare_pipeline
 
     target = as_target(target)
     with target:
