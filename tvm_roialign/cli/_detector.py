@@ -100,9 +100,10 @@ def _input_size(text: str) -> tuple[int, int]:
     return height, width
 
 
-def compile_main(args, target, out: Path, layout: str, t_start: float) -> int:
+def compile_main(args, target, out: Path, layout: str, t_start: float, link_note=None) -> int:
     """``compile`` of a whole detector (``layout``: NHWC or NCHW); ``t_start``: when ``main``
-    started (the total time printed counts from it)."""
+    started (the total time printed counts from it); ``link_note``: how ``out`` is linked
+    (:func:`tvm_roialign.linking.choose_library`)."""
     from ..models.detection import DETECTORS, DetectorConfig, build_torch_detector, compile_detector
     from ..target import describe
 
@@ -131,6 +132,8 @@ def compile_main(args, target, out: Path, layout: str, t_start: float) -> int:
             t0 = time.perf_counter()
             artifact.export(out)
             times["export_s"] = time.perf_counter() - t0
+            if link_note:
+                progress.note(f"note: {link_note}")
         except (ValueError, FileNotFoundError) as err:
             raise CLIError(first_line(err)) from None
     times = add_total(times, t_start, args.startup_s)
