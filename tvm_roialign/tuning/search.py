@@ -225,9 +225,31 @@ def tune(
     return TuneResult(work_dir, tasks, found.symbolic, trials_run, search_s)
 
 
+def export_candidate(mod, linker: str) -> str:
+    """The build workers' export for a cross target: a ``.so`` linked here with the target's
+    cross ``linker``, which a board loads as it is (MetaSchedule's default ``.tar`` must be
+    linked on the board, which then needs a compiler: a minimal board has none)."""
+    import tempfile
+
+    from tvm.support import cc
+
+    path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
+    mod.export_library(path, fcompile=cc.cross_compiler(linker))
+    return path
+
+
 def _builder(ms, target):
+    import functools
+
+    from ..linking import cross_linker, cross_triple
+
+    triple = cross_triple(target)
+    linker = cross_linker(triple) if triple else None
+    export = functools.partial(export_candidate, linker=linker) if linker else None
     cores = int(target.attrs["num-cores"])
-    return ms.builder.LocalBuilder(max_workers=cores, timeout_sec=BUILD_TIMEOUT_S, f_build=build_candidate)
+    return ms.builder.LocalBuilder(
+        max_workers=cores, timeout_sec=BUILD_TIMEOUT_S, f_build=build_candidate, f_export=export
+    )
 
 
 def _all_ops(previous: dict | None, ops: tuple) -> tuple:
@@ -362,6 +384,7 @@ __all__ = [
     "TuneResult",
     "build_candidate",
     "check_target",
+    "export_candidate",
     "require_dependencies",
     "rpc_runner",
     "tune",
