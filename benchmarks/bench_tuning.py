@@ -1,5 +1,6 @@
 """Tuned against untuned build of one model, in one process: ``compile`` without and with
-``--tuning-records``, timed interleaved (median of ``--repeat`` rounds of ``time_evaluator``).
+``--tuning-records``, timed interleaved in alternating order (median of ``--repeat`` rounds, each the
+mean of 3 calls of ``time_evaluator``).
 
     python benchmarks/bench_tuning.py resnet18.pt2 records/ [--repeat 10]
 
@@ -60,9 +61,11 @@ def main() -> int:
             out = vm["main"](*inputs)
             outs[name] = (out if hasattr(out, "numpy") else out[0]).numpy()
         times = {name: [] for name in vms}
-        for _ in range(args.repeat):  # interleaved rounds: drift on a shared machine hits both
-            for name, vm in vms.items():
-                timer = vm.time_evaluator("main", tvm.cpu(), number=1, repeat=1)
+        names = list(vms)
+        for round_ in range(args.repeat):  # interleaved rounds, order alternating: drift hits both
+            for name in names if round_ % 2 == 0 else names[::-1]:
+                vm = vms[name]
+                timer = vm.time_evaluator("main", tvm.cpu(), number=3, repeat=1)
                 times[name].append(float(timer(*inputs).mean))
     medians = {name: statistics.median(t) for name, t in times.items()}
     agree = np.allclose(outs["tuned"], outs["untuned"], rtol=1e-4, atol=1e-4)

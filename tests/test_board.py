@@ -171,3 +171,40 @@ def test_tune_through_the_board_tracker(tmp_path, capsys):
     argv = ["compile", str(tmp_path / "t.pt2"), "--target", target, "-o", str(lib)]
     assert cli.main([*argv, "--tuning-records", str(db)]) == 0
     assert "tuning records for 1 of 1 matmul tasks: " in capsys.readouterr().out
+
+
+def test_tiny_faster_rcnn_standalone_on_the_board(tmp_path, capsys):
+    """A torchvision-style Faster R-CNN (tests/_tiny_rcnn.py) as one artifact built for aarch64:
+    ``run --image --rpc`` runs it on the board (the runner's NumPy steps here); its detections
+    equal torchvision eager's (labels, boxes within 1e-2 px, scores within 1e-4)."""
+    from _tiny_rcnn import tiny_rcnn
+
+    from tvm_roialign.frontend.detection import export_detector
+    from tvm_roialign.models import detection as det
+
+    address = board_address()
+    require_cross_linker()
+    model = tiny_rcnn(masks=False, seed=0, detections_per_img=20)
+    rgb = det.sample_photo("coffee")
+    ref = det.torch_detections(model, rgb)
+    program, _ = export_detector(model, rgb.shape[:2])
+    torch.export.save(program, tmp_path / "tiny.pt2")
+    library = tmp_path / "tiny_arm.so"
+    argv = ["-q", "compile", str(tmp_path / "tiny.pt2"), "--target", "aarch64", "-o", str(library)]
+    assert cli.main(argv) == 0
+    from PIL import Image
+
+    Image.fromarray(rgb).save(tmp_path / "coffee.png")
+    out = tmp_path / "result.png"
+    argv = ["-q", "run", str(library), "--image", str(tmp_path / "coffee.png"), "--out", str(out)]
+    argv += ["--rpc", address]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    report = json.loads(out.with_suffix(".json").read_text())
+    ours = {
+        "boxes": np.array([d["box"] for d in report["detections"]], np.float32).reshape(-1, 4),
+        "labels": np.array([d["label"] for d in report["detections"]], np.int64),
+        "scores": np.array([d["score"] for d in report["detections"]], np.float32),
+    }
+    result = det.compare(ours, ref)
+    assert result["passed"], result
+    assert result["num_detections_tvm"] == len(ref["boxes"]) == 20

@@ -145,8 +145,8 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
     return 0
 
 
-def run_main(args) -> int:
-    """``run --image``: the detector artifact on a photo."""
+def run_main(args, session=None) -> int:
+    """``run --image``: the detector artifact on a photo (on a remote device: ``session``)."""
     from ..runtime import detect_to_files, read_image, read_metadata
 
     if args.draw_top < 0:
@@ -159,7 +159,9 @@ def run_main(args) -> int:
         raise CLIError(f"--image: {first_line(err)}") from None
     try:
         masks = "masks" in (read_metadata(args.library).get("outputs") or ())
-        summary = detect_to_files(args.library, args.image, out, report, top=args.draw_top)
+        summary = detect_to_files(
+            args.library, args.image, out, report, top=args.draw_top, session=session
+        )
     except (ValueError, FileNotFoundError) as err:
         raise CLIError(first_line(err)) from None
     paste = f" ({summary['total_ms']:.0f} ms with the mask paste)" if masks else ""

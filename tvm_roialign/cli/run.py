@@ -265,7 +265,7 @@ def main(args) -> int:
             raise CLIError(
                 f"{args.library!r} is a detector library: it runs on a photo, give --image PHOTO"
             )
-        return _detector.run_main(args)
+        return _detector.run_main(args, _remote(args))
     for flag in ("repeat", "number"):
         if getattr(args, flag) < 1:
             raise CLIError(f"--{flag} must be at least 1, got {getattr(args, flag)}")

@@ -107,10 +107,11 @@ class Detector:
     ``Detector(path)(rgb)`` returns ``boxes [n, 4]`` (x1, y1, x2, y2 in the photo's pixels),
     ``labels [n]`` int64, ``scores [n]``, and for Mask R-CNN ``masks [n, H, W]`` (probabilities
     pasted into the photo) and ``masks28 [n, M, M]`` (the artifact's own output), plus ``run_s``
-    (the artifact) and ``total_s`` (with the NumPy steps).
+    (the artifact) and ``total_s`` (with the NumPy steps). With a ``tvm.rpc`` ``session`` the
+    artifact (a library built for that device) runs there, the NumPy steps here.
     """
 
-    def __init__(self, library):
+    def __init__(self, library, session=None):
         import tvm
         from tvm import relax
 
@@ -120,10 +121,17 @@ class Detector:
                 f"compiled detector {str(library)!r} does not exist"
             )
         self.meta = read_metadata(self.path)
-        self.device = _device(self.meta.get("target", {}))
-        self.vm = relax.VirtualMachine(
-            tvm.runtime.load_module(str(self.path)), self.device
-        )
+        self.session = session
+        if session is not None:  # a remote device (tvm.rpc): the NumPy steps stay here
+            from ..remote import load_vm
+
+            self.device = session.cpu(0)
+            self.vm = load_vm(session, self.path, self.device)
+        else:
+            self.device = _device(self.meta.get("target", {}))
+            self.vm = relax.VirtualMachine(
+                tvm.runtime.load_module(str(self.path)), self.device
+            )
         _, self.height, self.width = self.meta["input"]["shape"]
         self.outputs = list(self.meta["outputs"])
         self.names = self.meta.get("categories")
@@ -153,7 +161,12 @@ class Detector:
 
         image = tvm.runtime.tensor(self._input(rgb), self.device)
         t0 = time.perf_counter()
-        result = self.vm["main"](image)
+        if self.session is not None:
+            from ..remote import run_vm
+
+            result = run_vm(self.vm, [image])
+        else:
+            result = self.vm["main"](image)
         arrays = dict(zip(self.outputs, (r.numpy() for r in result)))
         arrays["run_s"] = time.perf_counter() - t0
         return arrays
@@ -193,10 +206,12 @@ def detect_to_files(
     out_json=None,
     top: int = 8,
     mask_threshold: float = 0.5,
+    session=None,
 ) -> dict:
-    """Run the artifact on a photo; draw the ``top`` detections into ``out_image`` and write all
-    of them to ``out_json``. Returns the JSON-able summary."""
-    detector = Detector(library)
+    """Run the artifact on a photo (on the remote device of a ``tvm.rpc`` ``session`` if given);
+    draw the ``top`` detections into ``out_image`` and write all of them to ``out_json``.
+    Returns the JSON-able summary."""
+    detector = Detector(library, session)
     rgb = read_image(image_path)
     result = detector(rgb)
     meta = detector.meta
