@@ -277,6 +277,21 @@ def _import_tensor_intrinsics() -> None:
     importlib.import_module("tvm.s_tir.tensor_intrin")
 
 
+def _task_loggers(ms, work_dir: Path, names: list[str]) -> list:
+    """MetaSchedule's task loggers. Its ``create_loggers`` lists the handlers of its logger by
+    name and fails on one without a name (pytest's log capture, a user's own handler): those are
+    set aside while it configures logging, then put back."""
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    unnamed = [h for h in ms_logger.handlers if h.get_name() is None]
+    for handler in unnamed:
+        ms_logger.removeHandler(handler)
+    try:
+        return ms.logging.get_loggers_from_work_dir(str(work_dir), names)
+    finally:
+        for handler in unnamed:
+            ms_logger.addHandler(handler)
+
+
 class _Search:
     """One run of MetaSchedule's task scheduler over ``todo`` ([(task, trials still to do)])."""
 
@@ -317,7 +332,7 @@ class _Search:
         _import_tensor_intrinsics()
         # MetaSchedule's population of 512 for a handful of trials is search time wasted
         population = min(512, max(32, 8 * most))
-        loggers = ms.logging.get_loggers_from_work_dir(str(self.work_dir), self.names)
+        loggers = _task_loggers(ms, self.work_dir, self.names)
         contexts = []
         for (task, _), task_logger, rand in zip(
             self.todo, loggers, ms.utils.fork_seed(seed, n=len(self.todo))
