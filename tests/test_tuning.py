@@ -136,9 +136,11 @@ def test_cli_round_trip_applies_the_records(tuned, tiny, workdir, capsys, tol):
     lib = workdir / "tiny_tuned.so"
     code, out, err = _cli(["compile", str(model), "-o", str(lib), "--tuning-records", str(tuned)], capsys)
     assert code == 0, err
-    assert "tuning records for 2 of 2 conv2d/matmul tasks" in out
+    assert "tuning records for 2 of 2 conv2d/matmul tasks: " in out
+    assert "the default rule stayed faster for" in out  # 2 trials: records applied only if faster
     meta = json.loads(lib.with_name(lib.name + ".json").read_text())["tuning"]
-    assert len(meta["tuned"]) == 2 and meta["untuned"] == []
+    assert len(meta["tuned"]) + len(meta["default_faster"]) == 2 and meta["untuned"] == []
+    assert meta["expected_gain_ms"] >= 0
     outputs = workdir / "tiny_tuned_out.npz"
     code, _out, err = _cli(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
     assert code == 0, err
@@ -150,7 +152,8 @@ def test_cli_round_trip_applies_the_records(tuned, tiny, workdir, capsys, tol):
 def test_records_schedule_the_tasks_and_give_the_same_results(tuned, tiny, tol):
     _model, _inputs, mod, x, expected = tiny
     coverages = []
-    records = tuning.load_records(tuned, TARGET, report=coverages.append)
+    # every record, whether or not it beat the default rules: the schedules replayed are correct
+    records = tuning.load_records(tuned, TARGET, report=coverages.append, apply="all")
     slot = tuning.slot_module(mod, TARGET)
     with TARGET:
         applied = tuning.apply_database_pass(records)(slot)
@@ -165,6 +168,63 @@ def test_records_schedule_the_tasks_and_give_the_same_results(tuned, tiny, tol):
     untuned_out = _run(build(mod, TARGET), x)
     np.testing.assert_allclose(tuned_out, expected, rtol=tol["float32"], atol=tol["float32"])
     np.testing.assert_allclose(tuned_out, untuned_out, rtol=tol["float32"], atol=tol["float32"])
+
+
+def _copy_mod(mod):
+    return tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+
+
+def _with_baselines(db, default_s: float):
+    """``db`` with every task's measured baseline replaced by ``default_s`` seconds."""
+    path = db / tuning.BASELINE_FILE
+    data = json.loads(path.read_text())
+    for entry in data["tasks"].values():
+        entry["default_s"] = default_s
+    path.write_text(json.dumps(data))
+    return db
+
+
+def test_tune_measures_the_default_rules_as_baseline(tuned, tiny):
+    baselines = tuning.read_baselines(tuned)
+    keys = {str(tvm_ffi.structural_hash(t.mod)) for t in tuning.extract_tasks(tiny[2], TARGET)}
+    assert set(baselines) == keys  # one per task, keyed as the database keys workloads
+    assert all(b["default_s"] > 0 and b["weight"] == 1 for b in baselines.values())
+
+
+def test_records_slower_than_the_default_rules_are_not_applied(tuned, tiny, workdir):
+    """The no-regression rule, on doctored baselines: default rules faster than any record ->
+    the build is the untuned one; default rules slower -> every record applied, gain reported."""
+    _model, _inputs, mod, _x, _expected = tiny
+    slot = tuning.slot_module(mod, TARGET)
+    with TARGET:
+        default = cpu_schedule_pass()(_copy_mod(slot))  # (the pass updates its module in place)
+    for default_s, applied in ((1e-12, False), (1e3, True)):
+        db = _with_baselines(_copy(tuned, workdir, f"db_baseline_{applied}"), default_s)
+        coverages = []
+        records = tuning.load_records(db, TARGET, report=coverages.append)
+        with TARGET:
+            built = cpu_schedule_pass()(tuning.apply_database_pass(records)(_copy_mod(slot)))
+        (coverage,) = coverages
+        assert len(coverage.tuned) == (2 if applied else 0), coverage
+        assert len(coverage.default_faster) == (0 if applied else 2), coverage
+        text = str(coverage)
+        assert text.startswith("tuning records for 2 of 2 conv2d/matmul tasks: ")
+        assert f"the default rule stayed faster for {0 if applied else 2}" in text
+        for name in coverage.default_faster:
+            assert tvm_ffi.structural_equal(built[name], default[name]), name
+        if applied:
+            assert coverage.gain_s > 0 and "expected gain" in text
+            for name in coverage.tuned:
+                assert not tvm_ffi.structural_equal(built[name], default[name]), name
+
+
+def test_tune_warns_when_trials_are_too_few(tuned, tiny, workdir, capsys):
+    db = _copy(tuned, workdir, "db_warn")  # nothing left to run: the warning is what is checked
+    code = cli.main(["tune", str(tiny[0]), "-o", str(db), "--trials", str(TRIALS)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "too few to expect a gain" in captured.err
+    assert "beat the default rules' schedule" in captured.out
 
 
 def test_tasks_without_records_fall_back_and_are_reported(tuned, tol):

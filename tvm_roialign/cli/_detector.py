@@ -150,9 +150,10 @@ def _bounds(args) -> tuple[int, int]:
     return low, high
 
 
-def compile_main(args, target, out: Path, layout: str, t_start: float) -> int:
+def compile_main(args, target, out: Path, layout: str, t_start: float, link_note=None) -> int:
     """``compile`` of a whole detector (``layout``: NHWC or NCHW); ``t_start``: when ``main``
-    started (the total time printed counts from it)."""
+    started (the total time printed counts from it); ``link_note``: how ``out`` is linked
+    (:func:`tvm_roialign.linking.choose_library`)."""
     from ..models.detection import DETECTORS, DetectorConfig, build_torch_detector, compile_detector
     from ..target import describe
 
@@ -185,6 +186,8 @@ def compile_main(args, target, out: Path, layout: str, t_start: float) -> int:
             t0 = time.perf_counter()
             artifact.export(out)
             times["export_s"] = time.perf_counter() - t0
+            if link_note:
+                progress.note(f"note: {link_note}")
         except (ValueError, FileNotFoundError) as err:
             raise CLIError(first_line(err)) from None
     times = add_total(times, t_start, args.startup_s)
@@ -197,8 +200,8 @@ def compile_main(args, target, out: Path, layout: str, t_start: float) -> int:
     return 0
 
 
-def run_main(args) -> int:
-    """``run --image``: the detector artifact on a photo."""
+def run_main(args, session=None) -> int:
+    """``run --image``: the detector artifact on a photo (on a remote device: ``session``)."""
     from ..runtime import detect_to_files, read_image, read_metadata
 
     if args.draw_top < 0:
@@ -211,7 +214,9 @@ def run_main(args) -> int:
         raise CLIError(f"--image: {first_line(err)}") from None
     try:
         masks = "masks" in (read_metadata(args.library).get("outputs") or ())
-        summary = detect_to_files(args.library, args.image, out, report, top=args.draw_top)
+        summary = detect_to_files(
+            args.library, args.image, out, report, top=args.draw_top, session=session
+        )
     except (ValueError, FileNotFoundError) as err:
         message = first_line(err)
         if message.startswith("a photo of"):  # its padded size is not the artifact's

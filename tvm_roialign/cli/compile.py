@@ -62,7 +62,13 @@ def register(subparsers, parents) -> None:
         "detector (maskrcnn_resnet50_fpn, fasterrcnn_resnet50_fpn, ...: one artifact that runs "
         "without PyTorch)",
     )
-    p.add_argument("-o", "--output", required=True, help="the compiled library (.so; .tar for cross)")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="the compiled library (.so; for a cross target, a .so where its cross linker is "
+        "installed, else a .tar with a note)",
+    )
     p.add_argument("--target", default="native", help=HELP_TARGET)
     add_model_arguments(p)
     add_records_argument(p)
@@ -229,17 +235,19 @@ def _write_dumps(out: Path, formats, mod, tir_mod, executable) -> list[str]:
 
 def main(args) -> int:
     from .._version import __version__
+    from ..linking import choose_library, export_library
+    from ..profiling import kernel_signatures
     from ..target import describe, target_config
 
     t_start = time.perf_counter()
     target = resolve_target(args.target)
     options = model_options(args, target)
     formats = _dump_formats(args.dump_code)
-    out = output_path(args.output, "-o", LIBRARY_SUFFIXES)
+    out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
     if _detector.is_detector(args.model):
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
-        return _detector.compile_main(args, target, out, layout, t_start)
+        return _detector.compile_main(args, target, out, layout, t_start, link_note)
     check_model_file(Path(args.model), _detector.alternatives())
     _detector.reject_detector_options(args)
     times = {}
@@ -250,21 +258,22 @@ def main(args) -> int:
         progress(f"build for {describe(target)}")
         t0 = time.perf_counter()
         try:
-            executable, tir_mod = _build(
-                mod, target, "tir" in formats, records, symbolic_report=symbolic.append
-            )
+            # the built module also gives the kernels' signatures, for run --rpc --profile
+            executable, tir_mod = _build(mod, target, True, records, symbolic_report=symbolic.append)
         except Exception as err:  # noqa: BLE001
             raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
         times["build_s"] = time.perf_counter() - t0
         progress(f"export {out}")
         t0 = time.perf_counter()
         try:
-            executable.export_library(str(out))
+            export_library(executable, out, target)
         except Exception as err:  # noqa: BLE001
             raise CLIError(
                 f"cannot link {str(out)!r} for {describe(target)}: {first_line(err)} "
                 "(use -o NAME.tar for a cross target without a cross compiler)"
             ) from None
+        if link_note:
+            progress.note(f"note: {link_note}")
         times["export_s"] = time.perf_counter() - t0
         dumps = _write_dumps(out, formats, mod, tir_mod, executable)
     times = add_total(times, t_start, args.startup_s)
@@ -273,13 +282,16 @@ def main(args) -> int:
         "layout": layout_name,
         "inputs": signature(mod),
         "times": times,
+        "kernels": kernel_signatures(tir_mod) if tir_mod is not None else [],
         "versions": {"tvm-roialign": __version__, "tvm": _tvm_version()},
     }
     if records is not None:
         meta["tuning"] = {
             "records": str(args.tuning_records),
             "tuned": sorted({name for c in coverages for name in c.tuned}),
+            "default_faster": sorted({name for c in coverages for name in c.default_faster}),
             "untuned": sorted({name for c in coverages for name in c.untuned}),
+            "expected_gain_ms": sum(c.gain_s for c in coverages) * 1e3,
         }
     for coverage in symbolic:
         meta["symbolic_shapes"] = {

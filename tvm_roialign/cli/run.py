@@ -65,8 +65,37 @@ def register(subparsers, parents) -> None:
         metavar="N",
         help="the N largest values of output 0 (classifiers)",
     )
+    _add_rpc_arguments(p)
     _detector.add_run_arguments(p)
     p.set_defaults(func=main)
+
+
+def _add_rpc_arguments(p) -> None:
+    group = p.add_argument_group(
+        "remote device (TVM RPC, as tvmc): the library is uploaded and runs there; --print-time, "
+        "--profile and --outputs measure and fetch from it"
+    )
+    group.add_argument(
+        "--rpc", default=None, metavar="HOST:PORT", help="an RPC server (python -m tvm.exec.rpc_server)"
+    )
+    group.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT", help="an RPC tracker")
+    group.add_argument("--rpc-key", default=None, help="the key of the tracker's device to run on")
+
+
+def _remote(args):
+    """The RPC session of ``--rpc`` / ``--rpc-tracker --rpc-key`` (None without them)."""
+    if args.rpc is None and args.rpc_tracker is None:
+        if args.rpc_key is not None:
+            raise CLIError("--rpc-key needs --rpc-tracker HOST:PORT")
+        return None
+    if args.rpc is not None and args.rpc_tracker is not None:
+        raise CLIError("give --rpc HOST:PORT or --rpc-tracker HOST:PORT --rpc-key KEY, not both")
+    from .. import remote
+
+    try:
+        return remote.connect(args.rpc, args.rpc_tracker, args.rpc_key)
+    except ValueError as err:
+        raise CLIError(str(err)) from None
 
 
 def _read_npz(text: str) -> dict:
@@ -162,7 +191,9 @@ def _flatten(result) -> list:
     return out
 
 
-def _load(args):
+def _load(args, session=None):
+    """``(library path, metadata, device, VM, remote library or None)``; with an RPC
+    ``session``, on its device."""
     import tvm
     from tvm import relax
 
@@ -174,6 +205,8 @@ def _load(args):
     meta_path = Path(f"{lib_path}.json")
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     target = None
+    if session is not None:
+        return (lib_path, meta, *_load_remote(args, session, lib_path, meta))
     try:
         target = parse_target(meta["target"]) if "target" in meta else None
         if args.device is not None:
@@ -186,7 +219,40 @@ def _load(args):
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib_path)), device)
     except Exception as err:  # noqa: BLE001
         raise CLIError(f"cannot load {str(lib_path)!r} as a compiled model: {first_line(err)}") from None
-    return lib_path, meta, device, vm
+    return lib_path, meta, device, vm, None
+
+
+def _load_remote(args, session, lib_path, meta):
+    """``(device, VM, library module)`` of the library uploaded to the RPC ``session``."""
+    from .. import remote
+    from ..target import parse_device, parse_target
+
+    try:
+        target = parse_target(meta["target"]) if "target" in meta else None
+        local = parse_device(args.device, target) if args.device is not None else None
+        device = remote.remote_device(session, local)
+    except ValueError as err:
+        raise CLIError(f"--device: {err}") from None
+    if lib_path.suffix != ".so":
+        raise CLIError(
+            f"{lib_path.name}: a remote device loads a .so; compile with -o NAME.so where the "
+            "target's cross linker is installed"
+        )
+    from tvm import relax
+
+    try:
+        module = remote.load_library(session, lib_path)
+        return device, relax.VirtualMachine(module, device), module
+    except Exception as err:  # noqa: BLE001
+        raise CLIError(f"cannot load {lib_path.name} on the remote device: {first_line(err)}") from None
+
+
+def _call(vm, inputs, stateful: bool):
+    if stateful:
+        from ..remote import run_vm
+
+        return _flatten(run_vm(vm, inputs))
+    return _flatten(vm["main"](*inputs))
 
 
 def main(args) -> int:
@@ -199,14 +265,15 @@ def main(args) -> int:
             raise CLIError(
                 f"{args.library!r} is a detector library: it runs on a photo, give --image PHOTO"
             )
-        return _detector.run_main(args)
+        return _detector.run_main(args, _remote(args))
     for flag in ("repeat", "number"):
         if getattr(args, flag) < 1:
             raise CLIError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     if args.print_top is not None and args.print_top < 1:
         raise CLIError(f"--print-top must be at least 1, got {args.print_top}")
     out_path = output_path(args.outputs, "--outputs", (".npz",)) if args.outputs else None
-    lib_path, meta, device, vm = _load(args)
+    session = _remote(args)
+    lib_path, meta, device, vm, remote_lib = _load(args, session)
     specs = meta.get("inputs")
     if args.inputs is not None:
         arrays, ignored = _match(_read_npz(args.inputs), specs, args.inputs_by_order, args.inputs)
@@ -221,7 +288,7 @@ def main(args) -> int:
     inputs = [tvm.runtime.tensor(np.ascontiguousarray(a), device) for a in arrays]
     try:
         t0 = time.perf_counter()
-        outputs = _flatten(vm["main"](*inputs))
+        outputs = _call(vm, inputs, session is not None)
         first_s = time.perf_counter() - t0
     except Exception as err:  # noqa: BLE001
         raise CLIError(f"running {lib_path.name} failed: {first_line(err)}") from None
@@ -230,8 +297,12 @@ def main(args) -> int:
     shapes = ", ".join(str(list(o.shape)) for o in outputs)
     where = f" -> {out_path}" if out_path is not None else ""
     hint = "" if args.print_time else "; --print-time for steady-state timing"
+    on = str(device)
+    if session is not None:
+        server = args.rpc or f"{args.rpc_key}@{args.rpc_tracker}"
+        on = f"the remote {on.rsplit(']:', 1)[-1]} of {server}"
     print(
-        f"ran {lib_path.name} on {device}: {len(outputs)} output(s) {shapes}{where} "
+        f"ran {lib_path.name} on {on}: {len(outputs)} output(s) {shapes}{where} "
         f"(first call {first_s * 1e3:.1f} ms, includes one-time setup{hint})"
     )
     from . import _report
@@ -241,8 +312,12 @@ def main(args) -> int:
     if args.print_time:
         from ..profiling import time_vm
 
-        _report.print_time(time_vm(vm, device, inputs, args.number, args.repeat))
-    if args.profile:
+        _report.print_time(
+            time_vm(vm, device, inputs, args.number, args.repeat, stateful=session is not None)
+        )
+    if args.profile and session is not None:
+        _profile_remote(args, meta, device, vm, remote_lib, inputs)
+    elif args.profile:
         from tvm import relax
 
         from ..profiling import profile_vm
@@ -250,3 +325,28 @@ def main(args) -> int:
         profiler = relax.VirtualMachine(tvm.runtime.load_module(str(lib_path)), device)
         _report.print_profile(*profile_vm(profiler, device, inputs, args.repeat), args.repeat)
     return 0
+
+
+def _profile_remote(args, meta, device, vm, module, inputs) -> None:
+    """``--profile`` on a remote device: each kernel timed there on its own (the signatures
+    ``compile`` recorded), and the whole run for the wall time."""
+    from ..profiling import profile_kernels, time_vm
+    from . import _report
+
+    kernels = meta.get("kernels")
+    if not kernels:
+        raise CLIError(
+            f"--profile with --rpc needs the kernels' signatures in {args.library}.json "
+            "(written by this version's compile): compile the model again"
+        )
+    wall = time_vm(vm, device, inputs, 1, args.repeat, stateful=True).mean_s
+    try:
+        times, round_trip = profile_kernels(module, device, kernels, args.repeat)
+    except Exception as err:  # noqa: BLE001
+        raise CLIError(f"--profile on the remote device failed: {first_line(err)}") from None
+    print(
+        "(remote: each kernel called on its own on inputs of its shapes, the fastest of --repeat "
+        f"calls timed here less two RPC round trips of {round_trip * 1e6:.0f} us; VM builtins not "
+        "included)"
+    )
+    _report.print_profile(times, wall, args.repeat)

@@ -24,6 +24,10 @@ from .maskrcnn import check_layout, model_inputs
 
 MASKRCNN = "maskrcnn"
 
+#: Fewer trials per task than this rarely find a schedule faster than the default rules here
+#: (MetaSchedule's first trials are random samples of its design space; README, Tuning).
+TRIALS_TO_EXPECT_A_GAIN = 64
+
 DESCRIPTION = (
     "Tune the conv2d/matmul kernels of a .pt2 / .onnx model (or of the Mask R-CNN pieces: MODEL = "
     "maskrcnn) with MetaSchedule, into a tuning database directory for compile / maskrcnn "
@@ -127,6 +131,12 @@ def main(args) -> int:
     runner = _runner(args)
     t0 = time.perf_counter()
     with Progress(args.quiet) as progress, tvm_messages(args.quiet):
+        if args.trials < TRIALS_TO_EXPECT_A_GAIN:
+            progress.note(
+                f"warning: {args.trials} trials per task are too few to expect a gain: below about "
+                f"{TRIALS_TO_EXPECT_A_GAIN} the default rules stay faster for most tasks (compile "
+                "applies a record only where it beat them)"
+            )
         mods = _modules(args, target, progress)
         progress(f"tune for {describe(target)} into {out}")
         try:
@@ -155,18 +165,42 @@ def main(args) -> int:
     return 0
 
 
+def _checked(check) -> str:
+    """The interleaved check of a record: "record / default" ms (- if none was made)."""
+    if not check:
+        return "-"
+    return f"{check['record_s'] * 1e3:.3f} / {check['default_s'] * 1e3:.3f}"
+
+
 def _print_result(result, target_text: str, seconds: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from ..tuning.baseline import beats
+
     table = Table(title=f"tuning records in {result.work_dir} ({target_text})")
-    for name in ("task", "calls", "trials", "best ms"):
+    for name in ("task", "calls", "trials", "best ms", "default rules ms", "checked ms", "applied"):
         table.add_column(name, justify="left" if name == "task" else "right")
+    applied = 0
     for task in sorted(result.tasks, key=lambda t: (-t["trials"], t["name"])):
-        best = "-" if task["best_s"] is None else f"{task['best_s'] * 1e3:.4f}"
-        trials = f"{task['trials_before']} -> {task['trials']}"
-        table.add_row(task["name"], str(task["weight"]), trials, best)
+        best, default = task["best_s"], task.get("default_s")
+        baseline = None if default is None else {"default_s": default, "check": task.get("check")}
+        wins = beats(best, baseline)
+        applied += wins
+        table.add_row(
+            task["name"],
+            str(task["weight"]),
+            f"{task['trials_before']} -> {task['trials']}",
+            "-" if best is None else f"{best * 1e3:.4f}",
+            "-" if default is None else f"{default * 1e3:.4f}",
+            _checked(task.get("check")),
+            "yes" if wins else "no",
+        )
     Console().print(table)
+    print(
+        f"{applied} of {len(result.tasks)} tasks beat the default rules' schedule (measured on the same "
+        "runner): compile --tuning-records applies those records only"
+    )
     per_trial = f" ({result.search_s / result.trials_run:.1f} s per trial)" if result.trials_run else ""
     print(
         f"{result.trials_run} trials run in {result.search_s:.0f} s{per_trial}; "

@@ -293,37 +293,14 @@ class DetectorArtifact:
                 f"the library must end in .so, .tar or .dylib, got {str(path)!r}"
             )
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.executable.export_library(str(path), **_linker(self.meta["target"], path))
+        from ..linking import export_library
+
+        export_library(self.executable, path, self.meta["target"])
         Path(str(path) + ".json").write_text(json.dumps(self.meta, indent=2))
         return path
 
     def vm(self, device=None) -> relax.VirtualMachine:
         return relax.VirtualMachine(self.executable, device or tvm.cpu())
-
-
-#: Cross linkers (Debian's ``gcc-<triple>``) for a ``.so`` of a cross target.
-CROSS_LINKERS = {"aarch64": "aarch64-linux-gnu-gcc"}
-
-
-def _linker(target: dict, path: Path) -> dict:
-    """``export_library`` options: a cross linker for a ``.so`` of a cross target (ValueError
-    when it is not installed: write a ``.tar`` instead); nothing otherwise."""
-    import os
-    import shutil
-
-    triple = str(target.get("mtriple", ""))
-    if path.suffix != ".so" or not triple or triple.startswith(os.uname().machine):
-        return {}
-    arch = triple.split("-")[0]
-    linker = shutil.which(CROSS_LINKERS.get(arch, f"{arch}-linux-gnu-gcc"))
-    if linker is None:
-        raise ValueError(
-            f"no cross linker for {triple} on this machine (Debian: apt-get install "
-            f"gcc-{arch}-linux-gnu); export a .tar instead"
-        )
-    from tvm.support import cc
-
-    return {"fcompile": cc.cross_compiler(linker)}
 
 
 def compile_detector(

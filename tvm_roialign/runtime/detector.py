@@ -130,10 +130,11 @@ class Detector:
     torchvision's ``batch_images`` pads it (what ``model(images)`` computes), and gives a list
     of such dicts; :meth:`raw` gives the batch as ``[N, D, ...]`` arrays and ``num_detections
     [N]``. A photo (or batch) whose padded size the artifact was not compiled for is refused
-    with the sizes it accepts (:attr:`accepted`), never stretched.
+    with the sizes it accepts (:attr:`accepted`), never stretched. With a ``tvm.rpc``
+    ``session`` the artifact (a library built for that device) runs there, the NumPy steps here.
     """
 
-    def __init__(self, library):
+    def __init__(self, library, session=None):
         import tvm
         from tvm import relax
 
@@ -148,11 +149,18 @@ class Detector:
                 f"{str(library)!r} was compiled by an older tvm-roialign (its metadata has no "
                 f"padded sizes or transform settings); compile it again"
             )
-        self.device = _device(self.meta.get("target", {}))
-        use_usable_cores()
-        self.vm = relax.VirtualMachine(
-            tvm.runtime.load_module(str(self.path)), self.device
-        )
+        self.session = session
+        if session is not None:  # a remote device (tvm.rpc): the NumPy steps stay here
+            from ..remote import load_vm
+
+            self.device = session.cpu(0)
+            self.vm = load_vm(session, self.path, self.device)
+        else:
+            self.device = _device(self.meta.get("target", {}))
+            use_usable_cores()
+            self.vm = relax.VirtualMachine(
+                tvm.runtime.load_module(str(self.path)), self.device
+            )
         self.settings = TransformSettings.from_dict(self.meta["transform"])
         self.buckets = {tuple(b["padded"]): b for b in self.meta["buckets"]}
         self.outputs = list(self.meta["outputs"])
@@ -205,10 +213,16 @@ class Detector:
         height, width = bucket["padded"]
         batch = np.zeros((1, 3, height, width), np.float32)
         batch[0, :, : tensor.shape[1], : tensor.shape[2]] = tensor
-        result = self.vm[bucket["function"]](
+        inputs = [
             tvm.runtime.tensor(batch, self.device),
             tvm.runtime.tensor(np.asarray(resized, np.float32), self.device),
-        )
+        ]
+        if self.session is not None:
+            from ..remote import run_vm
+
+            result = run_vm(self.vm, inputs, bucket["function"])
+        else:
+            result = self.vm[bucket["function"]](*inputs)
         return [r.numpy() for r in result]
 
     def raw(self, images) -> dict:
@@ -278,10 +292,12 @@ def detect_to_files(
     out_json=None,
     top: int = 8,
     mask_threshold: float = 0.5,
+    session=None,
 ) -> dict:
-    """Run the artifact on a photo; draw the ``top`` detections into ``out_image`` and write all
-    of them to ``out_json``. Returns the JSON-able summary."""
-    detector = Detector(library)
+    """Run the artifact on a photo (on the remote device of a ``tvm.rpc`` ``session`` if given);
+    draw the ``top`` detections into ``out_image`` and write all of them to ``out_json``.
+    Returns the JSON-able summary."""
+    detector = Detector(library, session)
     rgb = read_image(image_path)
     result = detector(rgb)
     meta = detector.meta

@@ -11,8 +11,10 @@
   counts the records already in the database, so running it again finishes an interrupted run,
   and a larger count goes on from the best schedules found (the cost model is kept beside the
   database);
+* :func:`measure_baselines` (:mod:`.baseline`): before searching, the default rules' schedule of
+  every task is measured on the same runner; it is the bar a record must beat to be applied;
 * :func:`apply_database_pass` (:mod:`.records`) is the pipeline's phase 4:
-  ``MetaScheduleApplyDatabase`` over the records, which marks what it schedules
+  ``MetaScheduleApplyDatabase`` over the records that beat their baseline, which marks what it schedules
   ``tirx.is_scheduled`` so that the default rules (phase 5) take only the rest. How many tasks
   had records is reported (:class:`Coverage`: "tuning records for 3 of 4 conv2d/matmul tasks"),
   never a silent fall-back.
@@ -27,6 +29,7 @@ were measured). Tuning needs the ``tune`` extra (xgboost, psutil; tornado to hos
 
 from __future__ import annotations
 
+from .baseline import BASELINE_FILE, MARGIN, default_schedule, measure_baselines, read_baselines
 from .records import (
     METADATA_FILE,
     Coverage,
@@ -53,8 +56,10 @@ from .search import (
 from .tasks import DEFAULT_OPS, Task, TaskSet, extract_tasks, slot_module
 
 __all__ = [
+    "BASELINE_FILE",
     "COST_MODEL_FILE",
     "DEFAULT_OPS",
+    "MARGIN",
     "METADATA_FILE",
     "Coverage",
     "CoverageWarning",
@@ -68,10 +73,13 @@ __all__ = [
     "build_candidate",
     "check_metadata",
     "check_target",
+    "default_schedule",
     "extract_tasks",
     "isa",
     "load_records",
+    "measure_baselines",
     "open_database",
+    "read_baselines",
     "read_metadata",
     "require_dependencies",
     "rpc_runner",

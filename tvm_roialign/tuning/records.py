@@ -14,6 +14,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
+from .baseline import beats, read_baselines, workload_key
 from .tasks import DEFAULT_OPS, as_target, is_scheduled, is_static, matches, normalize
 
 #: Beside MetaSchedule's two JSON files: TVM version, target, ops and pipeline options of a tuning.
@@ -102,23 +103,43 @@ def open_database(work_dir):
 
 @dataclass
 class Coverage:
-    """Which tunable tasks of a module had a record (``tuned``) and which the default rules
-    schedule (``untuned``: static-shape functions of the database's ``ops`` without one)."""
+    """Which tunable tasks of a module get their record (``tuned``: it beat the default rules'
+    schedule on the tuning's runner), which have a record the default rules beat
+    (``default_faster``: not applied), and which have none (``untuned``: static-shape functions
+    of the database's ``ops``). ``gain_s``: the expected gain per run (calls x (default - record),
+    over ``tuned``) of ``default_s`` (the default rules' time of those calls); ``unchecked``: the
+    tuned tasks without a baseline (databases of older versions: applied unchecked)."""
 
     tuned: list[str]
     untuned: list[str]
     ops: tuple
     label: str = ""
     symbolic: list[str] = field(default_factory=list)  # of the ops, symbolic shapes: not tunable
+    default_faster: list[str] = field(default_factory=list)
+    gain_s: float = 0.0
+    default_s: float = 0.0
+    unchecked: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
-        return len(self.tuned) + len(self.untuned)
+        return len(self.tuned) + len(self.default_faster) + len(self.untuned)
 
     def __str__(self) -> str:
         kinds = "/".join(self.ops) + " " if self.ops else ""
         where = f"{self.label}: " if self.label else ""
-        text = f"{where}tuning records for {len(self.tuned)} of {self.total} {kinds}tasks"
+        recorded = len(self.tuned) + len(self.default_faster)
+        text = f"{where}tuning records for {recorded} of {self.total} {kinds}tasks"
+        if recorded:
+            text += f": {len(self.tuned)} tuned"
+            if self.tuned and self.default_s > 0:
+                share = 100 * self.gain_s / self.default_s
+                text += f" (expected gain {self.gain_s * 1e3:.3f} ms per run, {share:.0f}% of their time)"
+            text += f", the default rule stayed faster for {len(self.default_faster)}"
+        if self.unchecked:
+            text += (
+                f" ({len(self.unchecked)} applied without a baseline: tuned by an older version, "
+                "run tune again to measure it)"
+            )
         if self.untuned:
             shown = ", ".join(self.untuned[:3]) + (", ..." if len(self.untuned) > 3 else "")
             text += f"; the default rules schedule the other {len(self.untuned)} ({shown})"
@@ -149,14 +170,24 @@ class TuningRecords:
         record.
     on_mismatch : "error" or "warn"
         What a database of another TVM version or CPU architecture does.
+    apply : "faster" or "all"
+        Which records schedule their task: ``"faster"`` (default) only those whose time beat the
+        default rules' schedule measured on the same runner when tuning (:mod:`.baseline`), so a
+        tuned build is never slower than the untuned one; ``"all"`` every record (to inspect
+        what the search found).
     """
 
-    def __init__(self, work_dir, target=None, report: Callable | None = None, on_mismatch="error"):
+    def __init__(
+        self, work_dir, target=None, report: Callable | None = None, on_mismatch="error", apply="faster"
+    ):
         work_dir = Path(work_dir)
         if not (work_dir / RECORD_FILE).is_file():
             raise FileNotFoundError(f"{str(work_dir)!r} is not a tuning database (it has no {RECORD_FILE})")
         if on_mismatch not in ("error", "warn"):
             raise ValueError(f"on_mismatch must be 'error' or 'warn', got {on_mismatch!r}")
+        if apply not in ("faster", "all"):
+            raise ValueError(f"apply must be 'faster' or 'all', got {apply!r}")
+        self.apply = apply
         self.work_dir = work_dir
         self.metadata = read_metadata(work_dir)
         self.ops = tuple(self.metadata.get("ops", DEFAULT_OPS)) if self.metadata else DEFAULT_OPS
@@ -164,6 +195,7 @@ class TuningRecords:
         self.on_mismatch = on_mismatch
         self.label = ""
         self.database = open_database(work_dir)
+        self.baselines = read_baselines(work_dir)
         self._checked: set[str] = set()
         if target is not None:
             self.check(as_target(target))
@@ -195,8 +227,14 @@ class TuningRecords:
 
     def coverage(self, mod: tvm.IRModule, target: tvm.target.Target) -> Coverage:
         """Which distinct unscheduled PrimFuncs of ``mod`` (the pipeline's phase-4 module) have a
-        record here."""
-        tuned, untuned, symbolic, seen = [], [], [], set()
+        record here, and which of those beat the default rules (:meth:`select`)."""
+        return self.select(mod, target)[0]
+
+    def select(self, mod: tvm.IRModule, target: tvm.target.Target):
+        """``(Coverage, {normalized module: record})``: the records to apply, those that beat
+        the default rules' schedule measured when tuning (:mod:`.baseline`)."""
+        cov = Coverage([], [], self.ops, self.label)
+        chosen, seen = {}, set()
         for gv, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or is_scheduled(func):
                 continue
@@ -205,16 +243,35 @@ class TuningRecords:
             if key in seen:
                 continue
             seen.add(key)
-            if self.database.query_tuning_record(norm, target, gv.name_hint) is not None:
-                tuned.append(gv.name_hint)
-            elif matches(gv.name_hint, self.ops):
-                (untuned if is_static(func) else symbolic).append(gv.name_hint)
-        return Coverage(sorted(tuned), sorted(untuned), self.ops, self.label, sorted(symbolic))
+            name = gv.name_hint
+            record = self.database.query_tuning_record(norm, target, name)
+            if record is None:
+                if matches(name, self.ops):
+                    (cov.untuned if is_static(func) else cov.symbolic).append(name)
+                continue
+            baseline = self.baselines.get(workload_key(norm))
+            secs = [float(x) for x in record.run_secs or []]
+            record_s = sum(secs) / len(secs) if secs else None
+            if self.apply == "faster" and not beats(record_s, baseline, record):
+                cov.default_faster.append(name)
+                continue
+            cov.tuned.append(name)
+            chosen[key] = (norm, record)
+            if baseline is None:
+                cov.unchecked.append(name)
+            elif record_s is not None:
+                weight = int(baseline.get("weight", 1))
+                check = baseline.get("check") or {"default_s": baseline["default_s"], "record_s": record_s}
+                cov.gain_s += weight * (float(check["default_s"]) - float(check["record_s"]))
+                cov.default_s += weight * float(check["default_s"])
+        for names in (cov.tuned, cov.untuned, cov.symbolic, cov.default_faster, cov.unchecked):
+            names.sort()
+        return cov, list(chosen.values())
 
 
-def load_records(work_dir, target=None, report=None, on_mismatch="error") -> TuningRecords:
+def load_records(work_dir, target=None, report=None, on_mismatch="error", apply="faster") -> TuningRecords:
     """:class:`TuningRecords` of a database directory (see there)."""
-    return TuningRecords(work_dir, target, report, on_mismatch)
+    return TuningRecords(work_dir, target, report, on_mismatch, apply)
 
 
 def apply_database_pass(records) -> tvm.transform.Pass:
@@ -228,14 +285,31 @@ def apply_database_pass(records) -> tvm.transform.Pass:
     def apply(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=False)
         records.check(target)
-        coverage = records.coverage(mod, target)
-        if coverage.tuned:
-            with records.database:  # MetaScheduleApplyDatabase queries the current database
+        coverage, chosen = records.select(mod, target)
+        if chosen:
+            # only the records that beat the default rules: MetaScheduleApplyDatabase applies
+            # whatever the current database holds
+            with _database_of(chosen):
                 mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
         records.report(coverage)
         return mod
 
     return apply
+
+
+def _database_of(chosen):
+    """An in-memory MetaSchedule database holding ``chosen`` ([(normalized module, record)])."""
+    from tvm.s_tir import meta_schedule as ms
+
+    database = ms.database.MemoryDatabase()
+    for norm, record in chosen:
+        workload = database.commit_workload(norm)
+        database.commit_tuning_record(
+            ms.database.TuningRecord(
+                record.trace, workload, record.run_secs, record.target, record.args_info
+            )
+        )
+    return database
 
 
 __all__ = [

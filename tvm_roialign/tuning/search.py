@@ -15,6 +15,7 @@ from pathlib import Path
 import tvm
 import tvm_ffi
 
+from .baseline import check_records, measure_baselines, workload_key
 from .records import RECORD_FILE, check_metadata, open_database, read_metadata, write_metadata
 from .tasks import DEFAULT_OPS, Task, as_target, extract_tasks
 
@@ -136,7 +137,9 @@ def check_target(target) -> tvm.target.Target:
 @dataclass
 class TuneResult:
     """What :func:`tune` did: per task, its ``name``, ``weight``, ``trials_before`` this run,
-    ``trials`` after it and ``best_s`` (mean seconds of its best record, None without a valid one)."""
+    ``trials`` after it, ``best_s`` (mean seconds of its best record, None without a valid one)
+    and ``default_s`` (the default rules' schedule on the same runner: the bar ``best_s`` must
+    beat for the record to be applied; None if it could not be measured)."""
 
     work_dir: Path
     tasks: list[dict]
@@ -226,6 +229,10 @@ def tune(
     before = _trials_so_far(database, found.tasks)
     todo = [(t, int(trials_per_task) - b) for t, b in zip(found.tasks, before) if b < trials_per_task]
     trials_run, search_s = 0, 0.0
+    builder = _builder(ms, target)
+    runner = ms.runner.LocalRunner() if runner == "local" else runner
+    # the bar each record must beat at build time, on the runner the candidates are measured on
+    baselines = measure_baselines(found.tasks, target, builder, runner, work_dir, progress)
     if todo:
         budget = sum(n for _, n in todo)
         if max_trials_global is not None:
@@ -233,8 +240,10 @@ def tune(
         search = _Search(ms, todo, target, work_dir, progress)
         t0 = time.perf_counter()
         with _meta_schedule_console(logging.INFO if verbose else logging.WARNING):
-            trials_run = search.run(database, budget, runner, num_trials_per_iter, seed)
+            trials_run = search.run(database, budget, builder, runner, num_trials_per_iter, seed)
         search_s = time.perf_counter() - t0
+    # the records that beat their baseline, measured again against it in interleaved pairs
+    baselines = check_records(found.tasks, database, target, builder, runner, work_dir, progress)
     after = _trials_so_far(database, found.tasks)
     tasks = [
         {
@@ -243,10 +252,39 @@ def tune(
             "trials_before": b,
             "trials": a,
             "best_s": _best_seconds(database, t),
+            "default_s": baselines.get(workload_key(t.mod), {}).get("default_s"),
+            "check": baselines.get(workload_key(t.mod), {}).get("check"),
         }
         for t, b, a in zip(found.tasks, before, after)
     ]
     return TuneResult(work_dir, tasks, found.symbolic, trials_run, search_s)
+
+
+def export_candidate(mod, linker: str) -> str:
+    """The build workers' export for a cross target: a ``.so`` linked here with the target's
+    cross ``linker``, which a board loads as it is (MetaSchedule's default ``.tar`` must be
+    linked on the board, which then needs a compiler: a minimal board has none)."""
+    import tempfile
+
+    from tvm.support import cc
+
+    path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
+    mod.export_library(path, fcompile=cc.cross_compiler(linker))
+    return path
+
+
+def _builder(ms, target):
+    import functools
+
+    from ..linking import cross_linker, cross_triple
+
+    triple = cross_triple(target)
+    linker = cross_linker(triple) if triple else None
+    export = functools.partial(export_candidate, linker=linker) if linker else None
+    cores = int(target.attrs["num-cores"])
+    return ms.builder.LocalBuilder(
+        max_workers=cores, timeout_sec=BUILD_TIMEOUT_S, f_build=build_candidate, f_export=export
+    )
 
 
 def _all_ops(previous: dict | None, ops: tuple) -> tuple:
@@ -284,11 +322,10 @@ class _Search:
         self.best: dict[int, float] = {}
         self.trials = 0
 
-    def run(self, database, budget: int, runner, per_iter: int, seed) -> int:
+    def run(self, database, budget: int, builder, runner, per_iter: int, seed) -> int:
         ms = self.ms
         most = max(n for _, n in self.todo)
-        cores = int(self.target.attrs["num-cores"])
-        cost_model = self._cost_model(cores)
+        cost_model = self._cost_model(int(self.target.attrs["num-cores"]))
         try:
             ms.tune_tasks(
                 tasks=self._contexts(most, seed),
@@ -297,9 +334,7 @@ class _Search:
                 max_trials_global=budget,
                 max_trials_per_task=most,
                 num_trials_per_iter=min(per_iter, most),
-                builder=ms.builder.LocalBuilder(
-                    max_workers=cores, timeout_sec=BUILD_TIMEOUT_S, f_build=build_candidate
-                ),
+                builder=builder,
                 runner=runner,
                 database=database,
                 cost_model=cost_model,
@@ -384,6 +419,7 @@ __all__ = [
     "TuneResult",
     "build_candidate",
     "check_target",
+    "export_candidate",
     "require_dependencies",
     "rpc_runner",
     "tune",

@@ -1,0 +1,210 @@
+"""On an aarch64 board over TVM RPC (marked ``board``; they skip without one, see ``tests/_board.py``).
+
+RoIAlign and the fused multi-level op, both layouts, every sampling mode (fixed 2, adaptive 0
+and -1), built here for ``aarch64-linux-gnu`` into one cross-linked library and run on the board
+against torchvision (1e-5); resnet18 through ``compile --target aarch64`` and ``run --rpc``
+against eager; ``tune --rpc-tracker`` measuring a tiny model on the board, its records applied by
+``compile``. On the emulated board of ``tools/arm_board.sh`` (qemu-user on 2 shared cores) the
+module takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+
+import tvm
+from _board import KEY_ENV, TARGET, TRACKER_ENV, board_address, require_cross_linker
+
+import tvm_roialign
+from tvm_roialign import cli, remote
+from tvm_roialign.linking import export_library
+from tvm_roialign.testing import single_op_module
+
+pytestmark = pytest.mark.board
+
+IMAGE = (64, 80)
+SCALES = [1 / 4, 1 / 8]
+SAMPLING = (2, 0, -1)
+LAYOUTS = ("NCHW", "NHWC")
+
+
+@pytest.fixture(scope="module")
+def board():
+    """An RPC session with the board (closed after the module's tests)."""
+    address = board_address()
+    require_cross_linker()
+    session = remote.connect(rpc=address)
+    yield session
+    remote.close(session)
+
+
+def _case():
+    rng = np.random.default_rng(5)
+    features = [rng.standard_normal((2, 4, IMAGE[0] // 4, IMAGE[1] // 4)).astype("float32")]
+    features.append(rng.standard_normal((2, 4, IMAGE[0] // 8, IMAGE[1] // 8)).astype("float32"))
+    count = 12
+    size = rng.uniform(4, 70, count)
+    x1, y1 = rng.uniform(-5, IMAGE[1], count), rng.uniform(-5, IMAGE[0], count)
+    boxes = np.stack([x1, y1, x1 + size, y1 + size * rng.uniform(0.5, 2, count)], axis=1)
+    batch = np.sort(rng.integers(0, 2, count))
+    rois = np.concatenate([batch[:, None], boxes], axis=1).astype("float32")
+    return features, rois
+
+
+def _expected(features, rois, sampling: int, multiscale: bool) -> np.ndarray:
+    if not multiscale:
+        return torchvision.ops.roi_align(
+            torch.from_numpy(features[0]), torch.from_numpy(rois), (3, 3), SCALES[0], sampling, aligned=True
+        ).numpy()
+    pooler = torchvision.ops.MultiScaleRoIAlign(["0", "1"], (3, 3), sampling)
+    x = OrderedDict((str(i), torch.from_numpy(f)) for i, f in enumerate(features))
+    boxes = [torch.from_numpy(rois[rois[:, 0] == b, 1:]) for b in range(2)]
+    return pooler(x, boxes, [IMAGE, IMAGE]).numpy()
+
+
+def _function(features, rois, sampling: int, multiscale: bool, layout: str):
+    shapes = [f.shape if layout == "NCHW" else f.transpose(0, 2, 3, 1).shape for f in features]
+    rois_spec = (list(rois.shape), "float32")
+    if multiscale:
+        inputs = {f"f{i}": (s, "float32") for i, s in enumerate(shapes)}
+
+        def op(*args):
+            return tvm_roialign.multiscale_roi_align(
+                list(args[:-1]), args[-1], (3, 3), SCALES, sampling_ratio=sampling, aligned=False,
+                layout=layout,
+            )
+    else:
+        inputs = {"data": (shapes[0], "float32")}
+
+        def op(data, rois_var):
+            return tvm_roialign.roi_align(
+                data, rois_var, (3, 3), spatial_scale=SCALES[0], sampling_ratio=sampling, aligned=True,
+                layout=layout,
+            )
+
+    return single_op_module(op, **inputs, rois=rois_spec)["main"]
+
+
+@pytest.fixture(scope="module")
+def roi_library(board, tmp_path_factory):
+    """(remote VM, cases): every case a function of one library built for the board."""
+    features, rois = _case()
+    funcs, cases = {}, {}
+    for multiscale in (False, True):
+        for layout in LAYOUTS:
+            for sampling in SAMPLING:
+                name = f"{'multiscale' if multiscale else 'roi_align'}_{layout}_{sampling}".replace("-", "m")
+                funcs[name] = _function(features, rois, sampling, multiscale, layout).with_attr(
+                    "global_symbol", name
+                )
+                cases[name] = (multiscale, layout, sampling)
+    executable = tvm.compile(tvm.IRModule(funcs), target=tvm.target.Target(TARGET))
+    path = export_library(executable, tmp_path_factory.mktemp("board") / "roi.so", TARGET)
+    device = board.cpu(0)
+    vm = remote.load_vm(board, path, device)
+    return vm, device, features, rois, cases
+
+
+@pytest.mark.parametrize("multiscale", [False, True], ids=["roi_align", "multiscale"])
+def test_roi_align_on_the_board_vs_torchvision(roi_library, multiscale, tol):
+    vm, device, features, rois, cases = roi_library
+    for name, (is_multiscale, layout, sampling) in cases.items():
+        if is_multiscale != multiscale:
+            continue
+        data = features if multiscale else features[:1]
+        if layout == "NHWC":
+            data = [np.ascontiguousarray(f.transpose(0, 2, 3, 1)) for f in data]
+        args = [tvm.runtime.tensor(a, device) for a in [*data, rois]]
+        got = remote.run_vm(vm, args, func=name).numpy()
+        if layout == "NHWC":
+            got = got.transpose(0, 3, 1, 2)
+        want = _expected(features, rois, sampling, multiscale)
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol["float32"], err_msg=name)
+
+
+def test_resnet18_on_the_board_vs_eager(board, tmp_path, capsys):
+    """``compile resnet18.pt2 --target aarch64 -o r18.so`` then ``run r18.so --rpc``."""
+    address = board_address()
+    remote.close(board)  # the server takes one session at a time: the CLI opens its own
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).eval()
+    x = torch.randn(1, 3, 224, 224)
+    torch.export.save(torch.export.export(model, (x,)), str(tmp_path / "r18.pt2"))
+    np.savez(tmp_path / "in.npz", x=x.numpy())
+    lib = tmp_path / "r18.so"
+    assert cli.main(["compile", str(tmp_path / "r18.pt2"), "--target", "aarch64", "-o", str(lib)]) == 0
+    assert "cross-linked r18.so" in capsys.readouterr().err
+    argv = ["run", str(lib), "--rpc", address, "--inputs", str(tmp_path / "in.npz")]
+    assert cli.main([*argv, "--outputs", str(tmp_path / "out.npz"), "--print-time"]) == 0
+    out = capsys.readouterr().out
+    assert "remote cpu" in out and "Execution time summary" in out
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "out.npz")["output_0"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_tune_through_the_board_tracker(tmp_path, capsys):
+    """``tune --rpc-tracker`` with the board measuring a tiny model; ``compile`` applies what beat
+    the default rules (and says so)."""
+    tracker, key = board_address(TRACKER_ENV), os.environ.get(KEY_ENV, "arm-board")
+    require_cross_linker()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 8)).eval()
+    torch.export.save(torch.export.export(model, (torch.randn(1, 3, 4, 4),)), str(tmp_path / "t.pt2"))
+    db = tmp_path / "db"
+    target = "llvm -mtriple=aarch64-linux-gnu -num-cores=1"
+    argv = ["tune", str(tmp_path / "t.pt2"), "-o", str(db), "--trials", "1", "--target", target]
+    assert cli.main([*argv, "--rpc-tracker", tracker, "--rpc-key", key, "--ops", "matmul"]) == 0
+    out = capsys.readouterr().out
+    assert "beat the default rules' schedule" in out
+    baselines = json.loads((db / "tvm_roialign_baselines.json").read_text())["tasks"]
+    assert baselines and all(b["default_s"] > 0 for b in baselines.values())  # measured on the board
+    lib = tmp_path / "t.so"
+    argv = ["compile", str(tmp_path / "t.pt2"), "--target", target, "-o", str(lib)]
+    assert cli.main([*argv, "--tuning-records", str(db)]) == 0
+    assert "tuning records for 1 of 1 matmul tasks: " in capsys.readouterr().out
+
+
+def test_tiny_faster_rcnn_standalone_on_the_board(tmp_path, capsys):
+    """A torchvision-style Faster R-CNN (tests/_tiny_rcnn.py) as one artifact built for aarch64:
+    ``run --image --rpc`` runs it on the board (the runner's NumPy steps here); its detections
+    equal torchvision eager's (labels, boxes within 1e-2 px, scores within 1e-4)."""
+    from _tiny_rcnn import tiny_rcnn
+
+    from tvm_roialign.frontend.detection import export_detector
+    from tvm_roialign.models import detection as det
+
+    address = board_address()
+    require_cross_linker()
+    model = tiny_rcnn(masks=False, seed=0, detections_per_img=20)
+    rgb = det.sample_photo("coffee")
+    ref = det.torch_detections(model, rgb)
+    program, _ = export_detector(model, rgb.shape[:2])
+    torch.export.save(program, tmp_path / "tiny.pt2")
+    library = tmp_path / "tiny_arm.so"
+    argv = ["-q", "compile", str(tmp_path / "tiny.pt2"), "--target", "aarch64", "-o", str(library)]
+    assert cli.main(argv) == 0
+    from PIL import Image
+
+    Image.fromarray(rgb).save(tmp_path / "coffee.png")
+    out = tmp_path / "result.png"
+    argv = ["-q", "run", str(library), "--image", str(tmp_path / "coffee.png"), "--out", str(out)]
+    argv += ["--rpc", address]
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    report = json.loads(out.with_suffix(".json").read_text())
+    ours = {
+        "boxes": np.array([d["box"] for d in report["detections"]], np.float32).reshape(-1, 4),
+        "labels": np.array([d["label"] for d in report["detections"]], np.int64),
+        "scores": np.array([d["score"] for d in report["detections"]], np.float32),
+    }
+    result = det.compare(ours, ref)
+    assert result["passed"], result
+    assert result["num_detections_tvm"] == len(ref["boxes"]) == 20
