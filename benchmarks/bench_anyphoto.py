@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tvm_roialign.host import use_usable_cores
 from tvm_roialign.models import detection as det
 from tvm_roialign.runtime import Detector
 
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", default="coffee,chelsea,grace_hopper")
     parser.add_argument("--out", default="benchmarks/results/bench_anyphoto.json")
     args = parser.parse_args(argv)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(use_usable_cores())
 
     def log(message):
         print(message, file=sys.stderr, flush=True)

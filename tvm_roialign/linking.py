@@ -9,9 +9,10 @@ linker is installed, with a note saying so), :func:`export_library` writes it.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
+
+from .host import is_host_triple
 
 #: Cross linkers (Debian's ``gcc-<triple>``) for a ``.so`` of a cross target, by architecture.
 CROSS_LINKERS = {"aarch64": "aarch64-linux-gnu-gcc", "arm64": "aarch64-linux-gnu-gcc"}
@@ -28,8 +29,7 @@ def _triple(target) -> str:
 def cross_triple(target) -> str | None:
     """The target's triple when it is an llvm target for another architecture than this machine's."""
     triple = _triple(target)
-    host = os.uname().machine.replace("arm64", "aarch64")
-    return triple if triple and not triple.startswith(host) else None
+    return None if is_host_triple(triple) else triple
 
 
 def cross_linker(triple: str) -> str | None:
