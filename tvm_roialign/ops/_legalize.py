@@ -11,7 +11,9 @@ legalization does.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import tvm
 from tvm import relax, te, tirx
@@ -145,6 +147,41 @@ def dict_attrs_values(attrs, op_name: str) -> dict:
     if set(values) == {"__dict__"}:  # built with make_node("ir.DictAttrs", __dict__={...})
         values = dict(values["__dict__"].items())
     return values
+
+
+class DictAttrsFields:
+    """For a frozen dataclass of an op's attributes carried as an ``ir.DictAttrs`` whose keys are the
+    field names: :meth:`from_call` and :meth:`to_attrs` from the fields, so the ops of the family
+    spell and convert their attributes one way. A field without a default is required; a tuple
+    field holds ints; the others take the type of their default."""
+
+    OP_NAME: ClassVar[str]
+
+    @classmethod
+    def from_call(cls, call):
+        values = dict_attrs_values(call.attrs, cls.OP_NAME)
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in values:
+                if f.default is dataclasses.MISSING:
+                    raise ValueError(f"{cls.OP_NAME} attributes lack {f.name!r}")
+                continue
+            kwargs[f.name] = _field_value(f, values[f.name])
+        return cls(**kwargs)
+
+    def to_attrs(self) -> tvm.ir.Attrs:
+        items = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            items[f.name] = [int(v) for v in value] if isinstance(value, tuple) else value
+        return tvm.ir.make_node("ir.DictAttrs", **items)
+
+
+def _field_value(f, value):
+    if f.default is dataclasses.MISSING:  # the pooled size: a pair of ints
+        return tuple(int(v) for v in value)
+    kind = type(f.default)
+    return kind(str(value)) if kind is str else kind(value)
 
 
 def checkable_shapes(call):

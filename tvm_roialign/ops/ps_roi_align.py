@@ -22,14 +22,16 @@ from ..strategies.base import GATHERED_CHANNELS_ATTR
 from ..topi._sampling import normalize_pooled_size, output_shape
 from ..topi.ps_roi_align import check_ps_roi_align_args
 from ..topi.ps_roi_align import ps_roi_align as topi_ps_roi_align
-from ._legalize import checkable_shapes, dict_attrs_values, legalize_with_strategy
+from ._legalize import DictAttrsFields, checkable_shapes, legalize_with_strategy
 
 OP_NAME = "relax.vision.ps_roi_align"
 
 
 @dataclass(frozen=True)
-class PSRoiAlignAttrs:
+class PSRoiAlignAttrs(DictAttrsFields):
     """The attributes of a ``relax.vision.ps_roi_align`` call, as plain Python values."""
+
+    OP_NAME: ClassVar[str] = OP_NAME
 
     pooled_size: tuple[int, int]
     spatial_scale: float = 1.0
@@ -37,27 +39,6 @@ class PSRoiAlignAttrs:
     layout: str = "NCHW"
     #: tells the strategies' adaptive-grid kernel which op it builds
     position_sensitive: ClassVar[bool] = True
-
-    @classmethod
-    def from_call(cls, call) -> PSRoiAlignAttrs:
-        values = dict_attrs_values(call.attrs, OP_NAME)
-        if "pooled_size" not in values:
-            raise ValueError(f"{OP_NAME} attributes lack 'pooled_size'")
-        return cls(
-            pooled_size=tuple(int(p) for p in values["pooled_size"]),
-            spatial_scale=float(values.get("spatial_scale", 1.0)),
-            sampling_ratio=int(values.get("sampling_ratio", -1)),
-            layout=str(values.get("layout", "NCHW")),
-        )
-
-    def to_attrs(self) -> tvm.ir.Attrs:
-        return tvm.ir.make_node(
-            "ir.DictAttrs",
-            pooled_size=[int(p) for p in self.pooled_size],
-            spatial_scale=float(self.spatial_scale),
-            sampling_ratio=int(self.sampling_ratio),
-            layout=str(self.layout),
-        )
 
 
 def infer_struct_info(call, _ctx=None):

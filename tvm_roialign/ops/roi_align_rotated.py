@@ -26,6 +26,7 @@ attribute          default     meaning
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import tvm
 from tvm import relax
@@ -34,7 +35,7 @@ from .. import _registry
 from ..topi._sampling import data_dims, normalize_pooled_size, output_shape
 from ..topi.roi_align_rotated import check_roi_align_rotated_args
 from ..topi.roi_align_rotated import roi_align_rotated as topi_roi_align_rotated
-from ._legalize import checkable_shapes, dict_attrs_values, legalize_with_strategy
+from ._legalize import DictAttrsFields, checkable_shapes, legalize_with_strategy
 
 OP_NAME = "relax.vision.roi_align_rotated"
 
@@ -48,8 +49,10 @@ CONVENTIONS = {
 
 
 @dataclass(frozen=True)
-class RoiAlignRotatedAttrs:
+class RoiAlignRotatedAttrs(DictAttrsFields):
     """The attributes of a ``relax.vision.roi_align_rotated`` call (module table)."""
+
+    OP_NAME: ClassVar[str] = OP_NAME
 
     pooled_size: tuple[int, int]
     spatial_scale: float = 1.0
@@ -58,33 +61,6 @@ class RoiAlignRotatedAttrs:
     clockwise: bool = False
     angle_unit: str = "degrees"
     layout: str = "NCHW"
-
-    @classmethod
-    def from_call(cls, call) -> RoiAlignRotatedAttrs:
-        values = dict_attrs_values(call.attrs, OP_NAME)
-        if "pooled_size" not in values:
-            raise ValueError(f"{OP_NAME} attributes lack 'pooled_size'")
-        return cls(
-            pooled_size=tuple(int(p) for p in values["pooled_size"]),
-            spatial_scale=float(values.get("spatial_scale", 1.0)),
-            sampling_ratio=int(values.get("sampling_ratio", -1)),
-            aligned=bool(values.get("aligned", True)),
-            clockwise=bool(values.get("clockwise", False)),
-            angle_unit=str(values.get("angle_unit", "degrees")),
-            layout=str(values.get("layout", "NCHW")),
-        )
-
-    def to_attrs(self) -> tvm.ir.Attrs:
-        return tvm.ir.make_node(
-            "ir.DictAttrs",
-            pooled_size=[int(p) for p in self.pooled_size],
-            spatial_scale=float(self.spatial_scale),
-            sampling_ratio=int(self.sampling_ratio),
-            aligned=bool(self.aligned),
-            clockwise=bool(self.clockwise),
-            angle_unit=str(self.angle_unit),
-            layout=str(self.layout),
-        )
 
 
 def infer_struct_info(call, _ctx=None):
