@@ -14,7 +14,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from .baseline import beats, read_baselines, workload_key
+from .baseline import beats, read_baselines, trace_key, workload_key
 from .tasks import DEFAULT_OPS, as_target, is_scheduled, is_static, matches, normalize
 
 #: Beside MetaSchedule's two JSON files: TVM version, target, ops and pipeline options of a tuning.
@@ -261,7 +261,11 @@ class TuningRecords:
                 cov.unchecked.append(name)
             elif record_s is not None:
                 weight = int(baseline.get("weight", 1))
-                check = baseline.get("check") or {"default_s": baseline["default_s"], "record_s": record_s}
+                # the gain from the same evidence beats() decided with: the interleaved check when it
+                # was made for this record, else the search's time against the default rules'
+                check = baseline.get("check")
+                if not (check and check.get("trace") == trace_key(record)):
+                    check = {"default_s": baseline["default_s"], "record_s": record_s}
                 cov.gain_s += weight * (float(check["default_s"]) - float(check["record_s"]))
                 cov.default_s += weight * float(check["default_s"])
         for names in (cov.tuned, cov.untuned, cov.symbolic, cov.default_faster, cov.unchecked):
