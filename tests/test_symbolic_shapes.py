@@ -13,6 +13,7 @@ from tvm import relax
 
 from tvm_roialign.pipeline import build, cpu_schedule_pass, prepare_pipeline
 from tvm_roialign.schedules import Conv2DNHWC, default_rules
+from tvm_roialign.schedules.symbolic_extents import compound_extents, name_symbolic_extents
 
 HOST = tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
 #: float32 results against a float64 reference: relative to the largest output
@@ -31,8 +32,8 @@ def _module(x_shape, body):
 
 
 def _rules():
-    """The default rules with the symbolic-size conv tiling on (off by default, see Conv2DNHWC)."""
-    return [Conv2DNHWC(symbolic=True), *default_rules()[1:]]
+    """The default rules (the conv rule tiles symbolic sizes by default)."""
+    return default_rules()
 
 
 def _scheduled(mod):
@@ -113,7 +114,9 @@ def _run_shapes(mod, shapes, reference, rng):
 
 
 @pytest.mark.parametrize(
-    "kernel, padding, stride", [(3, 1, 1), (1, 0, 1)], ids=["3x3", "1x1"]
+    "kernel, padding, stride",
+    [(3, 1, 1), (1, 0, 1), (3, 1, 2), (1, 0, 2), (7, 3, 2)],
+    ids=["3x3", "1x1", "3x3s2", "1x1s2", "7x7s2"],
 )
 def test_symbolic_conv_is_tiled_and_matches_float64(kernel, padding, stride, rng):
     weight = (rng.standard_normal((kernel, kernel, 16, 32)) * 0.3).astype("float32")
@@ -176,13 +179,77 @@ def test_symbolic_pool_and_elementwise_are_parallel_vectorized(rng):
     _run_shapes(mod, [(1, 17, 22, 32), (2, 9, 9, 32)], reference, rng)
 
 
-def test_symbolic_strided_conv_matches_float64(rng):
-    """A strided conv of symbolic size (left to the fallback rule) computes the same at two shapes."""
+def test_conv_rule_off_for_symbolic_sizes_leaves_them_to_the_fallback(rng):
     weight = (rng.standard_normal((3, 3, 16, 32)) * 0.3).astype("float32")
     mod = _module([N, H, W, 16], _conv(weight, 1, 2))
+    with HOST:
+        prepared = prepare_pipeline(HOST)(mod)
+    (conv,) = [f for gv, f in prepared.functions_items() if "conv2d" in gv.name_hint]
+    assert Conv2DNHWC(symbolic=False).apply(conv, HOST, False) is None
+    assert Conv2DNHWC().apply(conv, HOST, False) is not None
+
+
+def _stem_then_conv(stem, weight):
+    """A stride-2 stem and a stride-2 pool before a 3x3 conv, as in a ResNet: the conv's extents
+    are ``(h - 1) // 4 + 1``, not a plain variable, and Relax passes ``h`` and ``w`` as scalars."""
+
+    def body(bb, x):
+        y = bb.emit(
+            relax.op.nn.conv2d(
+                x, relax.const(stem), strides=2, padding=3, data_layout="NHWC", kernel_layout="HWIO"
+            )
+        )
+        y = bb.emit(relax.op.nn.max_pool2d(relax.op.nn.relu(y), 3, 2, 1, layout="NHWC"))
+        return _conv(weight, 1)(bb, y)
+
+    return body
+
+
+def _torch_stem_then_conv(x, stem, weight):
+    y = _torch_conv(x, stem, 3, 2)
+    y = torch.from_numpy(y).permute(0, 3, 1, 2)
+    y = torch.nn.functional.max_pool2d(y, 3, 2, 1).permute(0, 2, 3, 1).numpy()
+    return _torch_conv(y, weight, 1)
+
+
+def test_conv_of_compound_symbolic_extents_matches_float64(rng):
+    """The conv after a stem and a pool sees extents ``(h - 1) // 4 + 1``. Tiled on them as they
+    were, its write-back covered other tiles' outputs (TIR could not tell the extents' sign, and
+    every 64-channel conv of a symbolic resnet18 was wrong, by up to 100 on random data); each
+    compound extent now gets a variable of its own before the rules schedule the kernel."""
+    stem = (rng.standard_normal((7, 7, 3, 64)) * 0.2).astype("float32")
+    weight = (rng.standard_normal((3, 3, 64, 64)) * 0.1).astype("float32")
+    mod = _module([N, H, W, 3], _stem_then_conv(stem, weight))
+    convs = [f for name, f in _scheduled(mod).items() if "conv2d" in name]
+    assert len(convs) == 2
+    for conv in convs:
+        assert tvm.tirx.ForKind.UNROLLED in _loop_kinds(conv), conv.script()
     _run_shapes(
-        mod, [(1, 13, 29, 16), (2, 8, 7, 16)], lambda x: _torch_conv(x, weight, 1, 2), rng
+        mod,
+        [(1, 64, 80, 3), (1, 37, 45, 3), (2, 50, 33, 3)],
+        lambda x: _torch_stem_then_conv(x, stem, weight),
+        rng,
     )
+
+
+def test_compound_extents_get_variables_bound_from_the_buffers():
+    zeros = np.zeros
+    mod = _module([N, H, W, 3], _stem_then_conv(zeros((7, 7, 3, 64), "f4"), zeros((3, 3, 64, 64), "f4")))
+    with HOST:
+        prepared = prepare_pipeline(HOST, winograd=0)(mod)
+    (conv,) = [
+        f
+        for gv, f in prepared.functions_items()
+        if "conv2d" in gv.name_hint and "h" not in {str(d) for d in f.params[0].ty.shape}
+    ]
+    assert compound_extents(conv), conv.script()
+    named = name_symbolic_extents(conv)
+    assert not compound_extents(named)
+    buffers = [p for p in named.params if isinstance(p.ty, tvm.tirx.buffer.BufferType)]
+    images = [p.ty.shape for p in buffers if not isinstance(p.ty.shape[0], tvm.tirx.IntImm)]
+    spatial = {str(d) for shape in images for d in shape[1:3]}
+    assert spatial == {"extent0", "extent1"}, spatial
+    assert name_symbolic_extents(named) is None
 
 
 class _TinyCNN(torch.nn.Module):
@@ -223,9 +290,10 @@ def test_dynamic_onnx_cnn_compiles_once_and_matches_eager_at_two_shapes(tmp_path
     assert cli.main(["--quiet", "compile", str(path), "-o", str(lib)]) == 0
     out = capsys.readouterr().out
     (line,) = [text for text in out.splitlines() if text.startswith("symbolic shapes:")]
-    # the input's NCHW -> NHWC transpose (3 channels) is scalar; the convs are the fallback's
-    # (Conv2DNHWC's symbolic tiling is off by default), which the line names
-    assert "transpose" in line and "conv2d" in line.partition("fell back")[2], line
+    # the input's NCHW -> NHWC transpose (3 channels) is scalar and falls back; every conv,
+    # strided ones included, is tiled
+    fell_back = line.partition("fell back")[2]
+    assert "transpose" in fell_back and "conv2d" not in fell_back, line
     vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
     for shape in [(1, 3, 37, 45), (2, 3, 24, 24)]:
         data = np.random.default_rng(1).standard_normal(shape).astype("float32")

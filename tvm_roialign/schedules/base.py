@@ -5,6 +5,9 @@ part common to all rules of this package: it accepts llvm targets and TIR PrimFu
 :class:`~tvm.s_tir.Schedule` of the function, and hands it to the rule's own :meth:`CPURule.schedule`.
 A rule returns the schedule, or None when the function is not of its kind; a schedule step that
 TIR refuses (any exception) also means None, so that the next rule gets the untouched function.
+A function whose buffers have compound symbolic extents (``(h - 1) // 4 + 1``) is handed to the
+rule with a variable of its own for each (:mod:`.symbolic_extents`): the rules' arithmetic on
+such extents is exact only in that form.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.s_tir import Schedule
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
+
+from .symbolic_extents import name_symbolic_extents
 
 
 def static_int(value) -> int | None:
@@ -34,6 +39,7 @@ class CPURule(CPUScheduleRule):
     def apply(self, func, target, tunable):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
+        func = name_symbolic_extents(func) or func
         sch = Schedule(func, error_render_level="none")
         try:
             return self.schedule(sch, func, target)

@@ -53,6 +53,12 @@ _L2_BYTES_PER_CYCLE = 16
 #: TVM's limit for a buffer on the stack (``runtime::kMaxStackAlloca``; larger ones are heap
 #: workspaces)
 _MAX_STACK_BYTES = 1024
+#: loads a row of the register tile costs when its extent is symbolic: the row index is clamped
+#: (:func:`unguard_rows`) before the broadcast load. Measured (AVX-512, 3x3 conv 256 -> 256, one
+#: image, symbolic size): a 15x1 tile, the best under one load per row, ran 7x7 in 2.6 ms and 28x28
+#: in 15.9 ms; 7x2, the best under two, 0.33 and 9.2 ms, as fast as the static build's tiles
+#: (0.29-0.33 and 8.7-9.4 ms)
+_SYMBOLIC_ROW_LOADS = 2
 #: row extents a symbolic one is assumed to take when a tile is chosen for it: the widths of the
 #: feature maps of an image model at 224 to 480 pixels (stride 2 to 32) and of a batch of rows
 NOMINAL_ROWS = (7, 10, 14, 15, 28, 30, 56, 60, 112, 120)
@@ -229,7 +235,9 @@ def pick_tile(
     the reduction issues ``rows * cols`` multiply-adds (two per cycle) and ``rows + cols`` loads
     (two per cycle), streams ``cols`` weight vectors from L2 (:data:`_L2_BYTES_PER_CYCLE`), and cannot
     be shorter than the latency of one accumulator chain (:data:`_LATENCY_CHAINS`). The tile with
-    the best throughput under this model wins, then the one with the fewest loads per step.
+    the best throughput under this model wins, then the one with the fewest loads per step. A row of
+    a symbolic extent costs :data:`_SYMBOLIC_ROW_LOADS` loads (its index is clamped, see
+    :func:`unguard_rows`).
     Measured on AVX-512 (one core, time relative to PyTorch's oneDNN on direct convolutions): 8x2
     ~1.0, 14x2 best on 14-wide rows, 2x8 (weight-stream bound) 1.5, 4x2 (latency bound) 1.3;
     on a matmul whose weights are re-read from L2 per row tile, 8x2 1.5x faster than 4x4.
@@ -244,9 +252,10 @@ def pick_tile(
                 continue
             if max_bytes is not None and acc * vector_bytes > max_bytes:
                 continue
+            row_loads = rows * (_SYMBOLIC_ROW_LOADS if rows_extent is None else 1)
             cycles = max(
                 acc / 2,
-                (rows + cols) / 2,
+                (row_loads + cols) / 2,
                 _LATENCY_CHAINS / 2,
                 cols * vector_bytes / _L2_BYTES_PER_CYCLE,
             )
@@ -372,19 +381,6 @@ def schedule_contraction(
     sch.unroll(m_inner)
     sch.decompose_reduction(c.block, red[0])
     return outer, local
-
-
-def unit_row_stride(sch: Schedule, c: Contraction) -> bool:
-    """Whether the rows of ``c`` read consecutive rows of ``a`` (a stride-1 conv, a matmul): the
-    form :func:`unguard_rows` is written for."""
-    stmt = sch.get(c.block)
-    row = next(it.var for it in stmt.iter_vars if it.var.name == c.row_var)
-    for r in stmt.reads[c.data_read].region:
-        found = []
-        walk(r.min, tirx.Mul, found.append)
-        if row in _vars_of(r.min) and any(row in _vars_of(m) for m in found):
-            return False
-    return True
 
 
 def rows_pos(c: Contraction) -> int:
@@ -554,6 +550,5 @@ __all__ = [
     "schedule_contraction",
     "try_step",
     "unguard_rows",
-    "unit_row_stride",
     "vectorize_writeback",
 ]

