@@ -14,7 +14,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from .baseline import beats, read_baselines, trace_key, workload_key
+from .baseline import beats, evidence, read_baselines, workload_key
 from .tasks import DEFAULT_OPS, as_target, is_scheduled, is_static, matches, normalize
 
 #: Beside MetaSchedule's two JSON files: TVM version, target, ops and pipeline options of a tuning.
@@ -259,15 +259,13 @@ class TuningRecords:
             chosen[key] = (norm, record)
             if baseline is None:
                 cov.unchecked.append(name)
-            elif record_s is not None:
+                continue
+            # the gain from the same evidence the decision above was made on
+            times = evidence(record_s, baseline, record)
+            if times is not None:
                 weight = int(baseline.get("weight", 1))
-                # the gain from the same evidence beats() decided with: the interleaved check when it
-                # was made for this record, else the search's time against the default rules'
-                check = baseline.get("check")
-                if not (check and check.get("trace") == trace_key(record)):
-                    check = {"default_s": baseline["default_s"], "record_s": record_s}
-                cov.gain_s += weight * (float(check["default_s"]) - float(check["record_s"]))
-                cov.default_s += weight * float(check["default_s"])
+                cov.gain_s += weight * (times[0] - times[1])
+                cov.default_s += weight * times[0]
         for names in (cov.tuned, cov.untuned, cov.symbolic, cov.default_faster, cov.unchecked):
             names.sort()
         return cov, list(chosen.values())
