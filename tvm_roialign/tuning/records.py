@@ -276,12 +276,15 @@ def load_records(work_dir, target=None, report=None, on_mismatch="error", apply=
     return TuningRecords(work_dir, target, report, on_mismatch, apply)
 
 
-def apply_database_pass(records) -> tvm.transform.Pass:
+def apply_database_pass(records, report: Callable | None = None) -> tvm.transform.Pass:
     """Phase 4 of the build pipeline: the functions that ``records`` (a directory or
     :class:`TuningRecords`) cover get their best record's schedule and ``tirx.is_scheduled``;
-    the :class:`Coverage` goes to ``records.report``. Runs under the build's target."""
+    the :class:`Coverage` goes to ``report`` (default: ``records.report``;
+    :func:`tvm_roialign.pipeline.build` gives its own and returns the coverage). Runs under the
+    build's target."""
     if not isinstance(records, TuningRecords):
         records = TuningRecords(records)
+    report = report or records.report
 
     @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignApplyTuningRecords")
     def apply(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -293,7 +296,7 @@ def apply_database_pass(records) -> tvm.transform.Pass:
             # whatever the current database holds
             with _database_of(chosen):
                 mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
-        records.report(coverage)
+        report(coverage)
         return mod
 
     return apply
