@@ -107,6 +107,29 @@ def test_no_import_cycle_in_the_package():
     assert not found, f"import cycles (lazy imports included): {found}"
 
 
+#: The longest a function of the package may be, in lines (``end_lineno - lineno + 1``, decorators
+#: not counted, nested functions counted on their own as well as inside their parent).
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``path:line name (N lines)`` of every function (nested ones included) over ``limit`` lines."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    where = path.relative_to(ROOT.parent)
+                    found.append(f"{where}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_over_80_lines():
+    found = long_functions()
+    assert not found, "split these into named steps:\n" + "\n".join(found)
+
+
 def test_the_roi_family_builders_share_one_argument_order():
     """The tensors and output size by position, the rest by keyword, in one order, with the
     defaults of ``relax.op.vision.roi_align`` (the rotated op's ``aligned`` is detectron2's)."""
