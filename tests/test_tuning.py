@@ -182,6 +182,11 @@ def test_build_returns_the_coverage_of_its_records(tuned, tiny, tol):
     assert str(built.coverage).startswith("tuning records for 2 of 2 conv2d/matmul tasks: ")
     np.testing.assert_allclose(_run(built.executable, x), expected, rtol=tol["float32"], atol=tol["float32"])
     assert build(mod, TARGET, with_coverage=True).coverage is None
+    # the phase-4 pass itself: its coverage goes where the pass says
+    sink = []
+    built = build(mod, TARGET, tuning_records=tuning.apply_database_pass(records, sink.append),
+                  with_coverage=True)
+    assert built.coverage is None and [c.total for c in sink] == [2] and reported == []
 
 
 def _copy_mod(mod):

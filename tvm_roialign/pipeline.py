@@ -252,9 +252,11 @@ def build(
     and ``options`` are its keyword arguments), on metal without dlight's Matmul rule, elsewhere
     TVM's default.
 
-    Returns the executable; with ``with_coverage=True`` a :class:`Built`, whose ``coverage`` says
-    which tasks ``tuning_records`` scheduled (it then does not go to the records' ``report``,
-    which otherwise receives it as before)."""
+    ``tuning_records``: a database directory, its :class:`~tvm_roialign.tuning.TuningRecords`, or
+    the phase-4 pass (:func:`~tvm_roialign.tuning.apply_database_pass`; its coverage then goes
+    where the pass says). Returns the executable; with ``with_coverage=True`` a :class:`Built`,
+    whose ``coverage`` says which tasks the records scheduled (it then does not go to the
+    records' ``report``, which otherwise receives it as before)."""
     kind = target.kind.name
     if kind == "metal":
         executable = tvm.compile(mod, target=target, relax_pipeline=_metal_pipeline(target))
@@ -268,7 +270,9 @@ def build(
 def _build_cpu(mod, target, tuning_records, with_coverage: bool, options: dict):
     coverages: list = []
     records = None
-    if tuning_records is not None:
+    if isinstance(tuning_records, tvm.transform.Pass):
+        options["tuning_records"] = tuning_records  # its coverage goes where the pass says
+    elif tuning_records is not None:
         from .tuning import TuningRecords, apply_database_pass
 
         records = tuning_records
