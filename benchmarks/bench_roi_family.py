@@ -83,7 +83,9 @@ def ps_roi_align_case(data, rng, sampling_ratio):
         return torchvision.ops.ps_roi_align(data_t, rois_t, PS_POOLED, SCALE, sampling_ratio)
 
     def make(d, r, layout):
-        return tvm_roialign.ps_roi_align(d, r, PS_POOLED, SCALE, sampling_ratio, layout)
+        return tvm_roialign.ps_roi_align(
+            d, r, PS_POOLED, spatial_scale=SCALE, sampling_ratio=sampling_ratio, layout=layout
+        )
 
     return "torchvision", reference, lambda: reference().numpy(), make, rois
 
@@ -107,8 +109,9 @@ def roi_align_rotated_case(data, rng, sampling_ratio):
         return request.infer(inputs)
 
     def make(d, r, layout):
-        return tvm_roialign.roi_align_rotated(d, r, ROTATED_POOLED, SCALE, sampling_ratio,
-                                              angle_unit="radians", layout=layout)
+        return tvm_roialign.roi_align_rotated(d, r, ROTATED_POOLED, spatial_scale=SCALE,
+                                              sampling_ratio=sampling_ratio, layout=layout,
+                                              angle_unit="radians")
 
     return "OpenVINO", reference, lambda: np.array(reference()[0]), make, rois
 

@@ -105,3 +105,55 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_no_import_cycle_in_the_package():
     found = cycles(import_graph())
     assert not found, f"import cycles (lazy imports included): {found}"
+
+
+#: The longest a function of the package may be, in lines (``end_lineno - lineno + 1``, decorators
+#: not counted, nested functions counted on their own as well as inside their parent).
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``path:line name (N lines)`` of every function (nested ones included) over ``limit`` lines."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    where = path.relative_to(ROOT.parent)
+                    found.append(f"{where}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_over_80_lines():
+    found = long_functions()
+    assert not found, "split these into named steps:\n" + "\n".join(found)
+
+
+def test_the_roi_family_builders_share_one_argument_order():
+    """The tensors and output size by position, the rest by keyword, in one order, with the
+    defaults of ``relax.op.vision.roi_align`` (the rotated op's ``aligned`` is detectron2's)."""
+    import inspect
+
+    import tvm_roialign
+
+    shared = ["spatial_scale", "sampling_ratio", "aligned", "layout", "mode"]
+    defaults = {"spatial_scale": 1.0, "sampling_ratio": -1, "aligned": False, "layout": "NCHW",
+                "mode": "avg"}
+    for name, positional, own_defaults in (
+        ("roi_align", ["data", "rois", "output_size"], {}),
+        ("multiscale_roi_align", ["features", "rois", "output_size", "spatial_scales"], {}),
+        ("ps_roi_align", ["data", "rois", "output_size"], {}),
+        ("roi_align_rotated", ["data", "rois", "output_size"], {"aligned": True}),
+    ):
+        params = inspect.signature(getattr(tvm_roialign, name)).parameters.values()
+        by_position = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+        keywords = [p for p in params if p.kind is p.KEYWORD_ONLY]
+        assert by_position == positional, name
+        names = [p.name for p in keywords]
+        # the shared ones first, in the shared order, then the op's own
+        ours = [n for n in shared if n in names]
+        assert names[: len(ours)] == ours, name
+        for p in keywords:
+            if p.name in defaults:
+                assert p.default == own_defaults.get(p.name, defaults[p.name]), (name, p.name)

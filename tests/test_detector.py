@@ -99,6 +99,25 @@ def small_models():
     return {name: det.build_torch_detector(name, config) for name in MODELS}
 
 
+def test_building_a_detector_leaves_the_callers_random_state_alone():
+    """The seeded random weights come from a fork of torch's generator: the caller's stream goes on
+    as if no model had been built, and one seed gives one set of weights."""
+    config = det.DetectorConfig(seed=5)
+    name = "fasterrcnn_mobilenet_v3_large_fpn"
+    torch.manual_seed(11)
+    expected = torch.rand(4)
+    torch.manual_seed(11)
+    model = det.build_torch_detector(name, config)
+    assert torch.equal(torch.rand(4), expected)
+    torch.manual_seed(config.seed)
+    seeded = torch.rand(4)
+    torch.manual_seed(config.seed)  # the caller's seed is the config's: still its own stream
+    again = det.build_torch_detector(name, config)
+    assert torch.equal(torch.rand(4), seeded)
+    for (key, value), other in zip(model.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(value, other), key
+
+
 @pytest.fixture
 def torch_threads():
     """At least two PyTorch threads: with one, PyTorch resizes 3-channel images with another

@@ -77,10 +77,11 @@ def _all_calls_module():
             for (layout, sr, aligned), (other, _, _) in zip(CALLS, reversed(CALLS)):
                 feats = nchw if layout == "NCHW" else nhwc
                 outs.append(bb.emit(tvm_roialign.roi_align(
-                    feats[0], rois, (3, 2), SCALES[0], sr, aligned, layout)))
+                    feats[0], rois, (3, 2), spatial_scale=SCALES[0], sampling_ratio=sr,
+                    aligned=aligned, layout=layout)))
                 feats = nchw if other == "NCHW" else nhwc
                 outs.append(bb.emit(tvm_roialign.multiscale_roi_align(
-                    feats, rois, (3, 2), SCALES, sr, aligned, other)))
+                    feats, rois, (3, 2), SCALES, sampling_ratio=sr, aligned=aligned, layout=other)))
             out = bb.emit_output(relax.Tuple(outs))
         bb.emit_func_output(out)
     return bb.get()
@@ -327,7 +328,8 @@ def test_multiscale_aligned_per_level_scales(sampling_ratio, tol):
               for i, f in enumerate(feats)]
     r = relax.Var("rois", relax.TensorType(list(rois.shape), "float32"))
     with bb.function("main", [*params, r]):
-        out = bb.emit(tvm_roialign.multiscale_roi_align(params, r, 7, scales, sampling_ratio, True))
+        out = bb.emit(tvm_roialign.multiscale_roi_align(
+            params, r, 7, scales, sampling_ratio=sampling_ratio, aligned=True))
         bb.emit_func_output(out)
     for target in RUN_TARGETS.values():
         got = compile_and_run(bb.get(), [*feats, rois], target=target)

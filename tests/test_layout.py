@@ -467,7 +467,7 @@ def test_multiscale_roi_align_converts_with_convs(tol):
 
     def body(bb, x0, x1, w0, w1, r, w2):
         feats = [_conv(bb, x0, w0), _conv(bb, x1, w1)]
-        pooled = bb.emit(make(feats, r, (4, 4), (0.5, 0.25), 2))
+        pooled = bb.emit(make(feats, r, (4, 4), (0.5, 0.25), sampling_ratio=2))
         return _conv(bb, pooled, w2)
 
     before = _function([x0, x1, w0, w1, r, w2], body)

@@ -28,9 +28,9 @@ def _heterogeneous_module():
     def build(cf0, cf1, crois, lf0, lf1, lrois):
         return [
             relax.op.vision.roi_align(cf0, crois, (2, 2), 0.5, 2),
-            tvm_roialign.multiscale_roi_align([cf0, cf1], crois, 2, [0.5, 0.25]),
+            tvm_roialign.multiscale_roi_align([cf0, cf1], crois, 2, [0.5, 0.25], sampling_ratio=2),
             relax.op.vision.roi_align(lf0, lrois, (2, 2), 0.5, 2),
-            tvm_roialign.multiscale_roi_align([lf0, lf1], lrois, 2, [0.5, 0.25]),
+            tvm_roialign.multiscale_roi_align([lf0, lf1], lrois, 2, [0.5, 0.25], sampling_ratio=2),
         ]
 
     mod = single_op_module(build, **inputs)

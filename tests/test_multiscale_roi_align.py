@@ -323,3 +323,16 @@ def test_gpu_schedule_rule_applies(case, layout, tol):
     kernels = [finalize_device()(m) for m in device.values()]
     # two launches: the per-roi FPN level (one thread per roi), then RoIAlign (one per output)
     assert len(kernels) == 1 and len(kernels[0].functions) == 2
+
+
+def test_positional_options_are_the_old_form():
+    """``sampling_ratio, aligned, layout`` by position still build the same call (the old form, a
+    DeprecationWarning); a fifth positional option is refused."""
+    rois = relax.Var("rois", relax.TensorType([3, 5], "float32"))
+    feats = [relax.Var("f0", relax.TensorType([1, 4, 8, 8], "float32"))]
+    keyword = tvm_roialign.multiscale_roi_align(feats, rois, 2, [0.5], sampling_ratio=2, layout="NCHW")
+    with pytest.warns(DeprecationWarning, match="by keyword"):
+        positional = tvm_roialign.multiscale_roi_align(feats, rois, 2, [0.5], 2, False, "NCHW")
+    assert MultiscaleRoiAlignAttrs.from_call(keyword) == MultiscaleRoiAlignAttrs.from_call(positional)
+    with pytest.raises(TypeError, match="by keyword"):
+        tvm_roialign.multiscale_roi_align(feats, rois, 2, [0.5], 2, False, "NCHW", "avg")

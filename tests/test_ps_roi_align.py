@@ -40,7 +40,8 @@ REF_TOL = 1e-6
 def _vm(layout, sampling_ratio, target_key="native", dtype="float32", num_rois=K, scale=SCALE):
     shape = (N, C_IN, H, W) if layout == "NCHW" else (N, H, W, C_IN)
     mod = single_op_module(
-        lambda d, r: tvm_roialign.ps_roi_align(d, r, POOLED, scale, sampling_ratio, layout),
+        lambda d, r: tvm_roialign.ps_roi_align(
+            d, r, POOLED, spatial_scale=scale, sampling_ratio=sampling_ratio, layout=layout),
         data=(shape, dtype),
         rois=((num_rois, 5), dtype),
     )
@@ -171,7 +172,8 @@ def _normalize(data_shape, rois_shape, pooled=POOLED, layout="NCHW", dtype="floa
     data = relax.Var("data", relax.TensorType(list(data_shape), dtype))
     rois = relax.Var("rois", relax.TensorType(list(rois_shape), rois_dtype))
     with bb.function("main", [data, rois]):
-        out = bb.emit(tvm_roialign.ps_roi_align(data, rois, pooled, 1.0, 2, layout))
+        out = bb.emit(tvm_roialign.ps_roi_align(
+            data, rois, pooled, spatial_scale=1.0, sampling_ratio=2, layout=layout))
         bb.emit_func_output(out)
     return bb.get()["main"].ret_ty
 

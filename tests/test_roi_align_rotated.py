@@ -41,7 +41,8 @@ def _vm(layout, sampling_ratio, aligned=True, clockwise=False, angle_unit="radia
     shape = (N, C, H, W) if layout == "NCHW" else (N, H, W, C)
     mod = single_op_module(
         lambda d, r: tvm_roialign.roi_align_rotated(
-            d, r, POOLED, SCALE, sampling_ratio, aligned, clockwise, angle_unit, layout
+            d, r, POOLED, spatial_scale=SCALE, sampling_ratio=sampling_ratio, aligned=aligned,
+            layout=layout, clockwise=clockwise, angle_unit=angle_unit,
         ),
         data=(shape, dtype),
         rois=((num_rois, 6), dtype),
@@ -221,8 +222,9 @@ def _normalize(data_shape, rois_shape, layout="NCHW", angle_unit="degrees", dtyp
     data = relax.Var("data", relax.TensorType(list(data_shape), dtype))
     rois = relax.Var("rois", relax.TensorType(list(rois_shape), dtype))
     with bb.function("main", [data, rois]):
-        out = bb.emit(tvm_roialign.roi_align_rotated(data, rois, POOLED, 1.0, 2,
-                                                     angle_unit=angle_unit, layout=layout))
+        out = bb.emit(tvm_roialign.roi_align_rotated(data, rois, POOLED, spatial_scale=1.0,
+                                                     sampling_ratio=2, angle_unit=angle_unit,
+                                                     layout=layout))
         bb.emit_func_output(out)
     return bb.get()["main"].ret_ty
 

@@ -45,9 +45,10 @@ def _conv_op_conv(op):
         bb = relax.BlockBuilder.current()
         feats = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w1, padding=1)))
         if op == ROTATED:
-            pooled = tvm_roialign.roi_align_rotated(feats, rois, (3, 4), 0.5, 2)
+            pooled = tvm_roialign.roi_align_rotated(feats, rois, (3, 4), spatial_scale=0.5,
+                                                     sampling_ratio=2)
         else:
-            pooled = tvm_roialign.ps_roi_align(feats, rois, (3, 2), 0.5, 2)
+            pooled = tvm_roialign.ps_roi_align(feats, rois, (3, 2), spatial_scale=0.5, sampling_ratio=2)
         return relax.op.nn.conv2d(bb.emit(pooled), w2, padding=1)
 
     return single_op_module(
@@ -196,10 +197,11 @@ def test_arm_cross_compiles_with_vector_fma(op):
 
 def test_relax_compile_for_cuda_keeps_our_schedule():
     mods = [
-        single_op_module(lambda d, r: tvm_roialign.roi_align_rotated(d, r, 7, 0.25, 2,
-                                                                     layout="NHWC"),
+        single_op_module(lambda d, r: tvm_roialign.roi_align_rotated(d, r, 7, spatial_scale=0.25,
+                                                                     sampling_ratio=2, layout="NHWC"),
                          data=((1, 20, 24, 32), "float32"), rois=((9, 6), "float32")),
-        single_op_module(lambda d, r: tvm_roialign.ps_roi_align(d, r, 2, 0.25, 2, "NHWC"),
+        single_op_module(lambda d, r: tvm_roialign.ps_roi_align(d, r, 2, spatial_scale=0.25,
+                                                              sampling_ratio=2, layout="NHWC"),
                          data=((1, 20, 24, 32), "float32"), rois=((9, 5), "float32")),
     ]
     for mod in mods:
@@ -217,12 +219,13 @@ def test_x86_uses_the_adaptive_kernel_for_adaptive_grids_only(op, sampling_ratio
     (weights shared across channels, channel loop vectorized); static grids the TE schedule."""
     if op == ROTATED:
         mod = single_op_module(
-            lambda d, r: tvm_roialign.roi_align_rotated(d, r, (3, 2), 0.5, sampling_ratio,
-                                                        layout="NHWC"),
+            lambda d, r: tvm_roialign.roi_align_rotated(d, r, (3, 2), spatial_scale=0.5,
+                                                        sampling_ratio=sampling_ratio, layout="NHWC"),
             data=((1, 9, 9, 32), "float32"), rois=((4, 6), "float32"))
     else:
         mod = single_op_module(
-            lambda d, r: tvm_roialign.ps_roi_align(d, r, (3, 2), 0.5, sampling_ratio, "NHWC"),
+            lambda d, r: tvm_roialign.ps_roi_align(d, r, (3, 2), spatial_scale=0.5,
+                                                sampling_ratio=sampling_ratio, layout="NHWC"),
             data=((1, 9, 9, 96), "float32"), rois=((4, 5), "float32"))
     with tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"}):
         legalized = relax.transform.LegalizeOps()(mod)
@@ -236,11 +239,13 @@ def test_x86_uses_the_adaptive_kernel_for_adaptive_grids_only(op, sampling_ratio
 def test_arm_adaptive_kernel_cross_compiles(op):
     if op == ROTATED:
         mod = single_op_module(
-            lambda d, r: tvm_roialign.roi_align_rotated(d, r, (3, 2), 0.5, 0, layout="NCHW"),
+            lambda d, r: tvm_roialign.roi_align_rotated(d, r, (3, 2), spatial_scale=0.5, sampling_ratio=0,
+                                                        layout="NCHW"),
             data=((1, 32, 9, 9), "float16"), rois=((4, 6), "float16"))
     else:
         mod = single_op_module(
-            lambda d, r: tvm_roialign.ps_roi_align(d, r, (3, 2), 0.5, 0, "NHWC"),
+            lambda d, r: tvm_roialign.ps_roi_align(d, r, (3, 2), spatial_scale=0.5, sampling_ratio=0,
+                                                layout="NHWC"),
             data=((1, 9, 9, 96), "float32"), rois=((4, 5), "float32"))
     asm = _sources(tvm.compile(mod, target=ARM).mod, "llvm")
     assert re.search(r"\bfml[as]\s+v\d+\.4s", asm)
@@ -256,9 +261,11 @@ def test_products_are_fenced_against_fma_contraction(op, sampling_ratio):
                    pooled=(2, 2) if op == PS else (3, 2)).script()
     if sampling_ratio <= 0:  # the strategy's kernel is only built from the op's attributes
         mod = single_op_module(
-            (lambda d, r: tvm_roialign.roi_align_rotated(d, r, (3, 2), 0.5, 0, layout="NHWC"))
+            (lambda d, r: tvm_roialign.roi_align_rotated(d, r, (3, 2), spatial_scale=0.5, sampling_ratio=0,
+                                                         layout="NHWC"))
             if op == ROTATED else
-            (lambda d, r: tvm_roialign.ps_roi_align(d, r, (2, 2), 0.5, 0, "NHWC")),
+            (lambda d, r: tvm_roialign.ps_roi_align(d, r, (2, 2), spatial_scale=0.5, sampling_ratio=0,
+                                                  layout="NHWC")),
             data=((1, 9, 9, 32), "float32"), rois=((4, 6 if op == ROTATED else 5), "float32"))
         with target:
             legalized = relax.transform.LegalizeOps()(mod)

@@ -273,6 +273,22 @@ def test_cpu_info_from_the_target(config, bits, registers):
     assert info.lanes("float32") == bits // 32
 
 
+def test_cpu_info_cache_is_bounded_and_keyed_by_the_targets_fields():
+    """One entry per (triple, cpu, features, cores), however the target is spelled; at most a
+    bounded number of entries."""
+    from tvm_roialign.schedules.target_info import _cpu_info_by_fields
+
+    config = {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"}
+    first = cpu_info(tvm.target.Target({**config, "num-cores": 5}))
+    before = _cpu_info_by_fields.cache_info()
+    again = cpu_info(tvm.target.Target({**config, "num-cores": 5, "keys": ["cpu", "other"]}))
+    assert again is first and _cpu_info_by_fields.cache_info().hits == before.hits + 1
+    assert cpu_info(tvm.target.Target({**config, "num-cores": 6})).num_cores == 6
+    for cores in range(1, 80):
+        cpu_info(tvm.target.Target({**config, "num-cores": cores}))
+    assert _cpu_info_by_fields.cache_info().currsize <= _cpu_info_by_fields.cache_info().maxsize
+
+
 def test_scheduled_functions_are_not_touched(rng):
     """A PrimFunc marked tirx.is_scheduled (RoIAlign's strategies) passes through unchanged."""
     weight = rng.standard_normal((1, 1, 16, 16)).astype("float32")

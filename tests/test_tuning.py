@@ -30,7 +30,7 @@ from tvm import relax
 
 from tvm_roialign import cli, tuning
 from tvm_roialign.passes import ConvertLayout, desired_layouts
-from tvm_roialign.pipeline import build, cpu_schedule_pass
+from tvm_roialign.pipeline import Built, build, cpu_schedule_pass
 from tvm_roialign.target import parse_target
 
 TRIALS = 2
@@ -168,6 +168,25 @@ def test_records_schedule_the_tasks_and_give_the_same_results(tuned, tiny, tol):
     untuned_out = _run(build(mod, TARGET), x)
     np.testing.assert_allclose(tuned_out, expected, rtol=tol["float32"], atol=tol["float32"])
     np.testing.assert_allclose(tuned_out, untuned_out, rtol=tol["float32"], atol=tol["float32"])
+
+
+def test_build_returns_the_coverage_of_its_records(tuned, tiny, tol):
+    """``build(..., with_coverage=True)``: the coverage is the build's return value, not a report
+    to the records' callback; without records it is None."""
+    _model, _inputs, mod, x, expected = tiny
+    reported = []
+    records = tuning.load_records(tuned, TARGET, report=reported.append)
+    built = build(mod, TARGET, tuning_records=records, with_coverage=True)
+    assert isinstance(built, Built) and reported == []
+    assert built.coverage.total == 2 and not built.coverage.untuned
+    assert str(built.coverage).startswith("tuning records for 2 of 2 conv2d/matmul tasks: ")
+    np.testing.assert_allclose(_run(built.executable, x), expected, rtol=tol["float32"], atol=tol["float32"])
+    assert build(mod, TARGET, with_coverage=True).coverage is None
+    # the phase-4 pass itself: its coverage goes where the pass says
+    sink = []
+    built = build(mod, TARGET, tuning_records=tuning.apply_database_pass(records, sink.append),
+                  with_coverage=True)
+    assert built.coverage is None and [c.total for c in sink] == [2] and reported == []
 
 
 def _copy_mod(mod):

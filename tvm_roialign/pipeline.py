@@ -35,6 +35,9 @@ so that its kernels can be tiled.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import tvm
 from tvm import relax
 
@@ -60,10 +63,12 @@ def cpu_pipeline(
     ----------
     target : tvm.target.Target or None
         The llvm target; None: the target in scope when the pass runs (``tvm.compile`` sets it).
-    tuning_records : str, os.PathLike, tvm_roialign.tuning.TuningRecords or None
+    tuning_records : str, os.PathLike, tvm_roialign.tuning.TuningRecords, Pass or None
         A MetaSchedule database directory (``tvm-roialign tune``, :func:`tvm_roialign.tuning.tune`)
         or its :class:`~tvm_roialign.tuning.TuningRecords`; its records schedule the functions
         they cover, the default rules the rest (the coverage goes to the records' ``report``).
+        Or the phase-4 pass itself (:func:`tvm_roialign.tuning.apply_database_pass`, which says
+        where the coverage goes; :func:`build` makes one).
     pack_weights : bool
         Phase 6 (False: the packing stages stay inside the kernels, run at every call; for tests).
     rules : list of ScheduleRule or None
@@ -93,10 +98,8 @@ def cpu_pipeline(
             # 1-3. graph rewrites, legalize and fuse, layout-free weights
             phases = [prepare]
             if tuning_records is not None:
-                from .tuning import apply_database_pass
-
                 # 4. tuned schedules from a MetaSchedule database
-                phases.append(apply_database_pass(tuning_records))
+                phases.append(_tuning_pass(tuning_records))
             # 5. default schedule rules (skip tirx.is_scheduled functions)
             phases.append(cpu_schedule_pass(rules))
             if symbolic_report is not None:
@@ -117,6 +120,15 @@ def cpu_pipeline(
             return tvm.transform.Sequential(phases)(mod)
 
     return pipeline
+
+
+def _tuning_pass(tuning_records) -> tvm.transform.Pass:
+    """Phase 4: ``tuning_records`` if it is the pass already, else its records' pass."""
+    if isinstance(tuning_records, tvm.transform.Pass):
+        return tuning_records
+    from .tuning import apply_database_pass
+
+    return apply_database_pass(tuning_records)
 
 
 def _has_preproc_block(func) -> bool:
@@ -219,21 +231,66 @@ def _metal_pipeline(target):
     return pipeline
 
 
-def build(mod: tvm.IRModule, target: tvm.target.Target, **options):
-    """``tvm.compile`` for ``target``: on llvm through :func:`cpu_pipeline` (``options`` are its
-    keyword arguments), on metal without dlight's Matmul rule, elsewhere TVM's default."""
+@dataclass(frozen=True)
+class Built:
+    """What :func:`build` returns with ``with_coverage=True``: the executable and the
+    :class:`~tvm_roialign.tuning.Coverage` of its tuning records (None: built without records)."""
+
+    executable: Any
+    coverage: Any = None
+
+
+def build(
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    *,
+    tuning_records=None,
+    with_coverage: bool = False,
+    **options,
+):
+    """``tvm.compile`` for ``target``: on llvm through :func:`cpu_pipeline` (``tuning_records``
+    and ``options`` are its keyword arguments), on metal without dlight's Matmul rule, elsewhere
+    TVM's default.
+
+    ``tuning_records``: a database directory, its :class:`~tvm_roialign.tuning.TuningRecords`, or
+    the phase-4 pass (:func:`~tvm_roialign.tuning.apply_database_pass`; its coverage then goes
+    where the pass says). Returns the executable; with ``with_coverage=True`` a :class:`Built`,
+    whose ``coverage`` says which tasks the records scheduled (it then does not go to the
+    records' ``report``, which otherwise receives it as before)."""
     kind = target.kind.name
     if kind == "metal":
-        return tvm.compile(mod, target=target, relax_pipeline=_metal_pipeline(target))
-    if kind != "llvm":
-        return tvm.compile(mod, target=target)
-    return tvm.compile(
-        mod, target=target, relax_pipeline=cpu_pipeline(target, **options)
-    )
+        executable = tvm.compile(mod, target=target, relax_pipeline=_metal_pipeline(target))
+    elif kind != "llvm":
+        executable = tvm.compile(mod, target=target)
+    else:
+        return _build_cpu(mod, target, tuning_records, with_coverage, options)
+    return Built(executable) if with_coverage else executable
+
+
+def _build_cpu(mod, target, tuning_records, with_coverage: bool, options: dict):
+    coverages: list = []
+    records = None
+    if isinstance(tuning_records, tvm.transform.Pass):
+        options["tuning_records"] = tuning_records  # its coverage goes where the pass says
+    elif tuning_records is not None:
+        from .tuning import TuningRecords, apply_database_pass
+
+        records = tuning_records
+        if not isinstance(records, TuningRecords):
+            records = TuningRecords(records)
+        options["tuning_records"] = apply_database_pass(records, report=coverages.append)
+    executable = tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target, **options))
+    coverage = coverages[-1] if coverages else None
+    if with_coverage:
+        return Built(executable, coverage)
+    if coverage is not None:
+        records.report(coverage)
+    return executable
 
 
 __all__ = [
     "PIPELINE_NAME",
+    "Built",
     "CPUDefault",
     "bind_symbolic_vars",
     "build",

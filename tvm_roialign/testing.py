@@ -316,11 +316,18 @@ def build_roi_align_module(
 
     from .ops.roi_align import make_roi_align
 
-    make = make_roi_align if torchvision_aligned else relax.op.vision.roi_align
-    return single_op_module(
-        lambda data, rois: make(
+    def make(data, rois):
+        if torchvision_aligned:
+            return make_roi_align(
+                data, rois, pooled_size, spatial_scale=spatial_scale,
+                sampling_ratio=sampling_ratio, aligned=aligned, layout=layout, mode=mode,
+            )
+        return relax.op.vision.roi_align(
             data, rois, pooled_size, spatial_scale, sampling_ratio, aligned, layout, mode
-        ),
+        )
+
+    return single_op_module(
+        make,
         data=(data_shape, dtype),
         rois=([num_rois, 5], dtype),
     )

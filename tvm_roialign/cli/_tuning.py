@@ -14,10 +14,12 @@ def add_records_argument(parser) -> None:
     parser.add_argument("--tuning-records", default=None, metavar="DIR", help=HELP_RECORDS)
 
 
-def open_records(directory: str | None, target):
-    """``(TuningRecords or None, coverages)``: the coverage of each build is appended to the list."""
+def open_records(directory: str | None, target, report=None):
+    """The :class:`~tvm_roialign.tuning.TuningRecords` of ``--tuning-records`` (None without it).
+    ``report`` receives the coverage of the builds that do not take it back from
+    ``pipeline.build`` themselves (the Mask R-CNN detector's)."""
     if not directory:
-        return None, []
+        return None
     from pathlib import Path
 
     from ..tuning import TuningRecordsMismatch, load_records
@@ -25,12 +27,10 @@ def open_records(directory: str | None, target):
     if not Path(directory).is_dir():
         what = "is a file, not a directory" if Path(directory).exists() else "does not exist"
         raise CLIError(f"--tuning-records: the directory {directory!r} {what}")
-    coverages: list = []
     try:
-        records = load_records(directory, target, report=coverages.append)
+        return load_records(directory, target, report=report)
     except (FileNotFoundError, TuningRecordsMismatch, ValueError) as err:
         raise CLIError(f"--tuning-records: {err}") from None
-    return records, coverages
 
 
 def print_coverage(coverages) -> None:

@@ -184,16 +184,18 @@ class _LastRelaxModule:
 
 
 def _build(mod, target, capture_tir: bool, records=None, symbolic_report=None):
-    """The pipeline's build without its own layout conversion: ``--desired-layout`` decided it."""
+    """The pipeline's build without its own layout conversion: ``--desired-layout`` decided it.
+    ``(executable, the last Relax module or None, the tuning records' coverage or None)``."""
     import tvm
 
     from ..pipeline import build
 
-    options = {"tuning_records": records, "layout": None}
+    options = {"tuning_records": records, "layout": None, "with_coverage": True}
     if symbolic_report is not None and target.kind.name == "llvm":
         options["symbolic_report"] = symbolic_report
     if not capture_tir:
-        return build(mod, target, **options), None
+        built = build(mod, target, **options)
+        return built.executable, None, built.coverage
     instrument = tvm.ir.instrument.pass_instrument(_LastRelaxModule)()
     ctx = tvm.transform.PassContext.current()
     with tvm.transform.PassContext(
@@ -203,8 +205,8 @@ def _build(mod, target, capture_tir: bool, records=None, symbolic_report=None):
         config=dict(ctx.config),
         instruments=[*ctx.instruments, instrument],
     ):
-        executable = build(mod, target, **options)
-    return executable, instrument.mod
+        built = build(mod, target, **options)
+    return built.executable, instrument.mod, built.coverage
 
 
 def _write_dumps(out: Path, formats, mod, tir_mod, executable) -> list[str]:
@@ -252,17 +254,20 @@ def main(args) -> int:
     _detector.reject_detector_options(args)
     times = {}
     with Progress(args.quiet) as progress, tvm_messages(args.quiet):
-        records, coverages = open_records(args.tuning_records, target)
+        records = open_records(args.tuning_records, target)
         symbolic: list = []
         mod, layout_name = import_model(args, options, progress, times)
         progress(f"build for {describe(target)}")
         t0 = time.perf_counter()
         try:
             # the built module also gives the kernels' signatures, for run --rpc --profile
-            executable, tir_mod = _build(mod, target, True, records, symbolic_report=symbolic.append)
+            executable, tir_mod, coverage = _build(
+                mod, target, True, records, symbolic_report=symbolic.append
+            )
         except Exception as err:  # noqa: BLE001
             raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
         times["build_s"] = time.perf_counter() - t0
+        coverages = [coverage] if coverage is not None else []
         progress(f"export {out}")
         t0 = time.perf_counter()
         try:

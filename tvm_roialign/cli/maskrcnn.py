@@ -121,7 +121,8 @@ def main(args) -> int:
         )
         onnxruntime = False
     with Progress(args.quiet) as progress, tvm_messages(args.quiet):
-        records, coverages = open_records(args.tuning_records, target)
+        coverages: list = []
+        records = open_records(args.tuning_records, target, report=coverages.append)
         if args.compile_only:
             try:
                 report = mr.compile_maskrcnn_report(

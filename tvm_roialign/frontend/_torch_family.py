@@ -54,7 +54,13 @@ def convert_ps_roi_align(node, importer):
     sampling_ratio = int(args[5]) if len(args) > 5 else -1
     bb = importer.block_builder
     out = bb.emit(
-        make_ps_roi_align(data, rois, (pooled_height, pooled_width), spatial_scale, sampling_ratio)
+        make_ps_roi_align(
+            data,
+            rois,
+            (pooled_height, pooled_width),
+            spatial_scale=spatial_scale,
+            sampling_ratio=sampling_ratio,
+        )
     )
     channels = int(out.ty.shape[1])
     mapping = np.arange(channels * pooled_height * pooled_width, dtype="int32").reshape(
@@ -113,8 +119,8 @@ def roi_align_rotated_converter(
                 values["input"],
                 values["rois"],
                 tuple(int(s) for s in size),
-                float(values["spatial_scale"]),
-                int(values["sampling_ratio"]),
+                spatial_scale=float(values["spatial_scale"]),
+                sampling_ratio=int(values["sampling_ratio"]),
                 aligned=bool(values["aligned"]),
                 clockwise=bool(values["clockwise"]),
                 angle_unit=values["angle_unit"],

@@ -28,6 +28,7 @@ of the call (under a lock) and restores it afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import warnings
@@ -255,8 +256,8 @@ class RoiAlignRotatedConverter(onnx_frontend.OnnxOpConverter):
             data,
             rois,
             size,
-            spatial_scale,
-            int(attr.get("sampling_ratio", 0)),
+            spatial_scale=spatial_scale,
+            sampling_ratio=int(attr.get("sampling_ratio", 0)),
             aligned=bool(int(attr.get("aligned", 1))),
             clockwise=bool(int(attr.get("clockwise", 0))),
             angle_unit="radians",
@@ -333,6 +334,22 @@ def from_onnx(
         _check_foreign_roi_align(graph)
         if mode is None and not getattr(model, "producer_name", ""):
             _warn_if_ambiguous(model)
+    with _roi_align_converters(mode):
+        return onnx_frontend.from_onnx(model, shape_dict, **kwargs)
+
+
+@contextlib.contextmanager
+def _roi_align_converters(default_mode):
+    """TVM's ONNX importer with this module's converters for ``RoiAlign`` and the rotated ops,
+    for the duration of one ``from_onnx`` call.
+
+    Why a patch: TVM 0.27's ``relax.frontend.onnx.from_onnx`` takes no converter table (no
+    ``custom_convert_map`` or the like); its importer looks every op up in the module function
+    ``_get_convert_map()``, so that function is replaced while the call runs and restored in
+    ``finally``, whatever the call raises. The lock serializes this package's imports (the
+    replacement is process-wide: a plain TVM ``from_onnx`` in another thread during the call would
+    also get the converters, which differ from TVM's only for these ops).
+    """
     with _patch_lock:
         stock = onnx_frontend._get_convert_map
 
@@ -345,9 +362,9 @@ def from_onnx(
 
         previous = getattr(_state, "default_mode", None)
         onnx_frontend._get_convert_map = convert_map
-        _state.default_mode = mode
+        _state.default_mode = default_mode
         try:
-            return onnx_frontend.from_onnx(model, shape_dict, **kwargs)
+            yield
         finally:
             onnx_frontend._get_convert_map = stock
             _state.default_mode = previous

@@ -247,9 +247,9 @@ def _convert_roi_align(node, importer):
             data,
             rois,
             (pooled_height, pooled_width),
-            spatial_scale,
-            sampling_ratio,
-            aligned,
+            spatial_scale=spatial_scale,
+            sampling_ratio=sampling_ratio,
+            aligned=aligned,
         )
     )
 

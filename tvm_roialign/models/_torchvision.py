@@ -93,18 +93,21 @@ def build_rcnn(name: str, config: RCNNConfig, **extra):
     import torch
     import torchvision
 
-    torch.manual_seed(config.seed)
-    model = getattr(torchvision.models.detection, name)(
-        weights=None,
-        weights_backbone=None,
-        min_size=config.min_size,
-        max_size=config.max_size,
-        rpn_pre_nms_top_n_test=config.rpn_pre_nms_top_n_test,
-        rpn_post_nms_top_n_test=config.rpn_post_nms_top_n_test,
-        box_detections_per_img=config.box_detections_per_img,
-        box_score_thresh=config.box_score_thresh,
-        **extra,
-    )
+    # the seeded initialisation draws from torch's global generator: on a fork of it, so that the
+    # caller's random state is as it was (the same seed gives the same weights as before)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = getattr(torchvision.models.detection, name)(
+            weights=None,
+            weights_backbone=None,
+            min_size=config.min_size,
+            max_size=config.max_size,
+            rpn_pre_nms_top_n_test=config.rpn_pre_nms_top_n_test,
+            rpn_post_nms_top_n_test=config.rpn_post_nms_top_n_test,
+            box_detections_per_img=config.box_detections_per_img,
+            box_score_thresh=config.box_score_thresh,
+            **extra,
+        )
     if config.weights is not None:
         model.load_state_dict(load_state_dict(str(config.weights), model, name))
     return model.eval()

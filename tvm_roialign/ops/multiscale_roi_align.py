@@ -19,6 +19,7 @@ is the layout pass's (:mod:`tvm_roialign.passes.layout`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import tvm
@@ -41,7 +42,7 @@ class MultiscaleRoiAlignAttrs:
 
     pooled_size: tuple[int, int]
     spatial_scales: tuple[float, ...]
-    sampling_ratio: int = 2
+    sampling_ratio: int = -1
     aligned: bool = False
     layout: str = "NCHW"
     canonical_scale: int = 224
@@ -66,7 +67,7 @@ class MultiscaleRoiAlignAttrs:
         return cls(
             pooled_size=tuple(int(p) for p in values["pooled_size"]),
             spatial_scales=tuple(float(s) for s in values["spatial_scales"]),
-            sampling_ratio=int(values.get("sampling_ratio", 2)),
+            sampling_ratio=int(values.get("sampling_ratio", -1)),
             aligned=bool(values.get("aligned", False)),
             layout=str(values.get("layout", "NCHW")),
             canonical_scale=int(values.get("canonical_scale", 224)),
@@ -185,19 +186,40 @@ def register() -> None:
     _registry.set_op_attr(OP_NAME, "FLegalize", legalize)
 
 
+def _legacy_positional(legacy, sampling_ratio, aligned, layout):
+    """``(sampling_ratio, aligned, layout)`` with the first ones given by position (old form)."""
+    if len(legacy) > 3:
+        raise TypeError(
+            "make_multiscale_roi_align takes features, rois, output_size and spatial_scales by "
+            f"position, the rest by keyword; got {4 + len(legacy)} positional arguments"
+        )
+    warnings.warn(
+        "make_multiscale_roi_align: pass sampling_ratio, aligned and layout by keyword",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return tuple(legacy) + (sampling_ratio, aligned, layout)[len(legacy) :]
+
+
 def make_multiscale_roi_align(
     features,
     rois,
     output_size,
     spatial_scales,
-    sampling_ratio: int = 2,
+    *legacy,
+    sampling_ratio: int = -1,
     aligned: bool = False,
     layout: str = "NCHW",
+    mode: str = "avg",
     canonical_scale: int = 224,
     canonical_level: int = 4,
-    mode: str = "avg",
 ):
-    """Build a ``relax.vision.multiscale_roi_align`` call (torchvision's ``MultiScaleRoIAlign``).
+    """Build a ``relax.vision.multiscale_roi_align`` call (torchvision's ``MultiScaleRoIAlign``;
+    the family's argument order and defaults, :func:`~tvm_roialign.ops.roi_align.make_roi_align`).
+
+    ``legacy``: ``sampling_ratio, aligned, layout`` given by position, the old form, still taken
+    (with a DeprecationWarning) from ``models/maskrcnn/timing.py``, which is moving out of the
+    library; pass them by keyword.
 
     Parameters
     ----------
@@ -211,7 +233,8 @@ def make_multiscale_roi_align(
     spatial_scales : list of float
         Feature-map pixels per input-image pixel, one per level (``2 ** -k``).
     sampling_ratio : int
-        Samples per bin side; ``<= 0`` is adaptive. torchvision's Mask R-CNN uses 2.
+        Samples per bin side; ``<= 0`` is adaptive (the default). torchvision's detectors'
+        ``MultiScaleRoIAlign`` use 2: pass it.
     aligned : bool
         torchvision's ``aligned`` (MultiScaleRoIAlign always uses False): the call gets
         ``aligned=half_pixel=aligned`` (shift by 0.5 after scaling, no >= 1 clamp).
@@ -236,6 +259,8 @@ def make_multiscale_roi_align(
     features = list(features)
     if not features:
         raise ValueError("features must be a non-empty list of feature maps, got none")
+    if legacy:
+        sampling_ratio, aligned, layout = _legacy_positional(legacy, sampling_ratio, aligned, layout)
     attrs = MultiscaleRoiAlignAttrs(
         pooled_size=normalize_pooled_size(output_size),
         spatial_scales=tuple(float(s) for s in spatial_scales),

@@ -84,8 +84,9 @@ def register() -> None:
     _registry.set_op_attr(OP_NAME, "FLegalize", legalize)
 
 
-def make_ps_roi_align(data, rois, output_size, spatial_scale=1.0, sampling_ratio=-1, layout="NCHW"):
-    """Build a ``relax.vision.ps_roi_align`` call (torchvision ``ps_roi_align``'s arguments).
+def make_ps_roi_align(data, rois, output_size, *, spatial_scale=1.0, sampling_ratio=-1, layout="NCHW"):
+    """Build a ``relax.vision.ps_roi_align`` call (torchvision ``ps_roi_align``'s arguments; the
+    family's argument order and defaults, :func:`~tvm_roialign.ops.roi_align.make_roi_align`).
 
     Parameters
     ----------

@@ -133,6 +133,7 @@ def make_roi_align(
     data,
     rois,
     output_size,
+    *,
     spatial_scale: float = 1.0,
     sampling_ratio: int = -1,
     aligned: bool = False,
@@ -140,6 +141,14 @@ def make_roi_align(
     mode: str = "avg",
 ):
     """Build a Relax RoIAlign call with torchvision's meaning of ``aligned``.
+
+    The RoI family's builders (this, :func:`~tvm_roialign.ops.multiscale_roi_align.make_multiscale_roi_align`,
+    :func:`~tvm_roialign.ops.ps_roi_align.make_ps_roi_align`,
+    :func:`~tvm_roialign.ops.roi_align_rotated.make_roi_align_rotated`) take the tensors and the
+    output size by position, the rest by keyword, in one order: ``spatial_scale``,
+    ``sampling_ratio``, ``aligned``, ``layout``, ``mode``, then the op's own; the shared ones default
+    as ``tvm.relax.op.vision.roi_align`` (``sampling_ratio=-1``, ``aligned=False``, ``"NCHW"``,
+    ``"avg"``; ``spatial_scale=1.0``), except the rotated op's ``aligned`` (detectron2's ``True``).
 
     Parameters
     ----------
@@ -167,7 +176,14 @@ def make_roi_align(
         ``[K, C, PH, PW]`` or ``[K, PH, PW, C]`` in data's dtype.
     """
     call = relax.op.vision.roi_align(
-        data, rois, output_size, spatial_scale, sampling_ratio, bool(aligned), layout, mode
+        data,
+        rois,
+        output_size,
+        spatial_scale,
+        sample_ratio=sampling_ratio,  # TVM's typed attrs spell it so; the family's own ops do not
+        aligned=bool(aligned),
+        layout=layout,
+        mode=mode,
     )
     if not aligned:
         return call

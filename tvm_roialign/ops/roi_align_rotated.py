@@ -111,14 +111,16 @@ def make_roi_align_rotated(
     data,
     rois,
     output_size,
+    *,
     spatial_scale: float = 1.0,
     sampling_ratio: int = -1,
     aligned: bool = True,
+    layout: str = "NCHW",
     clockwise: bool = False,
     angle_unit: str = "degrees",
-    layout: str = "NCHW",
 ):
-    """Build a ``relax.vision.roi_align_rotated`` call (attributes: module table).
+    """Build a ``relax.vision.roi_align_rotated`` call (attributes: module table; the family's
+    argument order, :func:`~tvm_roialign.ops.roi_align.make_roi_align`).
 
     The defaults are detectron2's ``ROIAlignRotated``; mmcv's ``RoIAlignRotated(aligned, clockwise)``
     is ``angle_unit="radians"`` with its flags; OpenVINO's ``ROIAlignRotated`` is

@@ -99,6 +99,57 @@ def _vars_of(expr) -> set:
     return found
 
 
+def _loop_extents(sch: Schedule, loops, iters) -> list | None:
+    """Each loop's static extent (None: symbolic), or None when a loop's extent is not its iter's."""
+    extents = []
+    for loop, it in zip(loops, iters):
+        extent = static_int(sch.get(loop).extent)
+        if extent is not None and static_int(it.dom.extent) != extent:
+            return None
+        extents.append(extent)
+    return extents
+
+
+def _weight_operand(stmt, column_var):
+    """``(weight, data, column dim of the weight, weight rank, variables each read uses)``: the
+    weight is the read indexed by the output column and the other one not (point accesses only);
+    None when there is no such read."""
+    uses = [set().union(*(_vars_of(r.min) for r in read.region)) for read in stmt.reads]
+    weight = [i for i in (0, 1) if column_var in uses[i] and column_var not in uses[1 - i]]
+    if len(weight) != 1:
+        return None
+    weight = weight[0]
+    wregion = stmt.reads[weight].region
+    dims = [
+        d
+        for d, r in enumerate(wregion)
+        if isinstance(r.min, tirx.Var) and r.min.same_as(column_var)
+    ]
+    if len(dims) != 1 or not all(static_int(r.extent) == 1 for r in wregion):
+        return None
+    return weight, 1 - weight, dims[0], len(wregion), uses
+
+
+def _iter_roles(iters, data_uses: set, weight_uses: set) -> str | None:
+    """One letter per iter: ``R`` reduction, ``B`` batch (both operands), ``N`` column (weight
+    only), ``M`` row (data only); None for another iter kind or without a reduction and a row."""
+    roles = []
+    for it in iters:
+        if it.iter_type == tirx.IterVar.CommReduce:
+            roles.append("R")
+        elif it.iter_type != tirx.IterVar.DataPar:
+            return None
+        elif it.var in data_uses and it.var in weight_uses:
+            roles.append("B")
+        elif it.var in weight_uses:
+            roles.append("N")
+        else:
+            roles.append("M")
+    if "R" not in roles or "M" not in roles:
+        return None
+    return "".join(roles)
+
+
 def analyze_contraction(sch: Schedule, block) -> Contraction | None:
     """The :class:`Contraction` view of ``block``, or None when it is not one."""
     stmt = sch.get(block)
@@ -108,59 +159,25 @@ def analyze_contraction(sch: Schedule, block) -> Contraction | None:
     iters = list(stmt.iter_vars)
     if len(loops) != len(iters):
         return None
-    extents = []
-    for loop, it in zip(loops, iters):
-        extent = static_int(sch.get(loop).extent)
-        if extent is not None and static_int(it.dom.extent) != extent:
-            return None
-        extents.append(extent)
+    extents = _loop_extents(sch, loops, iters)
     # every iter bound to its own loop, in order (the normal form dlight's analysis checks)
-    if not _trivially_bound(sch, block, loops):
+    if extents is None or not _trivially_bound(sch, block, loops):
         return None
     var_pos = {it.var: i for i, it in enumerate(iters)}
     out_idx = [r.min for r in stmt.writes[0].region]
     if not all(isinstance(e, tirx.Var) and e in var_pos for e in out_idx):
         return None
     column_var = out_idx[-1]
-    uses = []
-    for read in stmt.reads:
-        used = set()
-        for r in read.region:
-            used |= _vars_of(r.min)
-        uses.append(used)
-    weight = [
-        i for i in (0, 1) if column_var in uses[i] and column_var not in uses[1 - i]
-    ]
-    if len(weight) != 1:
+    operand = _weight_operand(stmt, column_var)
+    if operand is None:
         return None
-    weight = weight[0]
-    data = 1 - weight
-    wregion = stmt.reads[weight].region
-    dims = [
-        d
-        for d, r in enumerate(wregion)
-        if isinstance(r.min, tirx.Var) and r.min.same_as(column_var)
-    ]
-    if len(dims) != 1 or not all(static_int(r.extent) == 1 for r in wregion):
-        return None
-    roles = []
-    for it in iters:
-        if it.iter_type == tirx.IterVar.CommReduce:
-            roles.append("R")
-        elif it.iter_type != tirx.IterVar.DataPar:
-            return None
-        elif it.var in uses[data] and it.var in uses[weight]:
-            roles.append("B")
-        elif it.var in uses[weight]:
-            roles.append("N")
-        else:
-            roles.append("M")
-    if "R" not in roles or "M" not in roles:
+    weight, data, weight_dim, weight_rank, uses = operand
+    roles = _iter_roles(iters, uses[data], uses[weight])
+    if roles is None:
         return None
     # a symbolic image size or batch is served; symbolic channels or reductions are not
     if any(e is None and r not in "BM" for r, e in zip(roles, extents)):
         return None
-    column = var_pos[column_var]
     dtype = (
         str(stmt.writes[0].source.ty.dtype)
         if hasattr(stmt.writes[0].source.ty, "dtype")
@@ -169,13 +186,13 @@ def analyze_contraction(sch: Schedule, block) -> Contraction | None:
     last_row = [it.var for it, r in zip(iters, roles) if r == "M"][-1]
     return Contraction(
         block,
-        "".join(roles),
+        roles,
         extents,
-        column,
+        var_pos[column_var],
         data,
         weight,
-        dims[0],
-        len(wregion),
+        weight_dim,
+        weight_rank,
         dtype,
         next(d for d, e in enumerate(out_idx) if e.same_as(last_row)),
         last_row.name,

@@ -89,15 +89,39 @@ def _host_cache_bytes(level: int) -> int | None:
     return None
 
 
-_CACHE: dict[str, CPUInfo] = {}
+#: The target attributes a :class:`CPUInfo` depends on (the CPU features LLVM reports depend on
+#: the first four).
+_RELEVANT_ATTRS = ("mtriple", "mcpu", "mattr", "mabi", "num-cores")
+
+
+class _ByFields:
+    """A target compared and hashed by :data:`_RELEVANT_ATTRS` only: the key of :func:`cpu_info`'s
+    bounded cache (two targets that differ elsewhere, in ``keys`` or a tag, share an entry)."""
+
+    def __init__(self, target: tvm.target.Target):
+        self.target = target
+        attrs = target.attrs
+        self.key = (str(target.kind.name),) + tuple(
+            tuple(str(a) for a in attrs.get(name) or ()) if name == "mattr"
+            else str(attrs.get(name, "") or "")
+            for name in _RELEVANT_ATTRS
+        )
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _ByFields) and self.key == other.key
 
 
 def cpu_info(target: tvm.target.Target) -> CPUInfo:
     """:class:`CPUInfo` of an llvm ``target`` (see the module docstring)."""
-    key = str(target)
-    if key not in _CACHE:
-        _CACHE[key] = _cpu_info(target)
-    return _CACHE[key]
+    return _cpu_info_by_fields(_ByFields(target))
+
+
+@functools.lru_cache(maxsize=32)
+def _cpu_info_by_fields(target: _ByFields) -> CPUInfo:
+    return _cpu_info(target.target)
 
 
 def _cpu_info(target: tvm.target.Target) -> CPUInfo:

@@ -62,6 +62,7 @@ from .cpu import vector_lanes
 __all__ = [
     "MAX_ACC_BYTES",
     "FamilyKernel",
+    "KernelConstants",
     "channel_block_for",
     "cpu_adaptive_kernel",
     "roi_align_adaptive_cpu",
@@ -92,6 +93,277 @@ def channel_block_for(channels: int, lanes: int, acc: str) -> int:
     if channels <= limit:
         return channels
     return max(b for b in range(lanes, limit + 1, lanes) if channels % b == 0)
+
+
+@dataclass(frozen=True, eq=False)
+class KernelConstants:
+    """What the kernel's TVMScript reads, computed once per kernel (:meth:`of`): dtypes, buffer
+    shapes, loop extents and the scalar constants, as PrimExprs of the right dtypes (index
+    arithmetic in ``idx``, float arithmetic in ``acc``)."""
+
+    dtype: str
+    acc: str
+    idx: str
+    mode: str
+    nchw: bool
+    rotated: bool
+    position_sensitive: bool
+    block: int  # channels per accumulator
+    data_shape: list
+    rois_shape: list
+    out_shape: list
+    feat_shape: list  # the channels-last copy of an NCHW feature map
+    rows: tirx.PrimExpr  # parallel (roi, bin row) iterations
+    pooled_h: tirx.PrimExpr
+    pooled_w: tirx.PrimExpr
+    bins: tirx.PrimExpr  # PH * PW
+    num_batch: tirx.PrimExpr
+    height: tirx.PrimExpr
+    width: tirx.PrimExpr
+    h_last: tirx.PrimExpr
+    w_last: tirx.PrimExpr
+    height_f: tirx.PrimExpr
+    width_f: tirx.PrimExpr
+    h_last_f: tirx.PrimExpr
+    w_last_f: tirx.PrimExpr
+    lanes: tirx.PrimExpr
+    copy_vectors: tirx.PrimExpr  # channel vectors of the NCHW copy
+    block_i: tirx.PrimExpr
+    block_vectors: tirx.PrimExpr  # channel vectors of one block
+    num_blocks: tirx.PrimExpr
+    zero: tirx.PrimExpr
+    one: tirx.PrimExpr
+    half: tirx.PrimExpr
+    minus_one: tirx.PrimExpr
+    i_zero: tirx.PrimExpr
+    i_one: tirx.PrimExpr
+    init: tirx.PrimExpr  # the reduction's identity
+
+    @classmethod
+    def of(cls, data, rois, pooled_size, mode, layout, lanes, channel_block, family):
+        dtype = str(data.dtype)
+        acc = accumulate_dtype(dtype)
+        num_batch, in_channels, height, width = data_dims(data.shape, layout)
+        channels = int(in_channels if family is None else family.out_channels)
+        pooled_h, pooled_w = pooled_size
+        out_shape = list(output_shape(rois.shape[0], channels, pooled_size, layout))
+        idx = index_dtype_for(data.shape, out_shape)
+        block = channel_block or channels
+        assert channels % block == 0 and block % lanes == 0, (channels, block, lanes)
+
+        def ival(dim):
+            return tirx.const(int(dim), idx) if is_static(dim) else tirx.Cast(idx, dim)
+
+        def fval(dim):
+            return tirx.const(float(int(dim)), acc) if is_static(dim) else tirx.Cast(acc, dim)
+
+        def const(value):
+            return tirx.const(value, idx)
+
+        height_i, width_i = ival(height), ival(width)
+        zero = tirx.const(0.0, acc)
+        return cls(
+            dtype, acc, idx, mode, layout == "NCHW",
+            family is not None and family.rotated,
+            family is not None and family.position_sensitive,
+            block, data.shape, rois.shape, out_shape, [num_batch, height, width, in_channels],
+            rows=ival(rois.shape[0]) * const(pooled_h),
+            pooled_h=const(pooled_h), pooled_w=const(pooled_w), bins=const(pooled_h * pooled_w),
+            num_batch=ival(num_batch), height=height_i, width=width_i,
+            h_last=height_i - const(1), w_last=width_i - const(1),
+            height_f=fval(height), width_f=fval(width),
+            h_last_f=fval(height) - tirx.const(1.0, acc), w_last_f=fval(width) - tirx.const(1.0, acc),
+            lanes=const(lanes), copy_vectors=const(int(in_channels) // lanes),
+            block_i=const(block), block_vectors=const(block // lanes),
+            num_blocks=const(channels // block),
+            zero=zero, one=tirx.const(1.0, acc), half=tirx.const(0.5, acc),
+            minus_one=tirx.const(-1.0, acc), i_zero=const(0), i_one=const(1),
+            init=zero if mode == "avg" else tirx.min_value(acc),
+        )
+
+
+@dataclass(frozen=True)
+class _RoiReader:
+    """A roi's geometry from its row of the rois buffer: the TE compute's own helpers (same float
+    operations); the family's geometry when there is one."""
+
+    c: KernelConstants
+    num_batch: object
+    pooled_size: tuple
+    spatial_scale: float
+    aligned: bool
+    half_pixel: bool
+    family: FamilyKernel | None
+
+    def geometry(self, buf, k):
+        roi = lambda j: _to_acc(self.c, buf[k, j])  # noqa: E731
+        acc, idx = self.c.acc, self.c.idx
+        if self.family is not None:
+            return self.family.geometry(roi, self.num_batch, acc, idx)
+        return roi_geometry(roi, self.num_batch, self.pooled_size, self.spatial_scale, 0,
+                            self.aligned, acc, idx, self.half_pixel)
+
+    def fields(self, buf, k):
+        geo = self.geometry(buf, k)
+        return (geo.start_h, geo.start_w, geo.bin_h, geo.bin_w, geo.grid_h, geo.grid_w,
+                geo.roi_ok, geo.batch)
+
+    def rotation(self, buf, k):
+        rotation = self.geometry(buf, k).rotation
+        c = self.c
+        return rotation if rotation is not None else (c.one, c.zero, c.zero, c.zero)
+
+
+# --- expressions of the kernel (no statements: a Bind inside a vectorized loop is not vectorized
+# correctly by this TVM, so the channel loops get whole expressions) ---
+
+
+def _to_acc(c: KernelConstants, value):
+    return tirx.Cast(c.acc, value)
+
+
+def _chan(c: KernelConstants, cb, co, ci):
+    """The channel of lane ``ci`` of vector ``co`` of block ``cb``."""
+    return cb * c.block_i + co * c.lanes + ci
+
+
+def _in_chan(c: KernelConstants, cb, co, ci, ph, pw):
+    """The data channel read for output channel ``_chan(cb, co, ci)`` of bin ``(ph, pw)``."""
+    if c.position_sensitive:
+        return _chan(c, cb, co, ci) * c.bins + ph * c.pooled_w + pw
+    return _chan(c, cb, co, ci)
+
+
+def _turn(c: KernelConstants, yy, xx, cos_t, sin_t, centre_h, centre_w):
+    """A sample ``(yy, xx)`` of the roi's grid -> feature-map ``(y, x)``: turned about the centre
+    for a rotated roi (each product rounded once, as topi's sample_point), else itself."""
+    if not c.rotated:
+        return yy, xx
+    y = exact_product(yy, cos_t) - exact_product(xx, sin_t) + centre_h
+    x = exact_product(yy, sin_t) + exact_product(xx, cos_t) + centre_w
+    return y, x
+
+
+def _sample(c: KernelConstants, w1, w2, w3, w4, v1, v2, v3, v4):
+    """torchvision: ``w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4``, left to right (``onnx_max``: the
+    max of the four products)."""
+    if c.mode == "onnx_max":
+        return tirx.max(
+            tirx.max(w1 * _to_acc(c, v1), w2 * _to_acc(c, v2)),
+            tirx.max(w3 * _to_acc(c, v3), w4 * _to_acc(c, v4)),
+        )
+    return w1 * _to_acc(c, v1) + w2 * _to_acc(c, v2) + w3 * _to_acc(c, v3) + w4 * _to_acc(c, v4)
+
+
+def _update(c: KernelConstants, acc_value, value):
+    """The reduction's combiner, accumulator first (as TE's sum / max)."""
+    return acc_value + value if c.mode == "avg" else tirx.max(acc_value, value)
+
+
+def _finish(c: KernelConstants, acc_value, nonempty, count):
+    """avg: divide by ``max(grid_h * grid_w, 1)``; every mode: 0 for an empty grid."""
+    value = acc_value / count if c.mode == "avg" else acc_value
+    return tirx.Cast(c.dtype, tirx.Select(nonempty, value, c.zero))
+
+
+# --- statements of the kernel (TVMScript macros, inlined where they are called) ---
+
+
+@T.macro
+def _copy_channels_last(c, data_buf, feat):
+    # channels-last copy of the feature map: the channel loop reads contiguous vectors
+    for nh in T.parallel(c.num_batch * c.height):
+        for w in range(c.width):
+            for co in range(c.copy_vectors):
+                for ci in T.vectorized(c.lanes):
+                    feat[nh // c.height, nh % c.height, w, co * c.lanes + ci] = data_buf[
+                        nh // c.height, co * c.lanes + ci, nh % c.height, w
+                    ]
+
+
+@T.macro
+def _add_sample(c, feat, acc_buf, cb, ph, pw, batch, roi_ok, y, x):
+    # the sample's positions and weights, once for all the channels (scalars)
+    y_ok = T.And(roi_ok, T.And(y >= c.minus_one, y <= c.height_f))
+    y_c = T.min(T.max(y, c.zero), c.h_last_f)  # compare-and-select: NaN -> 0
+    y_low = T.Cast(c.idx, y_c)
+    y_high = T.min(y_low + c.i_one, c.h_last)
+    ly = T.Select(y_low >= c.h_last, c.zero, y_c - _to_acc(c, y_low))
+    hy = c.one - ly
+    valid = T.And(y_ok, T.And(x >= c.minus_one, x <= c.width_f))
+    x_c = T.min(T.max(x, c.zero), c.w_last_f)
+    x_low = T.Cast(c.idx, x_c)
+    x_high = T.min(x_low + c.i_one, c.w_last)
+    lx = T.Select(x_low >= c.w_last, c.zero, x_c - _to_acc(c, x_low))
+    hx = c.one - lx
+    w1 = hy * hx
+    w2 = hy * lx
+    w3 = ly * hx
+    w4 = ly * lx
+    if valid:
+        for co in range(c.block_vectors):
+            for ci in T.vectorized(c.lanes):
+                # one expression (no Bind inside a vectorized loop)
+                acc_buf[co * c.lanes + ci] = _update(
+                    c,
+                    acc_buf[co * c.lanes + ci],
+                    _sample(
+                        c, w1, w2, w3, w4,
+                        feat[batch, y_low, x_low, _in_chan(c, cb, co, ci, ph, pw)],
+                        feat[batch, y_low, x_high, _in_chan(c, cb, co, ci, ph, pw)],
+                        feat[batch, y_high, x_low, _in_chan(c, cb, co, ci, ph, pw)],
+                        feat[batch, y_high, x_high, _in_chan(c, cb, co, ci, ph, pw)],
+                    ),
+                )
+    else:
+        # an outside sample contributes 0 (adding 0 changes no sum)
+        if c.mode != "avg":
+            for co in range(c.block_vectors):
+                for ci in T.vectorized(c.lanes):
+                    acc_buf[co * c.lanes + ci] = T.max(acc_buf[co * c.lanes + ci], c.zero)
+
+
+@T.macro
+def _write_bin(c, out, acc_buf, cb, k, ph, pw, nonempty, count):
+    # the bin's output, written once
+    for co in range(c.block_vectors):
+        for ci in T.vectorized(c.lanes):
+            if c.nchw:
+                out[k, _chan(c, cb, co, ci), ph, pw] = _finish(
+                    c, acc_buf[co * c.lanes + ci], nonempty, count
+                )
+            else:
+                out[k, ph, pw, _chan(c, cb, co, ci)] = _finish(
+                    c, acc_buf[co * c.lanes + ci], nonempty, count
+                )
+
+
+@T.macro
+def _pool_row(c, reader, feat, rois_buf, out, cb, row):
+    # one bin row of one roi: its geometry once, then each bin over the roi's grid
+    k = row // c.pooled_h
+    ph = row % c.pooled_h
+    start_h, start_w, bin_h, bin_w, grid_h, grid_w, roi_ok, batch = reader.fields(rois_buf, k)
+    cos_t, sin_t, centre_h, centre_w = reader.rotation(rois_buf, k)
+    grid_h_f = _to_acc(c, grid_h)
+    grid_w_f = _to_acc(c, grid_w)
+    nonempty = T.And(grid_h > c.i_zero, grid_w > c.i_zero)
+    count = _to_acc(c, T.max(grid_h * grid_w, c.i_one))
+    y_base = start_h + exact_product(_to_acc(c, ph), bin_h)
+    for pw in range(c.pooled_w):
+        x_base = start_w + exact_product(_to_acc(c, pw), bin_w)
+        acc_buf = T.alloc_buffer((c.block,), c.acc, scope="local")
+        for co in range(c.block_vectors):
+            for ci in T.vectorized(c.lanes):
+                acc_buf[co * c.lanes + ci] = c.init
+        for iy in range(grid_h):
+            yy = y_base + (_to_acc(c, iy) + c.half) * bin_h / grid_h_f
+            for ix in range(grid_w):
+                # (the row's terms are loop-invariant here unless the roi is rotated)
+                xx = x_base + (_to_acc(c, ix) + c.half) * bin_w / grid_w_f
+                y, x = _turn(c, yy, xx, cos_t, sin_t, centre_h, centre_w)
+                _add_sample(c, feat, acc_buf, cb, ph, pw, batch, roi_ok, y, x)
+        _write_bin(c, out, acc_buf, cb, k, ph, pw, nonempty, count)
 
 
 def roi_align_adaptive_cpu(
@@ -134,222 +406,26 @@ def roi_align_adaptive_cpu(
     tirx.PrimFunc
         Parameters ``data``, ``rois``, ``out`` (``[K, C, PH, PW]`` or ``[K, PH, PW, C]``).
     """
-    dtype = str(data.dtype)
-    acc = accumulate_dtype(dtype)
-    num_batch, in_channels, height, width = data_dims(data.shape, layout)
-    channels = in_channels if family is None else family.out_channels
-    num_rois = rois.shape[0]
-    pooled_h, pooled_w = pooled_size
-    out_shape = list(output_shape(num_rois, channels, pooled_size, layout))
-    idx = index_dtype_for(data.shape, out_shape)
-    C = int(channels)
-    channel_block = channel_block or C
-    assert C % channel_block == 0 and channel_block % lanes == 0, (C, channel_block, lanes)
-    L = lanes
-
-    def ival(dim):
-        return tirx.const(int(dim), idx) if is_static(dim) else tirx.Cast(idx, dim)
-
-    def fval(dim):
-        return tirx.const(float(int(dim)), acc) if is_static(dim) else tirx.Cast(acc, dim)
-
-    # --- closure constants (PrimExprs of the right dtypes) ---
-    N_I, H_I, W_I = ival(num_batch), ival(height), ival(width)
-    H_F, W_F = fval(height), fval(width)
-    H_LAST, W_LAST = H_I - tirx.const(1, idx), W_I - tirx.const(1, idx)
-    H_LAST_F = H_F - tirx.const(1.0, acc)
-    W_LAST_F = W_F - tirx.const(1.0, acc)
-    PH_I = tirx.const(pooled_h, idx)
-    ROWS = ival(num_rois) * PH_I  # parallel (roi, bin row) iterations
-    ZERO = tirx.const(0.0, acc)
-    ONE = tirx.const(1.0, acc)
-    HALF = tirx.const(0.5, acc)
-    MINUS_ONE = tirx.const(-1.0, acc)
-    I_ZERO = tirx.const(0, idx)
-    I_ONE = tirx.const(1, idx)
-    INIT = ZERO if mode == "avg" else tirx.min_value(acc)
-    IS_AVG = mode == "avg"
-    IS_ONNX_MAX = mode == "onnx_max"
-    NCHW = layout == "NCHW"
-    FEAT_SHAPE = [num_batch, height, width, in_channels]
-    CIO_I = tirx.const(int(in_channels) // L, idx)  # channel vectors of the copy
-    ROTATED = family is not None and family.rotated
-    POSITION_SENSITIVE = family is not None and family.position_sensitive
-    PHPW_I = tirx.const(pooled_h * pooled_w, idx)
-    PW_I = tirx.const(pooled_w, idx)
-    DATA_SHAPE = data.shape
-    ROIS_SHAPE = rois.shape
-    OUT_SHAPE = out_shape
-    PW_EXT = tirx.const(pooled_w, idx)
-    CB = channel_block
-    CB_I = tirx.const(CB, idx)
-    CBO_I = tirx.const(CB // L, idx)
-    NCB_I = tirx.const(C // CB, idx)
-    L_I = tirx.const(L, idx)
-
-    def chan(cb, co, ci):
-        # the channel of lane ci of vector co of block cb (an expression, not a binding: a Bind
-        # inside a vectorized loop is not vectorized correctly by this TVM)
-        return cb * CB_I + co * L_I + ci
-
-    def to_acc(value):
-        return tirx.Cast(acc, value)
-
-    # the roi's geometry and validity: the TE compute's own helpers (same float operations)
-    def geometry_of(buf, k):
-        roi = lambda j: to_acc(buf[k, j])
-        if family is not None:
-            return family.geometry(roi, num_batch, acc, idx)
-        return roi_geometry(roi, num_batch, pooled_size, spatial_scale, 0, aligned, acc, idx,
-                            half_pixel)
-
-    def fields_of(buf, k):
-        geo = geometry_of(buf, k)
-        return (geo.start_h, geo.start_w, geo.bin_h, geo.bin_w, geo.grid_h, geo.grid_w,
-                geo.roi_ok, geo.batch)
-
-    def rotation_of(buf, k):
-        rotation = geometry_of(buf, k).rotation
-        return rotation if rotation is not None else (ONE, ZERO, ZERO, ZERO)
-
-    # a sample (yy, xx) of the roi's grid -> feature-map (y, x): turned about the centre for a
-    # rotated roi (each product rounded once, as topi's sample_point), else itself
-    def turn_y(yy, xx, cos_t, sin_t, centre_h):
-        if not ROTATED:
-            return yy
-        return exact_product(yy, cos_t) - exact_product(xx, sin_t) + centre_h
-
-    def turn_x(yy, xx, cos_t, sin_t, centre_w):
-        if not ROTATED:
-            return xx
-        return exact_product(yy, sin_t) + exact_product(xx, cos_t) + centre_w
-
-    def in_chan(cb, co, ci, ph, pw):
-        # the data channel read for output channel chan(cb, co, ci) of bin (ph, pw)
-        if POSITION_SENSITIVE:
-            return chan(cb, co, ci) * PHPW_I + ph * PW_I + pw
-        return chan(cb, co, ci)
-
-    # torchvision: value = w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4, left to right
-    def sample_avg(w1, w2, w3, w4, v1, v2, v3, v4):
-        return w1 * to_acc(v1) + w2 * to_acc(v2) + w3 * to_acc(v3) + w4 * to_acc(v4)
-
-    def sample_onnx_max(w1, w2, w3, w4, v1, v2, v3, v4):
-        return tirx.max(
-            tirx.max(w1 * to_acc(v1), w2 * to_acc(v2)), tirx.max(w3 * to_acc(v3), w4 * to_acc(v4))
-        )
-
-    sample = sample_onnx_max if IS_ONNX_MAX else sample_avg
-
-    # the reduction's combiner, accumulator first (as TE's sum / max)
-    def update(acc_value, value):
-        return acc_value + value if IS_AVG else tirx.max(acc_value, value)
-
-    # avg: divide by max(grid_h * grid_w, 1); every mode: 0 for an empty grid
-    def finish(acc_value, nonempty, count):
-        value = acc_value / count if IS_AVG else acc_value
-        return tirx.Cast(dtype, tirx.Select(nonempty, value, ZERO))
+    c = KernelConstants.of(data, rois, pooled_size, mode, layout, lanes, channel_block, family)
+    num_batch = data_dims(data.shape, layout)[0]
+    reader = _RoiReader(c, num_batch, pooled_size, spatial_scale, aligned, half_pixel, family)
 
     @T.prim_func(s_tir=True)
     def kernel(d: T.handle, r: T.handle, o: T.handle):
         T.func_attr({"tirx.noalias": True})
-        data_buf = T.match_buffer(d, DATA_SHAPE, dtype)
-        rois_buf = T.match_buffer(r, ROIS_SHAPE, dtype)
-        out = T.match_buffer(o, OUT_SHAPE, dtype)
-        if NCHW:
-            # channels-last copy of the feature map: the channel loop below reads contiguous vectors
-            feat = T.alloc_buffer(FEAT_SHAPE, dtype)
-            for nh in T.parallel(N_I * H_I):
-                for w in range(W_I):
-                    for co in range(CIO_I):
-                        for ci in T.vectorized(L_I):
-                            feat[nh // H_I, nh % H_I, w, co * L_I + ci] = data_buf[
-                                nh // H_I, co * L_I + ci, nh % H_I, w
-                            ]
+        data_buf = T.match_buffer(d, c.data_shape, c.dtype)
+        rois_buf = T.match_buffer(r, c.rois_shape, c.dtype)
+        out = T.match_buffer(o, c.out_shape, c.dtype)
+        if c.nchw:
+            feat = T.alloc_buffer(c.feat_shape, c.dtype)
+            _copy_channels_last(c, data_buf, feat)
         else:
             feat = data_buf
         # channel blocks outermost: all rois read one block of the feature map at a time, which
         # stays in the last-level cache for the next rois
-        for cb in range(NCB_I):
-            for row in T.parallel(ROWS):
-                k = row // PH_I
-                ph = row % PH_I
-                # --- the roi's geometry ---
-                start_h, start_w, bin_h, bin_w, grid_h, grid_w, roi_ok, batch = fields_of(
-                    rois_buf, k
-                )
-                cos_t, sin_t, centre_h, centre_w = rotation_of(rois_buf, k)
-                grid_h_f = to_acc(grid_h)
-                grid_w_f = to_acc(grid_w)
-                nonempty = T.And(grid_h > I_ZERO, grid_w > I_ZERO)
-                count = to_acc(T.max(grid_h * grid_w, I_ONE))
-                y_base = start_h + exact_product(to_acc(ph), bin_h)
-                for pw in range(PW_EXT):
-                    x_base = start_w + exact_product(to_acc(pw), bin_w)
-                    acc_buf = T.alloc_buffer((CB,), acc, scope="local")
-                    for co in range(CBO_I):
-                        for ci in T.vectorized(L_I):
-                            acc_buf[co * L_I + ci] = INIT
-                    for iy in range(grid_h):
-                        yy = y_base + (to_acc(iy) + HALF) * bin_h / grid_h_f
-                        for ix in range(grid_w):
-                            # --- the sample's positions and weights, shared by the channels (the
-                            # row's terms are loop-invariant here unless the roi is rotated) ---
-                            xx = x_base + (to_acc(ix) + HALF) * bin_w / grid_w_f
-                            y = turn_y(yy, xx, cos_t, sin_t, centre_h)
-                            x = turn_x(yy, xx, cos_t, sin_t, centre_w)
-                            y_ok = T.And(roi_ok, T.And(y >= MINUS_ONE, y <= H_F))
-                            y_c = T.min(T.max(y, ZERO), H_LAST_F)  # compare-and-select: NaN -> 0
-                            y_low = T.Cast(idx, y_c)
-                            y_high = T.min(y_low + I_ONE, H_LAST)
-                            ly = T.Select(y_low >= H_LAST, ZERO, y_c - to_acc(y_low))
-                            hy = ONE - ly
-                            valid = T.And(y_ok, T.And(x >= MINUS_ONE, x <= W_F))
-                            x_c = T.min(T.max(x, ZERO), W_LAST_F)
-                            x_low = T.Cast(idx, x_c)
-                            x_high = T.min(x_low + I_ONE, W_LAST)
-                            lx = T.Select(x_low >= W_LAST, ZERO, x_c - to_acc(x_low))
-                            hx = ONE - lx
-                            w1 = hy * hx
-                            w2 = hy * lx
-                            w3 = ly * hx
-                            w4 = ly * lx
-                            if valid:
-                                for co in range(CBO_I):
-                                    for ci in T.vectorized(L_I):
-                                        # one expression (no Bind inside a vectorized loop)
-                                        acc_buf[co * L_I + ci] = update(
-                                            acc_buf[co * L_I + ci],
-                                            sample(
-                                                w1,
-                                                w2,
-                                                w3,
-                                                w4,
-                                                feat[batch, y_low, x_low, in_chan(cb, co, ci, ph, pw)],
-                                                feat[batch, y_low, x_high, in_chan(cb, co, ci, ph, pw)],
-                                                feat[batch, y_high, x_low, in_chan(cb, co, ci, ph, pw)],
-                                                feat[batch, y_high, x_high, in_chan(cb, co, ci, ph, pw)],
-                                            ),
-                                        )
-                            else:
-                                # an outside sample contributes 0 (adding 0 changes no sum)
-                                if not IS_AVG:
-                                    for co in range(CBO_I):
-                                        for ci in T.vectorized(L_I):
-                                            acc_buf[co * L_I + ci] = T.max(
-                                                acc_buf[co * L_I + ci], ZERO
-                                            )
-                    # --- the bin's output, written once ---
-                    for co in range(CBO_I):
-                        for ci in T.vectorized(L_I):
-                            if NCHW:
-                                out[k, chan(cb, co, ci), ph, pw] = finish(
-                                    acc_buf[co * L_I + ci], nonempty, count
-                                )
-                            else:
-                                out[k, ph, pw, chan(cb, co, ci)] = finish(
-                                    acc_buf[co * L_I + ci], nonempty, count
-                                )
+        for cb in range(c.num_blocks):
+            for row in T.parallel(c.rows):
+                _pool_row(c, reader, feat, rois_buf, out, cb, row)
 
     return kernel
 

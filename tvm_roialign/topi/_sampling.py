@@ -106,10 +106,44 @@ def data_form(layout) -> str:
 
 def check_layout_and_mode(layout, mode) -> None:
     """Raise ValueError unless ``layout`` and ``mode`` are supported."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    check_layout(layout)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+
+
+#: The row form of RoIAlign's ``[K, 5]`` rois, for error messages.
+BOX_ROW = "(batch_index, x1, y1, x2, y2)"
+
+
+def check_rois_shape(rois_shape, columns: int = 5, row_form: str = BOX_ROW) -> None:
+    """Raise ValueError unless ``rois_shape`` is ``[K, columns]`` (rows of ``row_form``)."""
+    if len(rois_shape) != 2 or (is_static(rois_shape[1]) and int(rois_shape[1]) != columns):
+        raise ValueError(
+            f"rois must be [K, {columns}] rows of {row_form}, got shape {list(rois_shape)}"
+        )
+
+
+def check_data_and_rois(
+    data_shape, data_dtype, rois_shape, rois_dtype, layout, columns: int = 5, row_form: str = BOX_ROW
+) -> None:
+    """The checks the RoI family's computes share (``layout`` already checked): ``data`` 4-D in
+    ``layout``, ``rois`` ``[K, columns]`` rows of ``row_form``, a float data dtype, the rois' dtype
+    equal to it. Raises ValueError (shapes) / TypeError (dtypes) naming the argument."""
+    if len(data_shape) != 4:
+        raise ValueError(
+            f"data must be 4-D {data_form(layout)} for layout {layout}, got shape {list(data_shape)}"
+        )
+    check_rois_shape(rois_shape, columns, row_form)
+    if str(data_dtype) not in FLOAT_DTYPES:
+        raise TypeError(f"data dtype must be one of {FLOAT_DTYPES}, got {data_dtype}")
+    if str(rois_dtype) != str(data_dtype):
+        raise TypeError(f"rois dtype ({rois_dtype}) must equal data dtype ({data_dtype})")
+
+
+def check_layout(layout) -> None:
+    """Raise ValueError unless ``layout`` is supported."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
 def channel_reader(data, layout, batch, channel, acc):

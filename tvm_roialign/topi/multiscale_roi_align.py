@@ -62,6 +62,7 @@ from ._sampling import (
     bilinear_coeffs,
     channel_reader,
     check_layout_and_mode,
+    check_rois_shape,
     data_dims,
     data_form,
     finalize,
@@ -140,11 +141,7 @@ def check_multiscale_roi_align_args(
             raise ValueError(
                 f"features must share the {name}, got {static} ({layout}) across levels"
             )
-    if len(rois_shape) != 2 or (is_static(rois_shape[1]) and int(rois_shape[1]) != 5):
-        raise ValueError(
-            "rois must be [K, 5] rows of (batch_index, x1, y1, x2, y2), "
-            f"got shape {list(rois_shape)}"
-        )
+    check_rois_shape(rois_shape)
     if str(rois_dtype) != dtype:
         raise TypeError(
             f"rois dtype ({rois_dtype}) must equal the features dtype ({dtype})"

@@ -22,11 +22,11 @@ gives a row of zeros; every index is clamped before use. The blocks are named ``
 from __future__ import annotations
 
 from ._sampling import (
-    FLOAT_DTYPES,
     LAYOUTS,
     accumulate_dtype,
+    check_data_and_rois,
+    check_layout,
     data_dims,
-    data_form,
     index_dtype_for,
     is_static,
     normalize_pooled_size,
@@ -45,21 +45,9 @@ def check_ps_roi_align_args(data_shape, data_dtype, rois_shape, rois_dtype, pool
     Returns ``((PH, PW), C)``: the pooled size and the output channel count (None when the input
     channel count is symbolic or unknown).
     """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    check_layout(layout)
     pooled = normalize_pooled_size(pooled_size)
-    if len(data_shape) != 4:
-        raise ValueError(
-            f"data must be 4-D {data_form(layout)} for layout {layout}, got shape {list(data_shape)}"
-        )
-    if len(rois_shape) != 2 or (is_static(rois_shape[1]) and int(rois_shape[1]) != 5):
-        raise ValueError(
-            f"rois must be [K, 5] rows of (batch_index, x1, y1, x2, y2), got shape {list(rois_shape)}"
-        )
-    if str(data_dtype) not in FLOAT_DTYPES:
-        raise TypeError(f"data dtype must be one of {FLOAT_DTYPES}, got {data_dtype}")
-    if str(rois_dtype) != str(data_dtype):
-        raise TypeError(f"rois dtype ({rois_dtype}) must equal data dtype ({data_dtype})")
+    check_data_and_rois(data_shape, data_dtype, rois_shape, rois_dtype, layout)
     channels = data_dims(data_shape, layout)[1]
     if not is_static(channels):
         return pooled, None

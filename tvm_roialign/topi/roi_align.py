@@ -59,16 +59,14 @@ from __future__ import annotations
 import math
 
 from ._sampling import (
-    FLOAT_DTYPES,
     LAYOUTS,
     MAX_ADAPTIVE_GRID,
     MODES,
     accumulate_dtype,
+    check_data_and_rois,
     check_layout_and_mode,
     data_dims,
-    data_form,
     index_dtype_for,
-    is_static,
     normalize_pooled_size,
     output_shape,
     pooled_compute,
@@ -93,19 +91,7 @@ def check_roi_align_args(data_shape, data_dtype, rois_shape, rois_dtype, pooled_
     Returns ``(PH, PW)``.
     """
     check_layout_and_mode(layout, mode)
-    if len(data_shape) != 4:
-        raise ValueError(
-            f"data must be 4-D {data_form(layout)} for layout {layout}, got shape {list(data_shape)}"
-        )
-    if len(rois_shape) != 2 or (is_static(rois_shape[1]) and int(rois_shape[1]) != 5):
-        raise ValueError(
-            "rois must be [K, 5] rows of (batch_index, x1, y1, x2, y2), "
-            f"got shape {list(rois_shape)}"
-        )
-    if str(data_dtype) not in FLOAT_DTYPES:
-        raise TypeError(f"data dtype must be one of {FLOAT_DTYPES}, got {data_dtype}")
-    if str(rois_dtype) != str(data_dtype):
-        raise TypeError(f"rois dtype ({rois_dtype}) must equal data dtype ({data_dtype})")
+    check_data_and_rois(data_shape, data_dtype, rois_shape, rois_dtype, layout)
     return normalize_pooled_size(pooled_size)
 
 

@@ -37,13 +37,12 @@ from __future__ import annotations
 import math
 
 from ._sampling import (
-    FLOAT_DTYPES,
     LAYOUTS,
     accumulate_dtype,
+    check_data_and_rois,
+    check_layout,
     data_dims,
-    data_form,
     index_dtype_for,
-    is_static,
     normalize_pooled_size,
     output_shape,
     pooled_compute,
@@ -59,6 +58,9 @@ __all__ = [
     "roi_align_rotated_nchw",
     "roi_align_rotated_nhwc",
 ]
+
+#: The row form of the rotated rois, for error messages.
+ROTATED_ROW = "(batch_index, cx, cy, w, h, angle)"
 
 #: Angle unit -> the factor that turns an angle into radians.
 ANGLE_UNITS = {"radians": 1.0, "degrees": math.pi / 180.0}
@@ -76,22 +78,9 @@ def check_roi_align_rotated_args(
 ):
     """Validate the arguments; raise ValueError / TypeError naming the argument. Returns
     ``(PH, PW)``."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    check_layout(layout)
     angle_scale(angle_unit)
-    if len(data_shape) != 4:
-        raise ValueError(
-            f"data must be 4-D {data_form(layout)} for layout {layout}, got shape {list(data_shape)}"
-        )
-    if len(rois_shape) != 2 or (is_static(rois_shape[1]) and int(rois_shape[1]) != 6):
-        raise ValueError(
-            "rois must be [K, 6] rows of (batch_index, cx, cy, w, h, angle), "
-            f"got shape {list(rois_shape)}"
-        )
-    if str(data_dtype) not in FLOAT_DTYPES:
-        raise TypeError(f"data dtype must be one of {FLOAT_DTYPES}, got {data_dtype}")
-    if str(rois_dtype) != str(data_dtype):
-        raise TypeError(f"rois dtype ({rois_dtype}) must equal data dtype ({data_dtype})")
+    check_data_and_rois(data_shape, data_dtype, rois_shape, rois_dtype, layout, 6, ROTATED_ROW)
     return normalize_pooled_size(pooled_size)
 
 

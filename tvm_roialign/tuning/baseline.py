@@ -156,19 +156,30 @@ def check_records(tasks, database, target, builder, runner, work_dir, progress=N
     return baselines
 
 
-def beats(record_s: float | None, baseline: dict | None, record=None, checked: bool = True) -> bool:
-    """Whether a record of mean ``record_s`` seconds beats ``baseline`` by :data:`MARGIN`: its
-    interleaved ``check`` decides when it was made for this ``record`` (and ``checked``), else
-    the search's time against the default rules' (True without a baseline: databases tuned
-    before baselines were measured)."""
-    if record_s is None:
-        return False
-    if baseline is None:
-        return True
+def evidence(record_s: float | None, baseline: dict | None, record=None, checked: bool = True):
+    """``(default_s, record_s)``: the two times a record is judged by, or None when there is no
+    baseline (databases tuned before baselines were measured) or no time of the record. The
+    interleaved ``check`` when it was made for this ``record`` (any record when ``record`` is None)
+    and ``checked``, else the search's time against the default rules' measured when tuning."""
+    if record_s is None or baseline is None:
+        return None
     check = baseline.get("check")
     if checked and check and (record is None or check.get("trace") == trace_key(record)):
-        return float(check["record_s"]) < float(check["default_s"]) * (1.0 - MARGIN)
-    return record_s < float(baseline["default_s"]) * (1.0 - MARGIN)
+        return float(check["default_s"]), float(check["record_s"])
+    return float(baseline["default_s"]), float(record_s)
+
+
+def beats(record_s: float | None, baseline: dict | None, record=None, checked: bool = True) -> bool:
+    """Whether a record of mean ``record_s`` seconds beats ``baseline`` by :data:`MARGIN`, judged
+    on :func:`evidence` (True without a baseline: databases tuned before baselines were
+    measured)."""
+    if record_s is None:
+        return False
+    times = evidence(record_s, baseline, record, checked)
+    if times is None:
+        return True
+    default_s, measured_s = times
+    return measured_s < default_s * (1.0 - MARGIN)
 
 
 __all__ = [
@@ -178,6 +189,7 @@ __all__ = [
     "beats",
     "check_records",
     "default_schedule",
+    "evidence",
     "measure_baselines",
     "read_baselines",
     "trace_key",

@@ -14,7 +14,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from .baseline import beats, read_baselines, trace_key, workload_key
+from .baseline import beats, evidence, read_baselines, workload_key
 from .tasks import DEFAULT_OPS, as_target, is_scheduled, is_static, matches, normalize
 
 #: Beside MetaSchedule's two JSON files: TVM version, target, ops and pipeline options of a tuning.
@@ -259,15 +259,13 @@ class TuningRecords:
             chosen[key] = (norm, record)
             if baseline is None:
                 cov.unchecked.append(name)
-            elif record_s is not None:
+                continue
+            # the gain from the same evidence the decision above was made on
+            times = evidence(record_s, baseline, record)
+            if times is not None:
                 weight = int(baseline.get("weight", 1))
-                # the gain from the same evidence beats() decided with: the interleaved check when it
-                # was made for this record, else the search's time against the default rules'
-                check = baseline.get("check")
-                if not (check and check.get("trace") == trace_key(record)):
-                    check = {"default_s": baseline["default_s"], "record_s": record_s}
-                cov.gain_s += weight * (float(check["default_s"]) - float(check["record_s"]))
-                cov.default_s += weight * float(check["default_s"])
+                cov.gain_s += weight * (times[0] - times[1])
+                cov.default_s += weight * times[0]
         for names in (cov.tuned, cov.untuned, cov.symbolic, cov.default_faster, cov.unchecked):
             names.sort()
         return cov, list(chosen.values())
@@ -278,12 +276,15 @@ def load_records(work_dir, target=None, report=None, on_mismatch="error", apply=
     return TuningRecords(work_dir, target, report, on_mismatch, apply)
 
 
-def apply_database_pass(records) -> tvm.transform.Pass:
+def apply_database_pass(records, report: Callable | None = None) -> tvm.transform.Pass:
     """Phase 4 of the build pipeline: the functions that ``records`` (a directory or
     :class:`TuningRecords`) cover get their best record's schedule and ``tirx.is_scheduled``;
-    the :class:`Coverage` goes to ``records.report``. Runs under the build's target."""
+    the :class:`Coverage` goes to ``report`` (default: ``records.report``;
+    :func:`tvm_roialign.pipeline.build` gives its own and returns the coverage). Runs under the
+    build's target."""
     if not isinstance(records, TuningRecords):
         records = TuningRecords(records)
+    report = report or records.report
 
     @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignApplyTuningRecords")
     def apply(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -295,7 +296,7 @@ def apply_database_pass(records) -> tvm.transform.Pass:
             # whatever the current database holds
             with _database_of(chosen):
                 mod = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
-        records.report(coverage)
+        report(coverage)
         return mod
 
     return apply

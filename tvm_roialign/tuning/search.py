@@ -213,18 +213,7 @@ def tune(
         raise ValueError(f"trials per task must be at least 1, got {trials_per_task}")
     ops = tuple(ops or ())
     work_dir = Path(work_dir)
-    previous = None
-    if (work_dir / RECORD_FILE).is_file():
-        previous = read_metadata(work_dir)
-        for note in check_metadata(previous, target, f"tuning database {str(work_dir)!r}", adding=True):
-            warnings.warn(note, UserWarning, stacklevel=2)
-    found = extract_tasks(mods, target, ops, **pipeline_options)
-    if not found.tasks:
-        why = f" ({len(found.symbolic)} have symbolic shapes)" if found.symbolic else ""
-        raise ValueError(f"no static-shape {'/'.join(ops) or 'any'} tasks to tune{why}")
-    work_dir.mkdir(parents=True, exist_ok=True)
-    write_metadata(work_dir, target, _all_ops(previous, ops), pipeline_options)
-
+    found = _prepare_work_dir(mods, target, work_dir, ops, pipeline_options)
     database = open_database(work_dir)
     before = _trials_so_far(database, found.tasks)
     todo = [(t, int(trials_per_task) - b) for t, b in zip(found.tasks, before) if b < trials_per_task]
@@ -244,8 +233,32 @@ def tune(
         search_s = time.perf_counter() - t0
     # the records that beat their baseline, measured again against it in interleaved pairs
     baselines = check_records(found.tasks, database, target, builder, runner, work_dir, progress)
-    after = _trials_so_far(database, found.tasks)
-    tasks = [
+    tasks = _task_summaries(database, found.tasks, before, baselines)
+    return TuneResult(work_dir, tasks, found.symbolic, trials_run, search_s)
+
+
+def _prepare_work_dir(mods, target, work_dir: Path, ops: tuple, pipeline_options: dict):
+    """The tasks to tune (:func:`~.tasks.extract_tasks`), after checking the records already in
+    ``work_dir`` against ``target`` and writing its metadata (ValueError: no task)."""
+    previous = None
+    if (work_dir / RECORD_FILE).is_file():
+        previous = read_metadata(work_dir)
+        for note in check_metadata(previous, target, f"tuning database {str(work_dir)!r}", adding=True):
+            warnings.warn(note, UserWarning, stacklevel=3)
+    found = extract_tasks(mods, target, ops, **pipeline_options)
+    if not found.tasks:
+        why = f" ({len(found.symbolic)} have symbolic shapes)" if found.symbolic else ""
+        raise ValueError(f"no static-shape {'/'.join(ops) or 'any'} tasks to tune{why}")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    write_metadata(work_dir, target, _all_ops(previous, ops), pipeline_options)
+    return found
+
+
+def _task_summaries(database, tasks, before, baselines) -> list[dict]:
+    """Per task, what :class:`TuneResult` reports: trials before and after, best and default
+    seconds, the interleaved check."""
+    after = _trials_so_far(database, tasks)
+    return [
         {
             "name": t.name,
             "weight": t.weight,
@@ -255,9 +268,8 @@ def tune(
             "default_s": baselines.get(workload_key(t.mod), {}).get("default_s"),
             "check": baselines.get(workload_key(t.mod), {}).get("check"),
         }
-        for t, b, a in zip(found.tasks, before, after)
+        for t, b, a in zip(tasks, before, after)
     ]
-    return TuneResult(work_dir, tasks, found.symbolic, trials_run, search_s)
 
 
 def export_candidate(mod, linker: str) -> str:
