@@ -13,6 +13,7 @@ import pytest
 import torch
 import torchvision
 import tvm
+from _targets import GENERIC
 from tvm import relax, te
 
 import tvm_roialign
@@ -300,7 +301,7 @@ def test_gpu_schedule_rule_applies(case, layout, tol):
     want, _, _ = _torchvision(features, rois, 3, 2)
     shapes = [f.shape for f in features]
     mod, _ = _gpu_prim_func(layout, 2, False, shapes, len(rois))
-    lib = tvm.tirx.build(mod, target=tvm.target.Target({"kind": "llvm"}))
+    lib = tvm.tirx.build(mod, target=GENERIC)
     inputs = [f if layout == "NCHW" else _nhwc(f) for f in features] + [rois]
     args = [tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs]
     out_shape = (
