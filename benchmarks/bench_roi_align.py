@@ -17,19 +17,14 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import platform
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torchvision
-import tvm
+from _common import host_target, layout_shape, median_ms, one_op_runner, random_rois, run_meta
 from rich.console import Console
 from rich.table import Table
-from tvm import relax
 
 import tvm_roialign
 from tvm_roialign.host import usable_cores, use_usable_cores
@@ -43,49 +38,13 @@ SHAPES = {
 SAMPLING_RATIO = 2
 
 
-def host_target() -> tvm.target.Target:
-    """This machine's CPU (so that the x86 strategy vectorizes to its full width)."""
-    return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
-
-
-def random_rois(num, image_hw, rng):
-    height, width = image_hw
-    x1 = rng.uniform(0, width - 16, num)
-    y1 = rng.uniform(0, height - 16, num)
-    x2 = np.minimum(x1 + rng.uniform(16, 512, num), width)
-    y2 = np.minimum(y1 + rng.uniform(16, 512, num), height)
-    return np.stack([np.zeros(num), x1, y1, x2, y2], axis=1).astype("float32")
-
-
-def median_ms(fn, repeat):
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
 def tvm_runner(shape, layout, target, data_nchw, rois):
     spec = SHAPES[shape]
-    n, c, h, w = spec["features"]
-    data_shape = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
     mod = build_roi_align_module(
-        data_shape, len(rois), spec["pooled"], spec["scale"], SAMPLING_RATIO, False, layout
+        layout_shape(spec["features"], layout), len(rois), spec["pooled"], spec["scale"],
+        SAMPLING_RATIO, False, layout,
     )
-    vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
-    data = data_nchw if layout == "NCHW" else np.ascontiguousarray(data_nchw.transpose(0, 2, 3, 1))
-    args = [tvm.runtime.tensor(data), tvm.runtime.tensor(rois)]
-
-    def run():
-        return vm["main"](*args)
-
-    def result():
-        out = run().numpy()
-        return out if layout == "NCHW" else out.transpose(0, 3, 1, 2)
-
-    return run, result
+    return one_op_runner(mod, data_nchw, rois, layout, target)
 
 
 def main(argv=None):
@@ -163,18 +122,7 @@ def main(argv=None):
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = dict(
-        cpu=platform.processor() or platform.machine(),
-        mcpu=str(target.attrs.get("mcpu", "")),
-        cores=usable_cores(),
-        tvm_threads=os.environ.get("TVM_NUM_THREADS"),
-        torch_threads=torch.get_num_threads(),
-        repeat=args.repeat,
-        sampling_ratio=SAMPLING_RATIO,
-        tvm=tvm.__version__,
-        torch=torch.__version__,
-        torchvision=torchvision.__version__,
-    )
+    meta = run_meta(target, args.repeat, SAMPLING_RATIO)
     (out / "bench_roi_align.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
     _plot(rows, out / "bench_roi_align.png")
     console.print(f"wrote {out / 'bench_roi_align.json'} and {out / 'bench_roi_align.png'}")

@@ -20,21 +20,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 import torchvision
-import tvm
-from bench_roi_align import host_target, median_ms, random_rois
+from _common import host_target, layout_shape, median_ms, one_op_runner, random_rois, run_meta
 from rich.console import Console
 from rich.table import Table
-from tvm import relax
 
 import tvm_roialign
+from tvm_roialign.host import usable_cores, use_usable_cores
 from tvm_roialign.testing import single_op_module
 
 FEATURES = (1, 256, 200, 272)
@@ -57,22 +54,10 @@ def rotated_rois(num, image_hw, rng):
 
 def tvm_runner(make, data_nchw, rois, layout, target):
     """``(run, result)`` of the one-op module ``make(data, rois, layout)`` built for ``target``."""
-    n, c, h, w = data_nchw.shape
-    shape = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
-    mod = single_op_module(lambda d, r: make(d, r, layout), data=(shape, "float32"),
+    mod = single_op_module(lambda d, r: make(d, r, layout),
+                           data=(layout_shape(data_nchw.shape, layout), "float32"),
                            rois=(rois.shape, "float32"))
-    vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
-    data = data_nchw if layout == "NCHW" else np.ascontiguousarray(data_nchw.transpose(0, 2, 3, 1))
-    args = [tvm.runtime.tensor(data), tvm.runtime.tensor(rois)]
-
-    def run():
-        return vm["main"](*args)
-
-    def result():
-        out = run().numpy()
-        return out if layout == "NCHW" else out.transpose(0, 3, 1, 2)
-
-    return run, result
+    return one_op_runner(mod, data_nchw, rois, layout, target)
 
 
 def ps_roi_align_case(data, rng, sampling_ratio):
@@ -130,6 +115,7 @@ def main(argv=None):
     parser.add_argument("--out", default="benchmarks/results", help="folder for the JSON")
     args = parser.parse_args(argv)
     sampling_ratio = args.sampling_ratio
+    use_usable_cores()  # TVM's pool: every core this process may use
 
     console = Console(width=140)
     target = host_target()
@@ -151,7 +137,7 @@ def main(argv=None):
                              speedup=peer_ms / ours_ms,
                              max_abs_err=float(np.abs(result() - expected).max())))
 
-    table = Table(title=f"RoI family CPU, sampling_ratio {sampling_ratio}, {os.cpu_count()} cores, "
+    table = Table(title=f"RoI family CPU, sampling_ratio {sampling_ratio}, {usable_cores()} cores, "
                   f"target {target}")
     for col in ("op", "layout", "ours ms", "peer", "peer ms", "x vs peer", "max |err|"):
         table.add_column(col, justify="right")
@@ -159,11 +145,7 @@ def main(argv=None):
         table.add_row(r["op"], r["layout"], f"{r['ours_ms']:.2f}", r["peer"], f"{r['peer_ms']:.2f}",
                       f"{r['speedup']:.2f}", f"{r['max_abs_err']:.1e}")
     console.print(table)
-    meta = dict(cpu=platform.processor() or platform.machine(),
-                mcpu=str(target.attrs.get("mcpu", "")), cores=os.cpu_count(),
-                tvm_threads=os.environ.get("TVM_NUM_THREADS"), torch_threads=torch.get_num_threads(),
-                repeat=args.repeat, sampling_ratio=sampling_ratio, tvm=tvm.__version__,
-                torch=torch.__version__, torchvision=torchvision.__version__)
+    meta = run_meta(target, args.repeat, sampling_ratio)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"bench_roi_family_sr{sampling_ratio}.json"

@@ -114,7 +114,7 @@ def _time_interleaved(runners: dict, repeat: int) -> dict:
 def bench_model(name: str, shapes, target, threads: int, repeat: int, workdir: str) -> dict:
     import torch
 
-    from tvm_roialign.models.maskrcnn.onnxruntime_peer import cpu_session
+    from tvm_roialign.bench.onnxruntime_peer import cpu_session
 
     model = MODELS[name]()
     dynamic = f"{workdir}/{name}_dyn.onnx"

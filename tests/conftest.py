@@ -1,4 +1,6 @@
-"""Shared pytest configuration: the one tolerance table of the suite, the ``cuda`` marker, fixtures.
+"""Shared pytest configuration: the one tolerance table of the suite, the ``cuda`` marker, fixtures
+(among them ``rpc_server``: x86 TVM RPC servers on loopback, for tests/test_remote.py and
+tests/test_tuning.py).
 
 ``@pytest.mark.cuda`` marks a test that needs a CUDA GPU (TVM built with CUDA and a device, and
 torch with CUDA where the test compares with it): it is skipped, with that reason, where there is
@@ -6,6 +8,11 @@ none. The targets the tests build for are named once in ``tests/_targets.py``.
 """
 
 import functools
+import os
+import socket
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -55,3 +62,89 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None and not cuda_available():
             item.add_marker(skip)
+
+
+# --------------------------------------------------------------------------------------------------
+# TVM RPC on loopback (what a board runs)
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+class RPCServers:
+    """Starts ``python -m tvm.exec.rpc_server`` processes on loopback and stops them all at the end.
+
+    ``servers()`` starts one to connect to directly and returns its ``"127.0.0.1:PORT"``;
+    ``servers(key=KEY)`` starts an ``rpc_tracker`` and one server registered with it under ``KEY``
+    and returns the tracker's address. Their output goes to :attr:`log` (one file for all).
+    """
+
+    free_port = staticmethod(free_port)
+
+    def __init__(self, log_path, timeout_s: float = 120.0):
+        self.log = log_path
+        self.timeout_s = timeout_s
+        self._file = open(log_path, "w")
+        self._procs: list[subprocess.Popen] = []
+
+    def _start(self, module: str, *args: str) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._procs.append(subprocess.Popen([sys.executable, "-m", module, *args], stdout=self._file,
+                                            stderr=subprocess.STDOUT, env=env))
+
+    def _wait(self, ready, what: str) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            assert all(p.poll() is None for p in self._procs), self.log.read_text()
+            if ready():
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"{what} not up within {self.timeout_s} s (see {self.log})")
+
+    def __call__(self, key: str | None = None) -> str:
+        port = free_port()
+        ports = ["--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)]
+        if key is None:
+            self._start("tvm.exec.rpc_server", *ports)
+            self._wait(lambda: _listening(port), "the RPC server")
+            return f"127.0.0.1:{port}"
+        tracker = free_port()
+        self._start("tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(tracker),
+                    "--port-end", str(tracker + 1))
+        self._start("tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{tracker}", "--key", key, *ports)
+        self._wait(lambda: _listening(tracker) and _registered(tracker, key),
+                   f"an RPC server of key {key!r}")
+        return f"127.0.0.1:{tracker}"
+
+    def close(self) -> None:
+        for proc in reversed(self._procs):
+            proc.kill()
+            proc.wait(timeout=30)
+        self._file.close()
+
+
+def _registered(tracker: int, key: str) -> bool:
+    from tvm import rpc
+
+    summary = rpc.connect_tracker("127.0.0.1", tracker).summary()
+    return any(s["key"].endswith(":" + key) for s in summary["server_info"])
+
+
+@pytest.fixture(scope="module")
+def rpc_server(tmp_path_factory):
+    """:class:`RPCServers` of the test module (the x86 RPC servers on loopback it starts)."""
+    servers = RPCServers(tmp_path_factory.mktemp("rpc") / "rpc.log")
+    yield servers
+    servers.close()

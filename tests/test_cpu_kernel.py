@@ -16,6 +16,8 @@ import itertools
 import numpy as np
 import pytest
 import tvm
+from _degenerate import DEGENERATE_ROIS
+from _targets import AARCH64
 from _targets import GENERIC as HOST
 from tvm import relax, te
 
@@ -42,7 +44,7 @@ from tvm_roialign.topi._sampling import MODES
 
 N, H, W = 2, 11, 13
 LAYOUTS = ["NCHW", "NHWC"]
-NAN, INF = float("nan"), float("inf")
+INF = float("inf")
 
 
 def _shape(layout, channels):
@@ -69,27 +71,6 @@ def random_rois(num, scale, dtype, seed=0):
     boxes = np.concatenate([starts, starts + sizes], axis=1) / scale
     batch = rng.integers(0, N, (num, 1))
     return np.concatenate([batch, boxes], axis=1).astype(dtype)
-
-
-# (batch, x1, y1, x2, y2) in feature-map pixels (spatial_scale 1)
-DEGENERATE = np.array(
-    [
-        [0, 3, 3, 3, 3],  # zero size
-        [1, 6, 6, 2, 2],  # inverted
-        [0, -30, -30, -20, -20],  # outside the map
-        [2, 1, 1, 5, 5],  # batch index == N
-        [-3, 1, 1, 5, 5],  # negative batch index
-        [NAN, 1, 1, 5, 5],  # NaN batch index
-        [0, NAN, 1, 5, 5],  # NaN coordinate
-        [0, NAN, NAN, NAN, NAN],
-        [0, -INF, -INF, INF, INF],  # infinite box
-        [1, 1e30, 1e30, 1e30, 1e30],  # huge coordinates, zero size
-        [1, -0.9, 2, 1e-3, 2.5],  # thin box at the border
-        [1, 1, 1, 6, 6],  # an ordinary box
-        [0, 9, 8, 40, 25],  # past the right and bottom border
-    ],
-    dtype="float32",
-)
 
 
 def _legalized_primfuncs(mod):
@@ -159,7 +140,7 @@ def test_vector_lanes_one_policy_on_known_cpus(config, bits):
 
 
 def test_channel_loop_takes_the_largest_power_of_two_dividing_c():
-    arm = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+    arm = AARCH64
     assert largest_divisor_lanes(256, vector_lanes(arm, "float32")) == 4
     assert largest_divisor_lanes(6, vector_lanes(arm, "float32")) == 2
     assert largest_divisor_lanes(3, vector_lanes(arm, "float32")) == 1
@@ -223,7 +204,7 @@ def test_bitwise_equal_to_te_compute(layout, mode, aligned):
     data = rng.standard_normal((N, channels, H, W)).astype("float32")
     data[0, 1 % channels, 4, 5] = INF
     data[1, 2 % channels, 7, 2] = -INF
-    rois = np.concatenate([random_rois(20, 0.5, "float32"), DEGENERATE * [1, 2, 2, 2, 2]])
+    rois = np.concatenate([random_rois(20, 0.5, "float32"), DEGENERATE_ROIS * [1, 2, 2, 2, 2]])
     rois = rois.astype("float32")
     outs = []
     for use_kernel in (True, False):
@@ -234,7 +215,7 @@ def test_bitwise_equal_to_te_compute(layout, mode, aligned):
         lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(rois), out)
         outs.append(out.numpy())
     np.testing.assert_array_equal(outs[0], outs[1])  # NaN where NaN
-    assert np.isfinite(outs[0][len(rois) - len(DEGENERATE):]).all()
+    assert np.isfinite(outs[0][len(rois) - len(DEGENERATE_ROIS):]).all()
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -278,7 +259,7 @@ def test_symbolic_feature_map_size(tol):
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_builds_for_aarch64(layout, dtype):
     """The ARM strategy uses the kernel too; it compiles for aarch64 (not run here)."""
-    arm = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+    arm = AARCH64
     mod = build_roi_align_module(_shape(layout, 16), 4, (7, 7), 0.25, -1, False, layout, "avg",
                                  dtype)
     with arm:

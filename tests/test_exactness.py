@@ -19,7 +19,9 @@ import pytest
 import torch
 import torchvision
 import tvm
+from _targets import AARCH64, CUDA
 from _targets import GENERIC as HOST
+from _targets import NATIVE as FMA_HOST
 from tvm import relax, te
 
 import tvm_roialign
@@ -36,9 +38,6 @@ from tvm_roialign.testing import (
 )
 from tvm_roialign.topi.multiscale_roi_align import level_range
 
-FMA_HOST = tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
-AARCH64 = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
-CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"})
 METAL = tvm.target.Target({"kind": "metal"}, host={"kind": "llvm"})
 #: targets this machine runs, and targets it only compiles for
 RUN_TARGETS = {"llvm": HOST, "llvm-mcpu": FMA_HOST}

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision
+from _peers import openvino_roi_align_rotated
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper
@@ -200,16 +201,7 @@ def _mmcv_onnx(num_rois, aligned, clockwise, sampling_ratio, rois_cols=6):
 
 
 def _openvino_rotated(data, rois, sampling_ratio, clockwise):
-    ov = pytest.importorskip("openvino")
-    opset = pytest.importorskip("openvino.opset15")
-    count = rois.shape[0]
-    feats = opset.parameter(list(data.shape), ov.Type.f32)
-    boxes = opset.parameter([count, 5], ov.Type.f32)
-    batch = opset.parameter([count], ov.Type.i32)
-    node = opset.roi_align_rotated(feats, boxes, batch, 3, 4, sampling_ratio, 0.5, clockwise)
-    model = ov.Core().compile_model(ov.Model([node], [feats, boxes, batch]), "CPU",
-                                    {"INFERENCE_PRECISION_HINT": "f32"})
-    return model([data, np.ascontiguousarray(rois[:, 1:]), rois[:, 0].astype("int32")])[0]
+    return openvino_roi_align_rotated(data, rois, (3, 4), 0.5, sampling_ratio, clockwise)
 
 
 @pytest.mark.parametrize(("aligned", "clockwise", "sampling_ratio"),

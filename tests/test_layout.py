@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import pytest
 import tvm
+from _targets import GENERIC
 from tvm import relax
 
 import tvm_roialign
@@ -21,7 +22,7 @@ from tvm_roialign.passes import ConvertLayout, FoldPermuteDims
 from tvm_roialign.passes import layout as layout_pass
 from tvm_roialign.testing import roi_align_ref, single_op_module
 
-TARGET = tvm.target.Target({"kind": "llvm"})
+TARGET = GENERIC
 ROIS = np.array(
     [[0, 1.0, 2.0, 20.0, 25.0], [0, 0.0, 0.0, 31.0, 31.0], [0, 5.5, 3.2, 12.1, 9.9]], "float32"
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import tvm
+from _targets import GENERIC
 from tvm import relax
 
 import tvm_roialign
@@ -12,7 +13,7 @@ from tvm_roialign.ops._legalize import call_target
 from tvm_roialign.testing import single_op_module
 
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_80"})
-LLVM = tvm.target.Target({"kind": "llvm"})
+LLVM = GENERIC
 FEATURES = [(1, 8, 16, 16), (1, 8, 8, 8)]
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torchvision
 import tvm
+from _targets import GENERIC
 from tvm import relax, te
 
 import tvm_roialign
@@ -300,7 +301,7 @@ def test_gpu_schedule_rule_applies(case, layout, tol):
     want, _, _ = _torchvision(features, rois, 3, 2)
     shapes = [f.shape for f in features]
     mod, _ = _gpu_prim_func(layout, 2, False, shapes, len(rois))
-    lib = tvm.tirx.build(mod, target=tvm.target.Target({"kind": "llvm"}))
+    lib = tvm.tirx.build(mod, target=GENERIC)
     inputs = [f if layout == "NCHW" else _nhwc(f) for f in features] + [rois]
     args = [tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs]
     out_shape = (
@@ -325,14 +326,11 @@ def test_gpu_schedule_rule_applies(case, layout, tol):
     assert len(kernels) == 1 and len(kernels[0].functions) == 2
 
 
-def test_positional_options_are_the_old_form():
-    """``sampling_ratio, aligned, layout`` by position still build the same call (the old form, a
-    DeprecationWarning); a fifth positional option is refused."""
+def test_options_are_keyword_only():
+    """``sampling_ratio, aligned, layout, mode`` go by keyword, as for the family's other ops."""
     rois = relax.Var("rois", relax.TensorType([3, 5], "float32"))
     feats = [relax.Var("f0", relax.TensorType([1, 4, 8, 8], "float32"))]
-    keyword = tvm_roialign.multiscale_roi_align(feats, rois, 2, [0.5], sampling_ratio=2, layout="NCHW")
-    with pytest.warns(DeprecationWarning, match="by keyword"):
-        positional = tvm_roialign.multiscale_roi_align(feats, rois, 2, [0.5], 2, False, "NCHW")
-    assert MultiscaleRoiAlignAttrs.from_call(keyword) == MultiscaleRoiAlignAttrs.from_call(positional)
-    with pytest.raises(TypeError, match="by keyword"):
-        tvm_roialign.multiscale_roi_align(feats, rois, 2, [0.5], 2, False, "NCHW", "avg")
+    call = tvm_roialign.multiscale_roi_align(feats, rois, 2, [0.5], sampling_ratio=2, layout="NCHW")
+    assert MultiscaleRoiAlignAttrs.from_call(call).sampling_ratio == 2
+    with pytest.raises(TypeError):
+        tvm_roialign.multiscale_roi_align(feats, rois, 2, [0.5], 2, False, "NCHW")

@@ -1,4 +1,5 @@
-"""One tester for every code path that computes RoIAlign, in the manner of torchvision's tests.
+"""One tester for every code path that computes RoIAlign, in the manner of torchvision's tests, and
+the RoI family's tester (ps_roi_align, roi_align_rotated: :class:`RoIFamilyTester`, at the end).
 
 Every path (:data:`PATHS`) runs the shared case tables (:data:`CASES`, :data:`DEGENERATE_CASES`)
 and is compared with the independent float64 reference (:func:`tvm_roialign.testing.roi_align_ref`,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -25,21 +27,32 @@ import pytest
 import torch
 import torchvision
 import tvm
+from _degenerate import DEGENERATE_ROIS, SAMPLED_ROWS, ZERO_ROWS
+from _peers import openvino_roi_align_rotated
 from _targets import AARCH64 as ARM
+from _targets import CUDA, NATIVE
 from _targets import GENERIC as HOST
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tvm import relax, te
 
+import tvm_roialign
 from tvm_roialign import topi
 from tvm_roialign.ops.roi_align import RoiAlignAttrs
 from tvm_roialign.strategies import STRATEGIES
 from tvm_roialign.strategies.base import LAYOUT_ATTR, mark_scheduled
 from tvm_roialign.strategies.cuda import RoIAlignCUDA
-from tvm_roialign.testing import build_roi_align_module, roi_align_ref
+from tvm_roialign.testing import (
+    build_roi_align_module,
+    ps_roi_align_ref,
+    roi_align_ref,
+    roi_align_rotated_ref,
+    single_op_module,
+    smooth_data,
+)
 from tvm_roialign.topi._sampling import accumulate_dtype
 
-CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"})
 N, C, H, W = 2, 12, 11, 13
-NAN, INF = float("nan"), float("inf")
 
 
 class Case(NamedTuple):
@@ -78,37 +91,15 @@ def _cases():
 
 
 CASES = list(_cases())
-#: Degenerate boxes (zero size, inverted, outside, non-finite, huge, out-of-range batch) under
-#: each layout, both meanings of aligned, fixed and adaptive grids, every mode
+#: The degenerate boxes (``_degenerate.DEGENERATE_ROIS``: zero size, inverted, outside, non-finite,
+#: huge, out-of-range batch) under each layout, both meanings of aligned, fixed and adaptive grids,
+#: every mode
 DEGENERATE_CASES = [
     Case("NCHW", "avg", False, False, 2, 1.0, (2, 2), "float32"),
     Case("NHWC", "max", True, True, -1, 1.0, (2, 2), "float32"),
     Case("NCHW", "onnx_max", True, True, 0, 0.5, (3, 2), "float32"),
     Case("NHWC", "avg", False, False, -1, 0.5, (3, 2), "float32"),
 ]
-DEGENERATE_ROIS = np.array(
-    [
-        [0, 3, 3, 3, 3],  # zero size
-        [1, 6, 6, 2, 2],  # inverted
-        [0, -30, -30, -20, -20],  # outside the map
-        [0, 100, 100, 120, 130],  # outside the map
-        [2, 1, 1, 5, 5],  # batch index == N
-        [-3, 1, 1, 5, 5],  # negative batch index
-        [NAN, 1, 1, 5, 5],  # NaN batch index
-        [0, NAN, 1, 5, 5],  # NaN coordinate
-        [0, 1, 1, NAN, 5],  # NaN end (a >= 1 clamp must not hide it)
-        [0, -INF, -INF, INF, INF],  # infinite box
-        [1, 1e30, 1e30, 1e30, 1e30],  # huge coordinates, zero size
-        [1, -0.9, 2, 1e-3, 2.5],  # thin box at the border
-        [1, 1, 1, 6, 6],  # an ordinary box
-        [0, 9, 8, 40, 25],  # past the right and bottom border
-    ],
-    dtype="float32",
-)
-#: rows that are 0 whatever the mode: no valid sample
-ZERO_ROWS = [2, 3, 4, 5, 6, 7, 8, 9, 10]
-
-
 # --- the paths ---------------------------------------------------------------------------------
 
 
@@ -276,4 +267,374 @@ def test_path_degenerate_boxes(name, case, tol):
     assert not first[ZERO_ROWS].any()
     np.testing.assert_allclose(first, _expected(case, data, rois), rtol=tol["float32"],
                                atol=tol["float32"])
-    assert all(first[row].any() for row in (11, 12, 13))
+    assert all(first[row].any() for row in SAMPLED_ROWS)
+
+
+# === the RoI family: one tester, an op per subclass ============================================
+#
+# ``relax.vision.ps_roi_align`` and ``relax.vision.roi_align_rotated`` through Relax on the CPU
+# (the generic llvm target's TE schedule and the native target's hand-scheduled adaptive-grid
+# kernel), both layouts, static and adaptive grids, float16 / float32 / float64, against the op's
+# naive float64 ``expected_fn`` and its peer (torchvision's ps_roi_align; OpenVINO's
+# ROIAlignRotated, opset 15). Their non-numeric tests (types, errors, registration) stay in
+# tests/test_ps_roi_align.py and tests/test_roi_align_rotated.py.
+
+#: The RoI family's tolerances, rtol 0: ``reference`` on a smooth map (:func:`smooth_data`: a
+#: coordinate's ulp moves a sample by less), ``peer`` on N(0, 1) data (float32 sums in another
+#: order); float16 and float64 against the reference: the suite's ``TOLERANCE``.
+FAMILY_TOL = {"reference": 1e-6, "peer": 1e-5}
+FAMILY_TARGETS = {"native": NATIVE, "llvm": HOST}
+
+
+class RoIFamilyTester:
+    """One op of the RoI family, torchvision-style: a subclass gives the op (:meth:`make_op`), its
+    naive float64 :meth:`expected_fn`, its peer (:meth:`peer_fn`), its boxes and its case tables;
+    the tests here run them. ``attrs`` are the op's keyword attributes as a tuple of pairs."""
+
+    N = C_IN = C_OUT = H = W = K = 0
+    POOLED: tuple = ()
+    SCALE = 0.25
+    ROI_WIDTH = 5
+    #: (layout, sampling_ratio, target, attrs) compared with the peer on N(0, 1) data
+    PEER_CASES: tuple = ()
+    #: (layout, sampling_ratio, attrs, degrees) compared with the reference on a smooth map
+    REFERENCE_CASES: tuple = ()
+    #: (layout, sampling_ratio, attrs, degrees) in float64 / float16
+    FLOAT64_CASES: tuple = ()
+    FLOAT16_CASES: tuple = ()
+    #: (layout, sampling_ratio) of the degenerate boxes
+    DEGENERATE_CASES: tuple = ()
+
+    # --- what a subclass gives ------------------------------------------------------------------
+    def make_op(self, data, rois, layout, sampling_ratio, attrs):
+        raise NotImplementedError
+
+    def expected_fn(self, data, rois, sampling_ratio, attrs):
+        raise NotImplementedError
+
+    def peer_fn(self, data, rois, sampling_ratio, attrs):
+        raise NotImplementedError
+
+    def random_rois(self, rng, degrees=False, count=None, dtype="float32"):
+        raise NotImplementedError
+
+    def degenerate(self, rois, sampling_ratio):
+        """``rois`` made degenerate in place; ``(rows that must be 0, rows the peer defines)``."""
+        raise NotImplementedError
+
+    def fuzz_cases(self):
+        """A hypothesis strategy of ``(layout, sampling_ratio, attrs, rois)``."""
+        raise NotImplementedError
+
+    def peer_defines(self, roi, sampling_ratio) -> bool:
+        raise NotImplementedError
+
+    # --- the scaffold ---------------------------------------------------------------------------
+    def run(self, data_nchw, rois, layout, sampling_ratio, attrs=(), target="native"):
+        vm = _family_vm(type(self), layout, sampling_ratio, attrs, target, str(data_nchw.dtype),
+                        len(rois))
+        data = data_nchw if layout == "NCHW" else data_nchw.transpose(0, 2, 3, 1)
+        out = vm["main"](tvm.runtime.tensor(np.ascontiguousarray(data)), tvm.runtime.tensor(rois))
+        out = out.numpy()
+        return out if layout == "NCHW" else out.transpose(0, 3, 1, 2)
+
+    def shape(self):
+        return (self.N, self.C_IN, self.H, self.W)
+
+    def check_reference(self, out, data, rois, sampling_ratio, attrs, atol):
+        expected = self.expected_fn(data, rois, sampling_ratio, dict(attrs))
+        np.testing.assert_allclose(out, expected, rtol=0, atol=atol)
+
+    def check_peer(self, out, data, rois, sampling_ratio, attrs, rows=None):
+        rows = list(range(len(rois))) if rows is None else list(rows)
+        if rows:
+            theirs = self.peer_fn(data, rois[rows], sampling_ratio, dict(attrs))
+            np.testing.assert_allclose(out[rows], theirs, rtol=0, atol=FAMILY_TOL["peer"])
+
+    # --- the tests ------------------------------------------------------------------------------
+    def test_matches_peer(self, peer_case, rng):
+        """Every CPU path against the peer: the TE schedule and the native adaptive-grid kernel."""
+        layout, sampling_ratio, target, attrs = peer_case
+        data = rng.standard_normal(self.shape()).astype("float32")
+        rois = self.random_rois(rng)
+        out = self.run(data, rois, layout, sampling_ratio, attrs, target)
+        assert out.shape == (self.K, self.C_OUT, *self.POOLED)
+        self.check_peer(out, data, rois, sampling_ratio, attrs)
+
+    def test_matches_float64_reference(self, reference_case, rng):
+        layout, sampling_ratio, attrs, degrees = reference_case
+        data = smooth_data(self.shape())
+        rois = self.reference_rois(rng, degrees)
+        out = self.run(data, rois, layout, sampling_ratio, attrs)
+        self.check_reference(out, data, rois, sampling_ratio, attrs, FAMILY_TOL["reference"])
+
+    def reference_rois(self, rng, degrees):
+        return self.random_rois(rng, degrees=degrees)
+
+    def test_float64_matches_reference(self, float64_case, rng, tol):
+        layout, sampling_ratio, attrs, degrees = float64_case
+        data = rng.standard_normal(self.shape())
+        rois = self.random_rois(rng, degrees=degrees, dtype="float64")
+        out = self.run(data, rois, layout, sampling_ratio, attrs)
+        self.check_reference(out, data, rois, sampling_ratio, attrs, tol["float64"])
+
+    def test_float16_keeps_dtype(self, float16_case, rng, tol):
+        layout, sampling_ratio, attrs, degrees = float16_case
+        data = smooth_data(self.shape()).astype("float16")
+        rois = self.random_rois(rng, degrees=degrees).astype("float16")
+        out = self.run(data, rois, layout, sampling_ratio, attrs)
+        assert out.dtype == np.float16
+        self.check_reference(out, data, rois, sampling_ratio, attrs, tol["float16"])
+
+    def test_degenerate_nan_and_bad_batch_boxes(self, degenerate_case, rng):
+        """Finite, 0 where no sample is valid, the reference everywhere, the peer where it is
+        defined."""
+        layout, sampling_ratio = degenerate_case
+        data = smooth_data(self.shape())
+        rois = self.random_rois(rng)
+        zero_rows, peer_rows = self.degenerate(rois, sampling_ratio)
+        out = self.run(data, rois, layout, sampling_ratio)
+        assert np.isfinite(out).all()
+        assert not out[zero_rows].any()
+        self.check_reference(out, data, rois, sampling_ratio, (), FAMILY_TOL["reference"])
+        self.check_peer(out, data, rois, sampling_ratio, (), peer_rows)
+
+    def test_fuzz(self):
+        """Bounded fuzz (30 derandomized examples): finite, the reference, the peer where defined."""
+
+        @settings(max_examples=30, deadline=None, derandomize=True)
+        @given(case=self.fuzz_cases())
+        def check(case):
+            layout, sampling_ratio, attrs, rois = case
+            data = smooth_data(self.shape())
+            out = self.run(data, rois, layout, sampling_ratio, attrs)
+            assert np.isfinite(out).all()
+            self.check_reference(out, data, rois, sampling_ratio, attrs, FAMILY_TOL["reference"])
+            defined = [k for k, roi in enumerate(rois) if self.peer_defines(roi, sampling_ratio)]
+            self.check_peer(out, data, rois, sampling_ratio, attrs, defined)
+
+        check()
+
+
+@functools.cache
+def _family_vm(tester, layout, sampling_ratio, attrs, target, dtype, num_rois):
+    self = tester()
+    n, c, h, w = self.shape()
+    shape = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
+    mod = single_op_module(
+        lambda d, r: self.make_op(d, r, layout, sampling_ratio, dict(attrs)),
+        data=(shape, dtype),
+        rois=((num_rois, self.ROI_WIDTH), dtype),
+    )
+    return relax.VirtualMachine(tvm.compile(mod, target=FAMILY_TARGETS[target]), tvm.cpu())
+
+
+_FAMILY_TABLES = {
+    "peer_case": "PEER_CASES",
+    "reference_case": "REFERENCE_CASES",
+    "float64_case": "FLOAT64_CASES",
+    "float16_case": "FLOAT16_CASES",
+    "degenerate_case": "DEGENERATE_CASES",
+}
+
+
+def _case_id(case) -> str:
+    parts = []
+    for item in case:
+        if isinstance(item, tuple):  # attrs
+            parts.extend(f"{k}={v}" for k, v in item)
+        elif isinstance(item, bool):
+            parts.append("degrees" if item else "radians")
+        else:
+            parts.append(f"sr{item}" if isinstance(item, int) else str(item))
+    return "-".join(parts)
+
+
+def pytest_generate_tests(metafunc):
+    """A family tester's case arguments from its subclass's tables."""
+    if metafunc.cls is None or not issubclass(metafunc.cls, RoIFamilyTester):
+        return
+    for argument, table in _FAMILY_TABLES.items():
+        if argument in metafunc.fixturenames:
+            cases = getattr(metafunc.cls, table)
+            metafunc.parametrize(argument, cases, ids=[_case_id(c) for c in cases])
+
+
+def _product(*axes):
+    return [tuple(c) for c in itertools.product(*axes)]
+
+
+LAYOUTS = ("NCHW", "NHWC")
+
+
+class TestPSRoIAlign(RoIFamilyTester):
+    """``relax.vision.ps_roi_align`` against torchvision's ``ps_roi_align`` and
+    :func:`tvm_roialign.testing.ps_roi_align_ref`.
+
+    torchvision divides by the grid size without ``max(., 1)``: an empty adaptive grid (a
+    zero-size or inverted box) gives NaN there and 0 here (RoIAlign's contract), so such boxes are
+    compared with the reference only."""
+
+    N, C_OUT, H, W = 2, 4, 14, 18
+    POOLED = (3, 2)
+    C_IN = C_OUT * POOLED[0] * POOLED[1]
+    K = 12
+    PEER_CASES = _product(LAYOUTS, (2, -1), ("native", "llvm"), [()])
+    REFERENCE_CASES = _product(LAYOUTS, (2, 0), [()], [False])
+    FLOAT64_CASES = _product(LAYOUTS, (-1,), [()], [False])
+    FLOAT16_CASES = _product(LAYOUTS, (2,), [()], [False])
+    DEGENERATE_CASES = _product(LAYOUTS, (2, -1))
+
+    def make_op(self, data, rois, layout, sampling_ratio, attrs):
+        return tvm_roialign.ps_roi_align(
+            data, rois, self.POOLED, spatial_scale=self.SCALE, sampling_ratio=sampling_ratio, layout=layout
+        )
+
+    def expected_fn(self, data, rois, sampling_ratio, attrs):
+        return ps_roi_align_ref(data, rois, self.POOLED, self.SCALE, sampling_ratio)
+
+    def peer_fn(self, data, rois, sampling_ratio, attrs):
+        return torchvision.ops.ps_roi_align(torch.from_numpy(data), torch.from_numpy(rois),
+                                            self.POOLED, self.SCALE, sampling_ratio).numpy()
+
+    def random_rois(self, rng, degrees=False, count=None, dtype="float32"):
+        """Boxes in image pixels (the map covers 56 x 72 at scale 0.25), some partly outside."""
+        count = count or self.K
+        batch = rng.integers(0, self.N, count)
+        corner = rng.uniform(-20, 70, (count, 2))
+        size = rng.uniform(0.5, 40, (count, 2))
+        return np.concatenate([batch[:, None], corner, corner + size], 1).astype(dtype)
+
+    def degenerate(self, rois, sampling_ratio):
+        rois[0, 1:] = [40, 40, 40, 40]  # zero size
+        rois[1, 1:] = [50, 50, 30, 20]  # inverted
+        rois[2, 3] = np.nan
+        rois[3, 1] = np.inf
+        rois[4, 0] = self.N  # batch index past the end
+        rois[5, 0] = -1
+        rois[6, 0] = np.nan
+        # torchvision is defined on the degenerate boxes with a static grid, and on the ordinary ones
+        return list(range(2, 7)), [*([0, 1] if sampling_ratio > 0 else []), *range(7, len(rois))]
+
+    def fuzz_cases(self):
+        coordinate = st.floats(-30, 90, allow_nan=False, width=32)
+        box = st.tuples(st.integers(0, self.N - 1), coordinate, coordinate, coordinate, coordinate)
+        special = st.none() | st.tuples(st.integers(0, 3), st.integers(0, 4),
+                                        st.sampled_from([np.nan, np.inf, -np.inf, 5.0]))
+        return st.tuples(st.sampled_from(LAYOUTS), st.sampled_from([-1, 1, 2]), st.just(()),
+                         st.lists(box, min_size=4, max_size=4), special).map(_with_special)
+
+    def peer_defines(self, roi, sampling_ratio) -> bool:
+        defined = 0 <= roi[0] < self.N and np.isfinite(roi).all()
+        return bool(defined and (sampling_ratio > 0 or (roi[3] > roi[1] and roi[4] > roi[2])))
+
+
+def _with_special(drawn):
+    """``(layout, sampling_ratio, attrs, rois)`` of a fuzz draw, its special value put in place."""
+    layout, sampling_ratio, attrs, boxes, special = drawn
+    rois = np.array(boxes, "float32")
+    if special is not None:
+        rois[special[0], special[1]] = special[2]
+    return layout, sampling_ratio, attrs, rois
+
+
+ROTATED_RADIANS = (("angle_unit", "radians"),)
+DETECTRON2 = (("angle_unit", "degrees"), ("clockwise", False), ("aligned", True))
+MMCV_ALIGNED_CLOCKWISE = (("angle_unit", "radians"), ("clockwise", True), ("aligned", True))
+MMCV_UNALIGNED = (("angle_unit", "radians"), ("clockwise", False), ("aligned", False))
+
+
+class TestRoIAlignRotated(RoIFamilyTester):
+    """``relax.vision.roi_align_rotated`` against OpenVINO's ``ROIAlignRotated`` (radians, both
+    ``clockwise`` values) and :func:`tvm_roialign.testing.roi_align_rotated_ref` in detectron2's
+    (degrees, aligned) and mmcv's (radians, clockwise, aligned=False) conventions: random rotated
+    boxes (angles 0, 90, 180, negative, boxes partly outside the map)."""
+
+    N, C_IN, H, W = 2, 8, 14, 18
+    C_OUT = C_IN
+    POOLED = (3, 4)
+    K = 16
+    ROI_WIDTH = 6
+    PEER_CASES = (
+        *_product(LAYOUTS, (2, 0), ("native",), [(("clockwise", False),), (("clockwise", True),)]),
+        *_product(LAYOUTS, (2, 0), ("llvm",), [()]),  # the TE path (native adaptive: the kernel)
+    )
+    REFERENCE_CASES = tuple(
+        (layout, sr, convention, convention is DETECTRON2)
+        for convention in (DETECTRON2, MMCV_ALIGNED_CLOCKWISE, MMCV_UNALIGNED)
+        for sr in (2, -1) for layout in LAYOUTS
+    )
+    FLOAT64_CASES = tuple(_product(LAYOUTS, (-1,), [DETECTRON2], [True]))
+    FLOAT16_CASES = (("NHWC", 2, (), False),)
+    DEGENERATE_CASES = tuple(_product(LAYOUTS, (2, 0)))
+
+    def make_op(self, data, rois, layout, sampling_ratio, attrs):
+        attrs = {"aligned": True, "clockwise": False, "angle_unit": "radians", **attrs}
+        return tvm_roialign.roi_align_rotated(
+            data, rois, self.POOLED, spatial_scale=self.SCALE, sampling_ratio=sampling_ratio,
+            layout=layout, **attrs
+        )
+
+    def expected_fn(self, data, rois, sampling_ratio, attrs):
+        attrs = {"angle_unit": "radians", **attrs}
+        return roi_align_rotated_ref(data, rois, self.POOLED, self.SCALE, sampling_ratio, **attrs)
+
+    def peer_fn(self, data, rois, sampling_ratio, attrs):
+        return openvino_roi_align_rotated(data, rois, self.POOLED, self.SCALE, sampling_ratio,
+                                          dict(attrs).get("clockwise", False))
+
+    def random_rois(self, rng, degrees=False, count=None, dtype="float32"):
+        """Rotated boxes in image pixels (the map covers 56 x 72 at scale 0.25), some partly
+        outside; the first angles are 0, 90, 180, -90 and -45 degrees."""
+        count = count or self.K
+        batch = rng.integers(0, self.N, count)
+        centre = rng.uniform(-10, 80, (count, 2))
+        size = rng.uniform(2, 60, (count, 2))
+        angle = rng.uniform(-math.pi, math.pi, count)
+        angle[:5] = np.array([0, 90, 180, -90, -45]) * math.pi / 180
+        if degrees:
+            angle = angle * 180 / math.pi
+        return np.concatenate([batch[:, None], centre, size, angle[:, None]], 1).astype(dtype)
+
+    def reference_rois(self, rng, degrees):
+        rois = self.random_rois(rng, degrees=degrees)
+        rois[5, 3:5] = [0.5, 2.0]  # below 1 after scaling: clamped unless aligned
+        return rois
+
+    def degenerate(self, rois, sampling_ratio):
+        rois[0, 3:5] = 0  # zero size
+        rois[1, 3:5] = [-8, -4]  # negative size
+        rois[2, 1] = np.nan
+        rois[3, 5] = np.inf  # angle
+        rois[4, 4] = -np.inf
+        rois[5, 0] = self.N  # batch index past the end
+        rois[6, 0] = -1
+        rois[7, 0] = np.nan
+        empty = [0, 1] if sampling_ratio == 0 else []  # an empty adaptive grid gives 0
+        return [*empty, *range(2, 8)], list(range(8, len(rois)))
+
+    def fuzz_cases(self):
+        coordinate = st.floats(-20, 90, allow_nan=False, width=32)
+        size = st.floats(-5, 70, allow_nan=False, width=32)
+        angle = st.one_of(st.sampled_from([0.0, math.pi / 2, math.pi, -math.pi / 2]),
+                          st.floats(-7, 7, allow_nan=False, width=32))
+        box = st.tuples(st.integers(0, self.N - 1), coordinate, coordinate, size, size, angle)
+        special = st.none() | st.tuples(st.integers(0, 3), st.integers(0, 5),
+                                        st.sampled_from([np.nan, np.inf, -np.inf, 7.0]))
+        clockwise = st.booleans().map(lambda c: (("clockwise", c),))
+        return st.tuples(st.sampled_from(LAYOUTS), st.sampled_from([0, 1, 2]), clockwise,
+                         st.lists(box, min_size=4, max_size=4), special).map(_with_special)
+
+    def peer_defines(self, roi, sampling_ratio) -> bool:
+        """OpenVINO's result is defined for finite rois, a batch index in [0, N), sizes >= 0."""
+        return bool(0 <= roi[0] < self.N and np.isfinite(roi).all() and (roi[3:5] >= 0).all())
+
+    def test_degrees_equal_radians(self):
+        rng = np.random.default_rng(1)
+        data = smooth_data(self.shape())
+        rois = self.random_rois(rng, degrees=True)
+        radians = rois.copy()
+        radians[:, 5] = (rois[:, 5].astype("float64") * math.pi / 180).astype("float32")
+        out_deg = self.run(data, rois, "NHWC", 2, (("angle_unit", "degrees"),))
+        out_rad = self.run(data, radians, "NHWC", 2)
+        np.testing.assert_allclose(out_deg, out_rad, rtol=0, atol=FAMILY_TOL["peer"])

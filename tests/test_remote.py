@@ -4,18 +4,14 @@ otherwise). Fast, no board: the board itself is tests/test_board.py's."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from _targets import CLI_AARCH64, CLI_NATIVE
+
 from tvm_roialign import cli, linking
-from tvm_roialign.target import parse_target
 
 
 class _Tiny(torch.nn.Module):
@@ -49,34 +45,10 @@ def model(workdir):
     return workdir / "tiny.pt2", workdir / "in.npz", expected
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(workdir):
+def server(rpc_server):
     """``python -m tvm.exec.rpc_server`` on loopback: its address."""
-    port = _free_port()
-    log = open(workdir / "server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
-         "--port-end", str(port + 1)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, (workdir / "server.log").read_text()
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.3)
-    yield f"127.0.0.1:{port}"
-    proc.kill()
-    proc.wait(timeout=30)
-    log.close()
+    return rpc_server()
 
 
 def _cli(argv, capsys):
@@ -108,13 +80,13 @@ def test_run_rpc_outputs_time_and_profile_on_the_server(model, server, workdir, 
             np.testing.assert_allclose(got[f"output_{i}"], want, rtol=tol["float32"], atol=tol["float32"])
 
 
-def test_rpc_errors_are_one_line(model, workdir, capsys):
+def test_rpc_errors_are_one_line(model, workdir, capsys, rpc_server):
     path, inputs, _ = model
     lib = workdir / "tiny_err.so"
     assert _cli(["compile", str(path), "-o", str(lib)], capsys)[0] == 0
     cases = [
         (["--rpc", "nohost"], ["--rpc", "HOST:PORT"]),
-        (["--rpc", f"127.0.0.1:{_free_port()}"], ["cannot reach the RPC server"]),
+        (["--rpc", f"127.0.0.1:{rpc_server.free_port()}"], ["cannot reach the RPC server"]),
         (["--rpc-key", "k"], ["--rpc-key", "--rpc-tracker"]),
         (["--rpc-tracker", "127.0.0.1:9"], ["--rpc-key"]),
         (["--rpc", "127.0.0.1:1", "--rpc-tracker", "127.0.0.1:2", "--rpc-key", "k"], ["not both"]),
@@ -125,7 +97,7 @@ def test_rpc_errors_are_one_line(model, workdir, capsys):
         _one_line_error(err, *words)
 
 
-AARCH64 = parse_target("aarch64")
+AARCH64 = CLI_AARCH64
 
 
 def test_cross_library_names(tmp_path, monkeypatch):
@@ -140,7 +112,7 @@ def test_cross_library_names(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"no cross linker.*export a \.tar instead"):
         linking.export_options(AARCH64, tmp_path / "m.so")
     # not cross, or not a .so: as asked, no note
-    assert linking.choose_library(tmp_path / "m.so", parse_target("native")) == (tmp_path / "m.so", None)
+    assert linking.choose_library(tmp_path / "m.so", CLI_NATIVE) == (tmp_path / "m.so", None)
     assert linking.choose_library(tmp_path / "m.tar", AARCH64) == (tmp_path / "m.tar", None)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tvm
 from _targets import AARCH64 as ARM
+from _targets import CUDA
 from tvm import relax, te
 
 import tvm_roialign
@@ -26,7 +27,6 @@ from tvm_roialign.strategies import select_strategy
 from tvm_roialign.strategies.base import GATHERED_CHANNELS_ATTR
 from tvm_roialign.testing import compile_and_run, op_calls, single_op_module
 
-CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_80"}, host={"kind": "llvm"})
 METAL = tvm.target.Target({"kind": "metal"}, host={"kind": "llvm"})
 ROTATED, PS = "relax.vision.roi_align_rotated", "relax.vision.ps_roi_align"
 DESIRED = {

@@ -9,13 +9,13 @@ import pytest
 import torch
 import tvm
 import tvm_ffi
+from _targets import NATIVE as HOST
 from tvm import relax
 
 from tvm_roialign.pipeline import build, cpu_schedule_pass, prepare_pipeline
 from tvm_roialign.schedules import Conv2DNHWC, default_rules
 from tvm_roialign.schedules.symbolic_extents import compound_extents, name_symbolic_extents
 
-HOST = tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu()})
 #: float32 results against a float64 reference: relative to the largest output
 RTOL = 2e-5
 N, H, W = (tvm.tirx.Var(name, "int64") for name in "nhw")

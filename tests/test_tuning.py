@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -26,15 +23,15 @@ pytest.importorskip("psutil")
 
 import tvm
 import tvm_ffi
+from _targets import CLI_NATIVE
 from tvm import relax
 
 from tvm_roialign import cli, tuning
 from tvm_roialign.passes import ConvertLayout, desired_layouts
 from tvm_roialign.pipeline import Built, build, cpu_schedule_pass
-from tvm_roialign.target import parse_target
 
 TRIALS = 2
-TARGET = parse_target("native")
+TARGET = CLI_NATIVE
 
 
 class _Tiny(torch.nn.Module):
@@ -282,71 +279,13 @@ def test_resume_adds_to_the_database(tuned, tiny, workdir):
 # measuring through an RPC tracker (loopback)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start(args, log):
-    return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT)
-
-
-def _wait_for_device(port: int, key: str, procs, timeout_s: float = 120.0) -> None:
-    """Until the tracker at ``port`` lists a server of ``key`` (the processes must stay up)."""
-    from tvm import rpc
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert all(p.poll() is None for p in procs), "the RPC tracker or server exited (see rpc.log)"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        except OSError:
-            time.sleep(0.5)
-            continue
-        summary = rpc.connect_tracker("127.0.0.1", port).summary()
-        if any(s["key"].endswith(":" + key) for s in summary["server_info"]):
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"no RPC server registered with key {key!r} within {timeout_s} s")
-
-
-def test_tune_through_an_rpc_tracker(tiny, workdir, capsys):
-    port, key = _free_port(), "tvm-roialign-test"
+def test_tune_through_an_rpc_tracker(tiny, workdir, capsys, rpc_server):
+    key = "tvm-roialign-test"
+    tracker = rpc_server(key=key)  # a tracker and one server of the key, on loopback
     db = workdir / "db_rpc"
-    with open(workdir / "rpc.log", "w+") as log:
-        tracker = _start(
-            ["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)],
-            log,
-        )
-        server, server_port = None, _free_port()
-        try:
-            server = _start(
-                [
-                    "tvm.exec.rpc_server",
-                    "--tracker",
-                    f"127.0.0.1:{port}",
-                    "--key",
-                    key,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(server_port),
-                    "--port-end",
-                    str(server_port + 1),
-                ],
-                log,
-            )
-            _wait_for_device(port, key, (tracker, server))
-            argv = ["tune", str(tiny[0]), "-o", str(db), "--trials", "1", "--ops", "matmul"]
-            code, _out, err = _cli([*argv, "--rpc-tracker", f"127.0.0.1:{port}", "--rpc-key", key], capsys)
-        finally:
-            for proc in (server, tracker):
-                if proc is not None:
-                    proc.kill()
-                    proc.wait(timeout=30)
-        log.seek(0)
-        served = log.read()
+    argv = ["tune", str(tiny[0]), "-o", str(db), "--trials", "1", "--ops", "matmul"]
+    code, _out, err = _cli([*argv, "--rpc-tracker", tracker, "--rpc-key", key], capsys)
+    served = rpc_server.log.read_text()
     assert code == 0, err
     assert _records(db) == 1
     assert "load_module" in served, served  # the candidate ran in the RPC server

@@ -1,8 +1,9 @@
 """``tvm-roialign maskrcnn``: torchvision's Mask R-CNN through TVM on a photo, against PyTorch eager.
 
 Its static graphs are built with TVM (:mod:`tvm_roialign.models.maskrcnn`), run on a photo
-(default: scikit-image's astronaut) and compared with PyTorch eager; the annotated picture and the
-JSON report (:class:`~tvm_roialign.models.maskrcnn.MaskRCNNReport`) are written.
+(default: scikit-image's astronaut) and compared with PyTorch eager by the measuring harness
+(:mod:`tvm_roialign.bench`); the annotated picture and the JSON report
+(:class:`~tvm_roialign.bench.MaskRCNNReport`) are written.
 """
 
 from __future__ import annotations
@@ -102,7 +103,39 @@ def model_inputs(args, mr):
     return image, config, model
 
 
+def _job_config(args, target, config, records, onnxruntime):
+    from ..bench import JobConfig
+
+    return JobConfig(
+        target=target,
+        layout=args.layout,
+        repeat=args.repeat,
+        roi_timing=not args.no_roi_timing,
+        onnxruntime=onnxruntime,
+        tuning_records=records,
+        model=config,
+        image_name=args.image,
+    )
+
+
+def _onnxruntime(args) -> bool:
+    """Whether to time ONNX Runtime: asked for, and installed (else a note)."""
+    from ..bench import onnxruntime_available
+
+    if args.no_onnxruntime or args.compile_only:
+        return False
+    if not onnxruntime_available():
+        print(
+            "note: onnxruntime is not installed, so ONNX Runtime is not timed "
+            "(pip install 'tvm-roialign[onnx]', or pass --no-onnxruntime)",
+            file=sys.stderr,
+        )
+        return False
+    return True
+
+
 def main(args) -> int:
+    from .. import bench
     from ..models import maskrcnn as mr
 
     target = resolve_target(args.target)
@@ -112,38 +145,18 @@ def main(args) -> int:
     if not args.compile_only:
         device_for(target)
     image, config, model = model_inputs(args, mr)
-    onnxruntime = not (args.no_onnxruntime or args.compile_only)
-    if onnxruntime and not mr.onnxruntime_available():
-        print(
-            "note: onnxruntime is not installed, so ONNX Runtime is not timed "
-            "(pip install 'tvm-roialign[onnx]', or pass --no-onnxruntime)",
-            file=sys.stderr,
-        )
-        onnxruntime = False
+    onnxruntime = _onnxruntime(args)
     with Progress(args.quiet) as progress, tvm_messages(args.quiet):
         coverages: list = []
         records = open_records(args.tuning_records, target, report=coverages.append)
+        job = _job_config(args, target, config, records, onnxruntime)
         if args.compile_only:
             try:
-                report = mr.compile_maskrcnn_report(
-                    model, image, target, args.layout, progress, config, args.image, records
-                )
+                report = bench.compile_maskrcnn_report(model, image, job, progress)
             except Exception as err:  # noqa: BLE001 - a build failure: one line
                 raise CLIError(f"build for target {target.kind.name} failed: {first_line(err)}") from None
         else:
-            report = mr.run_maskrcnn_report(
-                model,
-                image,
-                target=target,
-                layout=args.layout,
-                progress=progress,
-                repeat=args.repeat,
-                roi_timing=not args.no_roi_timing,
-                config=config,
-                image_name=args.image,
-                tuning_records=records,
-                onnxruntime=onnxruntime,
-            )
+            report = bench.run_maskrcnn_report(model, image, job, progress)
             progress(f"write {out}")
             mr.draw_detections(image, report.detections, out, top=args.draw_top, caption=report.caption())
     report.write_json(report_path)

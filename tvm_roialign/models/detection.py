@@ -34,6 +34,7 @@ from tvm import relax
 from ..passes.desired_layouts import desired_layouts
 from ..runtime.detector import METADATA_KIND, read_image
 from ._torchvision import RCNNConfig, build_rcnn, category_names
+from .compare import compare_detections
 
 __all__ = [
     "DETECTORS",
@@ -116,7 +117,7 @@ def _tvm_friendly(model):
     """Within the block, the mask predictor's 2x2 / stride-2 ConvTranspose2d runs as a 1x1
     convolution plus depth-to-space (same sums, a quarter of the work in TVM, and a form
     ConvertLayout moves to NHWC); the model is restored on exit."""
-    from .maskrcnn.pieces import conv_transpose_as_conv
+    from ._torch_rewrites import conv_transpose_as_conv
 
     predictor = getattr(model.roi_heads, "mask_predictor", None)
     original = getattr(predictor, "conv5_mask", None)
@@ -430,55 +431,7 @@ def torch_detections(model, rgb) -> dict:
     return out
 
 
-def _keypoint_diff(ours: dict, ref: dict) -> float:
-    """The largest keypoint (x, y) difference, each detection paired with the reference one of
-    the same label and nearest box (the pairing of ``compare_detections``)."""
-    import numpy as np
-
-    ob, rb = np.asarray(ours["boxes"], np.float64), np.asarray(ref["boxes"], np.float64)
-    if len(ob) == 0:
-        return 0.0
-    used, worst = set(), 0.0
-    for i in range(len(ob)):
-        cands = [j for j in range(len(rb)) if j not in used and ref["labels"][j] == ours["labels"][i]]
-        j = min(cands or [j for j in range(len(rb)) if j not in used],
-                key=lambda j: float(np.abs(ob[i] - rb[j]).max()))
-        used.add(j)
-        diff = np.abs(ours["keypoints"][i, :, :2] - ref["keypoints"][j, :, :2]).max()
-        worst = max(worst, float(diff))
-    return worst
-
-
-def compare(ours: dict, ref: dict) -> dict:
-    """:func:`tvm_roialign.models.maskrcnn.compare_detections` of two NumPy detection dicts
-    (``masks [n, H, W]`` and ``keypoints [n, K, 3]`` optional), with ``passed``: same count and
-    labels, boxes within 1e-2 px, scores within 1e-4, >= 99.9% of mask pixels equal at 0.5,
-    keypoints within 1e-2 px."""
-    import numpy as np
-    import torch
-
-    from .maskrcnn import compare_detections
-
-    def tensors(d):
-        n = len(d["boxes"])
-        masks = d.get("masks")
-        masks = np.zeros((n, 1, 1), np.float32) if masks is None else masks
-        return {
-            "boxes": torch.from_numpy(np.asarray(d["boxes"], np.float32)),
-            "labels": torch.from_numpy(np.asarray(d["labels"], np.int64)),
-            "scores": torch.from_numpy(np.asarray(d["scores"], np.float32)),
-            "masks": torch.from_numpy(np.asarray(masks, np.float32))[:, None],
-        }
-
-    result = compare_detections(tensors(ours), tensors(ref))
-    if "keypoints" in ref and result["num_detections_tvm"] == result["num_detections_torch"]:
-        result["max_keypoint_diff"] = _keypoint_diff(ours, ref)
-    result["passed"] = bool(
-        result.get("max_keypoint_diff", 0.0) <= 1e-2 and
-        result["num_detections_tvm"] == result["num_detections_torch"]
-        and result["same_labels"]
-        and result["max_box_diff"] <= 1e-2
-        and result.get("max_score_diff", 0.0) < 1e-4
-        and result["mask_pixel_agreement"] >= 0.999
-    )
-    return result
+#: TVM's detections against eager's (NumPy dicts from :class:`~tvm_roialign.runtime.Detector` and
+#: :func:`torch_detections`), with ``passed``: :func:`tvm_roialign.models.compare.compare_detections`,
+#: the package's one comparison (its criteria: :data:`tvm_roialign.models.compare.CRITERIA`).
+compare = compare_detections

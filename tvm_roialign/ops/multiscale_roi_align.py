@@ -19,7 +19,6 @@ is the layout pass's (:mod:`tvm_roialign.passes.layout`).
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import tvm
@@ -186,27 +185,12 @@ def register() -> None:
     _registry.set_op_attr(OP_NAME, "FLegalize", legalize)
 
 
-def _legacy_positional(legacy, sampling_ratio, aligned, layout):
-    """``(sampling_ratio, aligned, layout)`` with the first ones given by position (old form)."""
-    if len(legacy) > 3:
-        raise TypeError(
-            "make_multiscale_roi_align takes features, rois, output_size and spatial_scales by "
-            f"position, the rest by keyword; got {4 + len(legacy)} positional arguments"
-        )
-    warnings.warn(
-        "make_multiscale_roi_align: pass sampling_ratio, aligned and layout by keyword",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return tuple(legacy) + (sampling_ratio, aligned, layout)[len(legacy) :]
-
-
 def make_multiscale_roi_align(
     features,
     rois,
     output_size,
     spatial_scales,
-    *legacy,
+    *,
     sampling_ratio: int = -1,
     aligned: bool = False,
     layout: str = "NCHW",
@@ -216,10 +200,6 @@ def make_multiscale_roi_align(
 ):
     """Build a ``relax.vision.multiscale_roi_align`` call (torchvision's ``MultiScaleRoIAlign``;
     the family's argument order and defaults, :func:`~tvm_roialign.ops.roi_align.make_roi_align`).
-
-    ``legacy``: ``sampling_ratio, aligned, layout`` given by position, the old form, still taken
-    (with a DeprecationWarning) from ``models/maskrcnn/timing.py``, which is moving out of the
-    library; pass them by keyword.
 
     Parameters
     ----------
@@ -259,8 +239,6 @@ def make_multiscale_roi_align(
     features = list(features)
     if not features:
         raise ValueError("features must be a non-empty list of feature maps, got none")
-    if legacy:
-        sampling_ratio, aligned, layout = _legacy_positional(legacy, sampling_ratio, aligned, layout)
     attrs = MultiscaleRoiAlignAttrs(
         pooled_size=normalize_pooled_size(output_size),
         spatial_scales=tuple(float(s) for s in spatial_scales),

@@ -101,10 +101,13 @@ class _ByFields:
     def __init__(self, target: tvm.target.Target):
         self.target = target
         attrs = target.attrs
-        self.key = (str(target.kind.name),) + tuple(
-            tuple(str(a) for a in attrs.get(name) or ()) if name == "mattr"
-            else str(attrs.get(name, "") or "")
-            for name in _RELEVANT_ATTRS
+        self.key = (
+            str(target.kind.name),
+            *(
+                tuple(str(a) for a in attrs.get(name) or ()) if name == "mattr"
+                else str(attrs.get(name, "") or "")
+                for name in _RELEVANT_ATTRS
+            ),
         )
 
     def __hash__(self) -> int:

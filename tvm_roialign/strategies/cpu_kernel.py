@@ -196,7 +196,7 @@ class _RoiReader:
     family: FamilyKernel | None
 
     def geometry(self, buf, k):
-        roi = lambda j: _to_acc(self.c, buf[k, j])  # noqa: E731
+        roi = lambda j: _to_acc(self.c, buf[k, j])
         acc, idx = self.c.acc, self.c.idx
         if self.family is not None:
             return self.family.geometry(roi, self.num_batch, acc, idx)

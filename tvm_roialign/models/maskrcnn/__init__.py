@@ -33,19 +33,17 @@ picture easier to look at. The detections mean nothing, but TVM and PyTorch eage
 the same 100 boxes, labels and masks.
 
 Modules: :mod:`.torch_model` (model, weights, photo), :mod:`.pieces` (the exportable pieces),
-:mod:`.detector` (build and run, :class:`TVMMaskRCNN`), :mod:`.timing` (eager pieces, RoIAlign vs
-stock TVM), :mod:`.compare` (TVM vs PyTorch detections), :mod:`.report` (:class:`MaskRCNNReport`),
-:mod:`.job` (the main job into a report), :mod:`.draw` (the picture).
+:mod:`.detector` (build and run, :class:`TVMMaskRCNN`), :mod:`.draw` (the picture);
+:func:`compare_detections` (TVM vs PyTorch detections) is :mod:`tvm_roialign.models.compare`'s.
+The ``maskrcnn`` command's measuring harness (the report, eager timing, the ONNX Runtime peer) is
+:mod:`tvm_roialign.bench`, not part of this API.
 """
 
 from __future__ import annotations
 
-from .compare import compare_detections
+from ..compare import compare_detections
 from .detector import DEFAULT_LAYOUTS, DetectionRun, Piece, TVMMaskRCNN, convert_layout
 from .draw import draw_detections
-from .job import compile_maskrcnn_report, run_maskrcnn_report
-from .onnxruntime_peer import OnnxRuntimeDetector
-from .onnxruntime_peer import available as onnxruntime_available
 from .pieces import (
     conv_transpose_as_conv,
     count_permutes,
@@ -54,33 +52,24 @@ from .pieces import (
     piece_modules,
     static_rois,
 )
-from .report import MaskRCNNReport
-from .timing import time_roi_align, time_torch_pieces
 from .torch_model import MaskRCNNConfig, build_torch_model, category_names, load_image
 
 __all__ = [
     "DEFAULT_LAYOUTS",
     "DetectionRun",
     "MaskRCNNConfig",
-    "MaskRCNNReport",
-    "OnnxRuntimeDetector",
     "Piece",
     "TVMMaskRCNN",
     "build_torch_model",
     "category_names",
     "compare_detections",
-    "compile_maskrcnn_report",
     "conv_transpose_as_conv",
     "convert_layout",
     "count_permutes",
     "draw_detections",
     "export_piece",
     "load_image",
-    "onnxruntime_available",
     "permutes_adjacent_to_roi_align",
     "piece_modules",
-    "run_maskrcnn_report",
     "static_rois",
-    "time_roi_align",
-    "time_torch_pieces",
 ]

@@ -4,9 +4,9 @@
 ``box_branch`` and ``mask_branch`` (pooler + head + predictor), sharing the model's parameters.
 Two operators are swapped for equivalent forms that TVM compiles better (``rewrite=True``):
 
-* :class:`ConvTranspose2x2`: the mask predictor's 2x2/stride-2 ``ConvTranspose2d`` as a 1x1 conv and
-  a depth-to-space (the same sums; TVM's conv2d_transpose computes over a zero-inserted input, 4x
-  the work, and stays in NCHW);
+* :class:`ConvTranspose2x2` (:mod:`tvm_roialign.models._torch_rewrites`): the mask predictor's
+  2x2/stride-2 ``ConvTranspose2d`` as a 1x1 conv and a depth-to-space (the same sums; TVM's
+  conv2d_transpose computes over a zero-inserted input, 4x the work, and stays in NCHW);
 * :class:`ChannelsLastTwoMLPHead`: in NHWC, the box head flattens the pooled rois channels-last, with
   fc6's columns permuted to match, so that no transpose follows RoIAlign.
 
@@ -20,6 +20,8 @@ import torch
 import tvm
 from tvm import relax
 
+from .._torch_rewrites import ConvTranspose2x2, conv_transpose_as_conv
+
 _ROI_OPS = ("relax.vision.roi_align", "relax.vision.multiscale_roi_align")
 PIECE_NAMES = ("backbone", "box_branch", "mask_branch")
 
@@ -30,51 +32,6 @@ def _to_io(x, nhwc: bool):
 
 def _from_io(x, nhwc: bool):
     return x.permute(0, 3, 1, 2) if nhwc else x
-
-
-class ConvTranspose2x2(torch.nn.Module):
-    """A ``ConvTranspose2d`` with kernel = stride = 2 as a 1x1 conv plus a depth-to-space.
-
-    ``out[k, co, 2i+a, 2j+b] = bias[co] + sum_ci x[k, ci, i, j] w[ci, co, a, b]``. The depth-to-space
-    is written channels-last, and an elementwise ``activation`` is applied before its last permute:
-    once ConvertLayout has moved the convs to NHWC, the permutes at its edges cancel against the
-    layout transposes, leaving only its own 6-D permute.
-    """
-
-    def __init__(self, conv: torch.nn.ConvTranspose2d):
-        super().__init__()
-        cin, cout = conv.weight.shape[:2]
-        self.cout = cout
-        weight = conv.weight.detach().permute(1, 2, 3, 0).reshape(cout * 4, cin, 1, 1)
-        bias = conv.bias.detach() if conv.bias is not None else torch.zeros(cout)
-        self.weight = torch.nn.Parameter(weight.contiguous(), requires_grad=False)
-        self.bias = torch.nn.Parameter(bias.repeat_interleave(4), requires_grad=False)
-
-    @staticmethod
-    def applies_to(module) -> bool:
-        return (
-            isinstance(module, torch.nn.ConvTranspose2d)
-            and tuple(module.kernel_size) == (2, 2)
-            and tuple(module.stride) == (2, 2)
-            and tuple(module.padding) == (0, 0)
-            and tuple(module.output_padding) == (0, 0)
-            and tuple(module.dilation) == (1, 1)
-            and module.groups == 1
-        )
-
-    def forward(self, x, activation=None):
-        height, width = x.shape[-2:]
-        y = torch.nn.functional.conv2d(x, self.weight, self.bias)
-        y = y.permute(0, 2, 3, 1).reshape(-1, height, width, self.cout, 2, 2)
-        y = y.permute(0, 1, 4, 2, 5, 3).reshape(-1, 2 * height, 2 * width, self.cout)
-        if activation is not None:
-            y = activation(y)
-        return y.permute(0, 3, 1, 2)
-
-
-def conv_transpose_as_conv(module) -> ConvTranspose2x2 | None:
-    """:class:`ConvTranspose2x2` for a 2x2/stride-2 ``ConvTranspose2d`` (no padding, one group), else None."""
-    return ConvTranspose2x2(module) if ConvTranspose2x2.applies_to(module) else None
 
 
 class ChannelsLastTwoMLPHead(torch.nn.Module):

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...host import usable_cores
-from ...target import describe
-from .compare import CRITERIA
+from ..host import usable_cores
+from ..models.compare import CRITERIA
+from ..target import describe
 
 
 def _doc(doc: str, default=None, factory=None, of=None):
@@ -223,7 +223,7 @@ def environment() -> Environment:
     import torchvision
     import tvm
 
-    from ..._version import __version__
+    from .._version import __version__
 
     try:
         ffi = importlib.metadata.version("apache-tvm-ffi")

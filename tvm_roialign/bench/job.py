@@ -1,4 +1,8 @@
-"""The main job: the TVM detector and PyTorch eager on one photo, into a :class:`~.report.MaskRCNNReport`."""
+"""The main job: the TVM detector and PyTorch eager on one photo, into a :class:`~.report.MaskRCNNReport`.
+
+:class:`JobConfig` says how it runs (the ``maskrcnn`` command's flags); the detections are judged by
+the package's one comparison, :func:`tvm_roialign.models.compare.compare_detections`.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...target import parse_target, target_config
-from .compare import compare_detections, passed
-from .detector import TVMMaskRCNN
+from ..models.compare import compare_detections
+from ..models.maskrcnn.detector import TVMMaskRCNN
+from ..models.maskrcnn.pieces import PIECE_NAMES
+from ..models.maskrcnn.torch_model import DEFAULT_IMAGE, MaskRCNNConfig
+from ..target import target_config
 from .onnxruntime_peer import max_box_diff
-from .pieces import PIECE_NAMES
 from .report import (
     Comparison,
     MaskRCNNReport,
@@ -23,7 +28,27 @@ from .report import (
     environment,
 )
 from .timing import time_roi_align, time_torch_pieces
-from .torch_model import DEFAULT_IMAGE, MaskRCNNConfig
+
+
+@dataclass
+class JobConfig:
+    """How :func:`run_maskrcnn_report` and :func:`compile_maskrcnn_report` run.
+
+    ``target``: anything :func:`~tvm_roialign.target.parse_target` takes (None: ``native``);
+    ``layout``: NHWC or NCHW; ``repeat``: timed runs after a warm-up (the best is reported);
+    ``roi_timing``: time RoIAlign ours vs stock TVM; ``onnxruntime``: time ONNX Runtime too;
+    ``tuning_records`` as :class:`~tvm_roialign.models.maskrcnn.TVMMaskRCNN` takes them;
+    ``model`` and ``image_name`` (how the model and photo were made) only fill ``report.config``.
+    """
+
+    target: object = None
+    layout: str = "NHWC"
+    repeat: int = 2
+    roi_timing: bool = True
+    onnxruntime: bool = True
+    tuning_records: object = None
+    model: MaskRCNNConfig | None = None
+    image_name: str | None = None
 
 
 def _transposes(detector: TVMMaskRCNN) -> Transposes:
@@ -41,14 +66,14 @@ def _transposes(detector: TVMMaskRCNN) -> Transposes:
     )
 
 
-def _run_config(config, image_name, target, layout, repeat) -> RunConfig:
-    config = config or MaskRCNNConfig()
+def _run_config(job: JobConfig, target, repeat) -> RunConfig:
+    config = job.model or MaskRCNNConfig()
     return RunConfig(
-        image=image_name or DEFAULT_IMAGE,
+        image=job.image_name or DEFAULT_IMAGE,
         weights=config.describe_weights(),
         seed=config.seed if config.weights is None else None,
         target=target_config(target),
-        layout=layout,
+        layout=job.layout,
         min_size=config.min_size,
         max_size=config.max_size,
         proposals=config.rpn_post_nms_top_n_test,
@@ -58,25 +83,21 @@ def _run_config(config, image_name, target, layout, repeat) -> RunConfig:
     )
 
 
-def compile_maskrcnn_report(
-    model,
-    image,
-    target=None,
-    layout="NHWC",
-    progress=None,
-    config=None,
-    image_name=None,
-    tuning_records=None,
-) -> MaskRCNNReport:
-    """Only build the three pieces for ``target`` (any target, also one this machine cannot run);
-    ``tuning_records`` as :class:`~.detector.TVMMaskRCNN` takes them."""
-    target = parse_target(target)
-    detector = TVMMaskRCNN(model, target, layout, progress, tuning_records)
+def _compiled_detector(model, image, job: JobConfig, progress):
+    """The detector for ``job``'s target, its pieces built for ``image``'s padded size."""
+    detector = TVMMaskRCNN(model, job.target, job.layout, progress, job.tuning_records)
     with torch.no_grad():
         image_list, _ = model.transform([image])
-    pieces = detector.compile(image_list.tensors.shape)
+    return detector, detector.compile(image_list.tensors.shape)
+
+
+def compile_maskrcnn_report(model, image, job: JobConfig | None = None, progress=None) -> MaskRCNNReport:
+    """Only build the three pieces for ``job.target`` (any target, also one this machine cannot
+    run)."""
+    job = job or JobConfig()
+    detector, pieces = _compiled_detector(model, image, job, progress)
     return MaskRCNNReport(
-        config=_run_config(config, image_name, target, layout, 0),
+        config=_run_config(job, detector.target, 0),
         environment=environment(),
         pieces={n: PieceTimes(p.import_s, p.compile_s) for n, p in pieces.items()},
         totals=Totals(
@@ -88,36 +109,19 @@ def compile_maskrcnn_report(
     )
 
 
-def run_maskrcnn_report(
-    model,
-    image,
-    target=None,
-    layout="NHWC",
-    progress=None,
-    repeat=2,
-    roi_timing=True,
-    config: MaskRCNNConfig | None = None,
-    image_name: str | None = None,
-    tuning_records=None,
-    onnxruntime: bool = True,
-) -> MaskRCNNReport:
-    """Run the TVM detector, PyTorch eager and (``onnxruntime``) ONNX Runtime on ``image``, runs
-    interleaved, and gather a :class:`MaskRCNNReport` (best of ``repeat`` after a warm-up run).
+def run_maskrcnn_report(model, image, job: JobConfig | None = None, progress=None) -> MaskRCNNReport:
+    """Run the TVM detector, PyTorch eager and (``job.onnxruntime``) ONNX Runtime on ``image``, runs
+    interleaved, and gather a :class:`MaskRCNNReport` (best of ``job.repeat`` after a warm-up run).
 
-    ``config`` and ``image_name`` (how the model and photo were made) only fill ``report.config``;
-    ``tuning_records`` as :class:`~.detector.TVMMaskRCNN` takes them.
-    ``report.detections`` holds the TVM detections (tensors) for drawing.
-    Done-when of the comparison: same labels, boxes within 1e-2 px, >= 99.9% mask pixels equal.
+    ``report.detections`` holds the TVM detections (tensors) for drawing; ``report.comparison``
+    is :func:`~tvm_roialign.models.compare.compare_detections` against eager (its ``CRITERIA``).
     """
+    job = job or JobConfig()
     progress = progress or (lambda _msg: None)
-    repeat = max(int(repeat), 1)
-    target = parse_target(target)
-    detector = TVMMaskRCNN(model, target, layout, progress, tuning_records)
-    with torch.no_grad():
-        image_list, _ = model.transform([image])
-    pieces = detector.compile(image_list.tensors.shape)
+    repeat = max(int(job.repeat), 1)
+    detector, pieces = _compiled_detector(model, image, job, progress)
     peer = None
-    if onnxruntime:
+    if job.onnxruntime:
         from .onnxruntime_peer import OnnxRuntimeDetector
 
         progress("ONNX Runtime: torch.onnx.export and session")
@@ -127,14 +131,13 @@ def run_maskrcnn_report(
     progress("PyTorch eager pieces")
     torch_s = time_torch_pieces(model, image, last.proposals, last.detection_boxes, repeat)
     cmp = compare_detections(last.detections, timed.ref)
-    cmp["passed"] = passed(cmp)
 
     def best_piece(name):
         times = [r.piece_s[name] for r in timed.runs if name in r.piece_s]
         return min(times) if times else None
 
     report = MaskRCNNReport(
-        config=_run_config(config, image_name, target, layout, repeat),
+        config=_run_config(job, detector.target, repeat),
         environment=environment(),
         pieces={
             name: PieceTimes(p.import_s, p.compile_s, best_piece(name), torch_s[f"{name}_s"])
@@ -147,7 +150,7 @@ def run_maskrcnn_report(
         num_detections=int(last.detections["boxes"].shape[0]),
         detections=last.detections,
     )
-    if roi_timing:
+    if job.roi_timing:
         report.roi_align = _roi_timing(model, detector, last, report, progress, repeat)
     return report
 
@@ -241,4 +244,4 @@ def _roi_timing(model, detector, run, report, progress, repeat) -> RoiAlignTimin
     )
 
 
-__all__ = ["compile_maskrcnn_report", "run_maskrcnn_report"]
+__all__ = ["JobConfig", "compile_maskrcnn_report", "run_maskrcnn_report"]

@@ -9,8 +9,8 @@ import torch
 import tvm
 from tvm import relax
 
-from ...target import device_for, parse_target
-from .pieces import piece_modules
+from ..models.maskrcnn.pieces import piece_modules
+from ..target import device_for, parse_target
 
 
 def _best(fn, repeat: int):
@@ -95,7 +95,7 @@ def time_roi_align(features_io, rois, pooler, layout, target, image_size, repeat
     """
     import tvm_roialign
 
-    from ...ops.multiscale_roi_align import make_multiscale_roi_align
+    from ..ops.multiscale_roi_align import make_multiscale_roi_align
 
     target = parse_target(target)
     device = device_for(target)
@@ -114,7 +114,7 @@ def time_roi_align(features_io, rois, pooler, layout, target, image_size, repeat
         [f.shape for f in features_io],
         rois5.shape[0],
         lambda feats, r: make_multiscale_roi_align(
-            feats, r, output_size, scales, sampling_ratio, False, layout
+            feats, r, output_size, scales, sampling_ratio=sampling_ratio, layout=layout
         ),
     )
     vm = relax.VirtualMachine(tvm.compile(mod, target=target), device)
