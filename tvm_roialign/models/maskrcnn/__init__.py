@@ -41,7 +41,15 @@ stock TVM), :mod:`.compare` (TVM vs PyTorch detections), :mod:`.report` (:class:
 from __future__ import annotations
 
 from .compare import compare_detections
-from .detector import DEFAULT_LAYOUTS, DetectionRun, Piece, TVMMaskRCNN, convert_layout
+from .detector import (
+    DEFAULT_LAYOUTS,
+    SHAPES,
+    SYMBOLIC_SIDES,
+    DetectionRun,
+    Piece,
+    TVMMaskRCNN,
+    convert_layout,
+)
 from .draw import draw_detections
 from .job import compile_maskrcnn_report, run_maskrcnn_report
 from .onnxruntime_peer import OnnxRuntimeDetector
@@ -65,6 +73,8 @@ __all__ = [
     "MaskRCNNReport",
     "OnnxRuntimeDetector",
     "Piece",
+    "SHAPES",
+    "SYMBOLIC_SIDES",
     "TVMMaskRCNN",
     "build_torch_model",
     "category_names",
