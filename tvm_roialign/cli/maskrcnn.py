@@ -46,6 +46,14 @@ def register(subparsers, parents) -> None:
     )
     p.add_argument("--check", action="store_true", help="exit 3 when TVM and PyTorch disagree")
     p.add_argument(
+        "--shapes",
+        choices=("any", "static"),
+        default=None,
+        help="any: one build serves every photo size (symbolic image size); static: a build for "
+        "this photo's padded size, its kernels tiled for it (default: any; static with "
+        "--tuning-records, which are tuned for one size)",
+    )
+    p.add_argument(
         "--compile-only",
         action="store_true",
         help="only build the three graphs (any target, e.g. cuda or aarch64 here) and write the report",
@@ -125,7 +133,8 @@ def main(args) -> int:
         if args.compile_only:
             try:
                 report = mr.compile_maskrcnn_report(
-                    model, image, target, args.layout, progress, config, args.image, records
+                    model, image, target, args.layout, progress, config, args.image, records,
+                    args.shapes,
                 )
             except Exception as err:  # noqa: BLE001 - a build failure: one line
                 raise CLIError(f"build for target {target.kind.name} failed: {first_line(err)}") from None
@@ -142,6 +151,7 @@ def main(args) -> int:
                 image_name=args.image,
                 tuning_records=records,
                 onnxruntime=onnxruntime,
+                shapes=args.shapes,
             )
             progress(f"write {out}")
             mr.draw_detections(image, report.detections, out, top=args.draw_top, caption=report.caption())

@@ -41,7 +41,7 @@ def _transposes(detector: TVMMaskRCNN) -> Transposes:
     )
 
 
-def _run_config(config, image_name, target, layout, repeat) -> RunConfig:
+def _run_config(config, image_name, target, layout, repeat, shapes) -> RunConfig:
     config = config or MaskRCNNConfig()
     return RunConfig(
         image=image_name or DEFAULT_IMAGE,
@@ -49,6 +49,7 @@ def _run_config(config, image_name, target, layout, repeat) -> RunConfig:
         seed=config.seed if config.weights is None else None,
         target=target_config(target),
         layout=layout,
+        shapes=shapes,
         min_size=config.min_size,
         max_size=config.max_size,
         proposals=config.rpn_post_nms_top_n_test,
@@ -67,16 +68,17 @@ def compile_maskrcnn_report(
     config=None,
     image_name=None,
     tuning_records=None,
+    shapes=None,
 ) -> MaskRCNNReport:
     """Only build the three pieces for ``target`` (any target, also one this machine cannot run);
-    ``tuning_records`` as :class:`~.detector.TVMMaskRCNN` takes them."""
+    ``tuning_records`` and ``shapes`` as :class:`~.detector.TVMMaskRCNN` takes them."""
     target = parse_target(target)
-    detector = TVMMaskRCNN(model, target, layout, progress, tuning_records)
+    detector = TVMMaskRCNN(model, target, layout, progress, tuning_records, shapes)
     with torch.no_grad():
         image_list, _ = model.transform([image])
     pieces = detector.compile(image_list.tensors.shape)
     return MaskRCNNReport(
-        config=_run_config(config, image_name, target, layout, 0),
+        config=_run_config(config, image_name, target, layout, 0, detector.shapes),
         environment=environment(),
         pieces={n: PieceTimes(p.import_s, p.compile_s) for n, p in pieces.items()},
         totals=Totals(
@@ -100,19 +102,20 @@ def run_maskrcnn_report(
     image_name: str | None = None,
     tuning_records=None,
     onnxruntime: bool = True,
+    shapes: str | None = None,
 ) -> MaskRCNNReport:
     """Run the TVM detector, PyTorch eager and (``onnxruntime``) ONNX Runtime on ``image``, runs
     interleaved, and gather a :class:`MaskRCNNReport` (best of ``repeat`` after a warm-up run).
 
     ``config`` and ``image_name`` (how the model and photo were made) only fill ``report.config``;
-    ``tuning_records`` as :class:`~.detector.TVMMaskRCNN` takes them.
+    ``tuning_records`` and ``shapes`` as :class:`~.detector.TVMMaskRCNN` takes them.
     ``report.detections`` holds the TVM detections (tensors) for drawing.
     Done-when of the comparison: same labels, boxes within 1e-2 px, >= 99.9% mask pixels equal.
     """
     progress = progress or (lambda _msg: None)
     repeat = max(int(repeat), 1)
     target = parse_target(target)
-    detector = TVMMaskRCNN(model, target, layout, progress, tuning_records)
+    detector = TVMMaskRCNN(model, target, layout, progress, tuning_records, shapes)
     with torch.no_grad():
         image_list, _ = model.transform([image])
     pieces = detector.compile(image_list.tensors.shape)
@@ -134,7 +137,7 @@ def run_maskrcnn_report(
         return min(times) if times else None
 
     report = MaskRCNNReport(
-        config=_run_config(config, image_name, target, layout, repeat),
+        config=_run_config(config, image_name, target, layout, repeat, detector.shapes),
         environment=environment(),
         pieces={
             name: PieceTimes(p.import_s, p.compile_s, best_piece(name), torch_s[f"{name}_s"])
