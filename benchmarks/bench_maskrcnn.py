@@ -80,7 +80,12 @@ def bench_maskrcnn(args, threads: int, target) -> dict:
     model = mr.build_torch_model(mr.MaskRCNNConfig())
     image = mr.load_image(args.image)
     shape = mr.TVMMaskRCNN(model, target).padded_shape(image)
-    builds = {"tvm": mr.TVMMaskRCNN(model, target, "NHWC")}
+    # "tvm": built for this photo's size (like the tuned build); "tvm_any": the one build that
+    # serves every photo size (TVMMaskRCNN's default)
+    builds = {
+        "tvm": mr.TVMMaskRCNN(model, target, "NHWC", shapes="static"),
+        "tvm_any": mr.TVMMaskRCNN(model, target, "NHWC", shapes="any"),
+    }
     if args.tuning_records:
         builds["tvm_tuned"] = mr.TVMMaskRCNN(model, target, "NHWC", tuning_records=args.tuning_records)
     compile_s = {}
@@ -170,7 +175,7 @@ def _pieces(mr, model, image, builds, base, repeat: int) -> dict:
         for _ in range(repeat):
             for name, (tvm_call, eager_call) in calls.items():
                 for build, det in builds.items():
-                    piece = det.pieces[key][name]
+                    piece = det.compile(key)[name]
                     times[name][build].append(_timed(lambda c=tvm_call, p=piece: c(p))[0])
                 times[name]["eager"].append(_timed(eager_call)[0])
     return {name: {b: _median(v) for b, v in t.items()} for name, t in times.items()}

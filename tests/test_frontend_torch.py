@@ -361,3 +361,29 @@ def test_fuse_context_restores_and_keeps_results():
         fused = model(*features, *boxes)  # eager run of the custom op
     assert "forward" not in model.pool.__dict__
     torch.testing.assert_close(fused, ref, rtol=0, atol=0)
+
+
+class TopDown(torch.nn.Module):
+    """An FPN top-down step: the coarse map upsampled (nearest) to the fine map's own size."""
+
+    def forward(self, fine, coarse):
+        return fine + torch.nn.functional.interpolate(coarse, size=fine.shape[-2:], mode="nearest")
+
+
+def test_upsample_to_a_symbolic_size_vs_eager():
+    """``interpolate(size=x.shape[-2:])`` of a program exported with symbolic sizes (TVM's
+    converter passed the sizes on as fx nodes); one build, two sizes, as eager."""
+    height, width = torch.export.Dim("height", min=2, max=64), torch.export.Dim("width", min=2, max=64)
+    fine, coarse = torch.randn(1, 3, 8, 12), torch.randn(1, 3, 4, 6)
+    ep = torch.export.export(
+        TopDown(), (fine, coarse), dynamic_shapes=({2: 2 * height, 3: 2 * width}, {2: height, 3: width})
+    )
+    mod = from_exported_program(ep)
+    assert "relax.image.resize2d" in _op_names(mod)
+    executable = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm"}))
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    for size in ((4, 6), (5, 9)):
+        fine, coarse = torch.randn(1, 3, 2 * size[0], 2 * size[1]), torch.randn(1, 3, *size)
+        got = vm["main"](*[tvm.runtime.tensor(t.numpy()) for t in (fine, coarse)])
+        got = (got[0] if not hasattr(got, "numpy") else got).numpy()
+        np.testing.assert_array_equal(got, TopDown()(fine, coarse).numpy())

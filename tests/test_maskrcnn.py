@@ -1,7 +1,7 @@
 """Mask R-CNN through TVM (tvm_roialign.models.maskrcnn) against PyTorch eager, piece by piece.
 
 One reduced configuration (128-pixel input, 40 proposals, 8 detections) is compiled once for the
-module; every piece is compared with torchvision's own modules run eagerly, and the whole detector
+module (one build for every image size, the default); every piece is compared with torchvision's own modules run eagerly, and the whole detector
 with torchvision's ``model([image])``.
 """
 
@@ -140,6 +140,40 @@ def test_detector_matches_torchvision(detector, model, image):
     assert ours["masks"].shape[-2:] == image.shape[-2:]
     cmp = mr.compare_detections(ours, ref)
     assert cmp["passed"], cmp  # at least one detection, labels, boxes, scores, masks
+
+
+def test_one_build_serves_two_photo_sizes(detector, model, image):
+    """The one build (``shapes="any"``, the default) runs a photo of another padded size without a
+    new build, and both photos match torchvision eager by the package's own comparison."""
+    from tvm_roialign.models.maskrcnn.compare import passed
+
+    skimage_data = pytest.importorskip("skimage.data")
+    coffee = torch.from_numpy(skimage_data.coffee()).permute(2, 0, 1).float() / 255  # 400 x 600
+    sizes = {detector.padded_shape(photo)[-2:] for photo in (image, coffee)}
+    assert sizes == {(SIZE, SIZE), (96, SIZE)}, sizes
+    for photo in (image, coffee):
+        (ours,) = detector([photo])
+        with torch.no_grad():
+            (ref,) = model([photo])
+        cmp = mr.compare_detections(ours, ref)
+        assert cmp["num_detections_tvm"] > 0 and passed(cmp), cmp
+    assert list(detector.pieces) == ["any"]  # one build served both sizes
+
+
+def test_shapes_option(model):
+    from tvm_roialign.models.maskrcnn.detector import symbolic_dims
+
+    assert mr.TVMMaskRCNN(model, "llvm").shapes == "any"
+    static = mr.TVMMaskRCNN(model, "llvm", shapes="static")
+    assert not static.symbolic((1, 3, 512, 512))
+    assert mr.TVMMaskRCNN(model, "llvm").symbolic((1, 3, 352, 512))
+    low, high = mr.SYMBOLIC_SIDES
+    assert not mr.TVMMaskRCNN(model, "llvm").symbolic((1, 3, low - 32, 512))  # a build of its own
+    with pytest.raises(ValueError, match="shapes"):
+        mr.TVMMaskRCNN(model, "llvm", shapes="dynamic")
+    dims = symbolic_dims("NHWC")
+    assert set(dims["box_branch"]) == {"p0", "p1", "p2", "p3", "boxes"} and dims["box_branch"]["boxes"] is None
+    assert set(dims["backbone"]["images"]) == {2, 3}
 
 
 def test_no_transpose_next_to_roi_align(detector):

@@ -37,7 +37,8 @@ class JobConfig:
     ``target``: anything :func:`~tvm_roialign.target.parse_target` takes (None: ``native``);
     ``layout``: NHWC or NCHW; ``repeat``: timed runs after a warm-up (the best is reported);
     ``roi_timing``: time RoIAlign ours vs stock TVM; ``onnxruntime``: time ONNX Runtime too;
-    ``tuning_records`` as :class:`~tvm_roialign.models.maskrcnn.TVMMaskRCNN` takes them;
+    ``tuning_records`` and ``shapes`` as :class:`~tvm_roialign.models.maskrcnn.TVMMaskRCNN` takes
+    them;
     ``model`` and ``image_name`` (how the model and photo were made) only fill ``report.config``.
     """
 
@@ -49,6 +50,7 @@ class JobConfig:
     tuning_records: object = None
     model: MaskRCNNConfig | None = None
     image_name: str | None = None
+    shapes: str | None = None
 
 
 def _transposes(detector: TVMMaskRCNN) -> Transposes:
@@ -66,7 +68,7 @@ def _transposes(detector: TVMMaskRCNN) -> Transposes:
     )
 
 
-def _run_config(job: JobConfig, target, repeat) -> RunConfig:
+def _run_config(job: JobConfig, target, repeat, shapes) -> RunConfig:
     config = job.model or MaskRCNNConfig()
     return RunConfig(
         image=job.image_name or DEFAULT_IMAGE,
@@ -74,6 +76,7 @@ def _run_config(job: JobConfig, target, repeat) -> RunConfig:
         seed=config.seed if config.weights is None else None,
         target=target_config(target),
         layout=job.layout,
+        shapes=shapes,
         min_size=config.min_size,
         max_size=config.max_size,
         proposals=config.rpn_post_nms_top_n_test,
@@ -85,7 +88,7 @@ def _run_config(job: JobConfig, target, repeat) -> RunConfig:
 
 def _compiled_detector(model, image, job: JobConfig, progress):
     """The detector for ``job``'s target, its pieces built for ``image``'s padded size."""
-    detector = TVMMaskRCNN(model, job.target, job.layout, progress, job.tuning_records)
+    detector = TVMMaskRCNN(model, job.target, job.layout, progress, job.tuning_records, job.shapes)
     with torch.no_grad():
         image_list, _ = model.transform([image])
     return detector, detector.compile(image_list.tensors.shape)
@@ -97,7 +100,7 @@ def compile_maskrcnn_report(model, image, job: JobConfig | None = None, progress
     job = job or JobConfig()
     detector, pieces = _compiled_detector(model, image, job, progress)
     return MaskRCNNReport(
-        config=_run_config(job, detector.target, 0),
+        config=_run_config(job, detector.target, 0, detector.shapes),
         environment=environment(),
         pieces={n: PieceTimes(p.import_s, p.compile_s) for n, p in pieces.items()},
         totals=Totals(
@@ -137,7 +140,7 @@ def run_maskrcnn_report(model, image, job: JobConfig | None = None, progress=Non
         return min(times) if times else None
 
     report = MaskRCNNReport(
-        config=_run_config(job, detector.target, repeat),
+        config=_run_config(job, detector.target, repeat, detector.shapes),
         environment=environment(),
         pieces={
             name: PieceTimes(p.import_s, p.compile_s, best_piece(name), torch_s[f"{name}_s"])

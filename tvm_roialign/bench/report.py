@@ -116,6 +116,9 @@ class RunConfig:
     seed: int | None = _doc("seed of the random weights (null with a weights file)")
     target: dict = _doc("the TVM target the pieces were built for", factory=dict)
     layout: str = _doc("NHWC (ConvertLayout of conv2d and RoIAlign) or NCHW", "NHWC")
+    shapes: str = _doc(
+        "any (one build serves every padded image size) or static (a build for this size)", "any"
+    )
     min_size: int = _doc("torchvision resize min_size", 0)
     max_size: int = _doc("torchvision resize max_size", 0)
     proposals: int = _doc("RPN proposals kept (box-branch rois at most)", 0)

@@ -47,6 +47,14 @@ def register(subparsers, parents) -> None:
     )
     p.add_argument("--check", action="store_true", help="exit 3 when TVM and PyTorch disagree")
     p.add_argument(
+        "--shapes",
+        choices=("any", "static"),
+        default=None,
+        help="any: one build serves every photo size (symbolic image size); static: a build for "
+        "this photo's padded size, its kernels tiled for it (default: any; static with "
+        "--tuning-records, which are tuned for one size)",
+    )
+    p.add_argument(
         "--compile-only",
         action="store_true",
         help="only build the three graphs (any target, e.g. cuda or aarch64 here) and write the report",
@@ -115,6 +123,7 @@ def _job_config(args, target, config, records, onnxruntime):
         tuning_records=records,
         model=config,
         image_name=args.image,
+        shapes=args.shapes,
     )
 
 

@@ -95,7 +95,8 @@ def _modules(args, target, progress) -> list:
 
         check_layout(args)
         image, _config, model = model_inputs(args, mr)
-        detector = mr.TVMMaskRCNN(model, target, args.layout, progress)
+        # tuned for the photo's padded size: the static build's tasks (what the records serve)
+        detector = mr.TVMMaskRCNN(model, target, args.layout, progress, shapes="static")
         pieces = detector.relax_modules(detector.padded_shape(image))
         return [mod for _imported, mod, _s in pieces.values()]
     mod, _layout = import_model(args, model_options(args, target), progress, {})

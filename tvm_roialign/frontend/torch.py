@@ -282,9 +282,41 @@ def _convert_multiscale_roi_align(node, importer):
     )
 
 
+def _size_value(importer, value):
+    """One entry of an upsampling ``size``: an int, a symbolic size (a ``PrimExpr``), or a
+    Relax constant bound by the importer (a ``sym_size`` of a static dimension)."""
+    import tvm
+
+    if isinstance(value, int):
+        return value
+    if getattr(value, "struct_info_", None) is not None:  # a Relax value, not a PrimExpr
+        value = importer.block_builder.lookup_binding(value) or value
+    if isinstance(value, tvm.ir.expr.Constant):
+        return int(value.data.numpy())
+    return value
+
+
+def _convert_upsample_nearest2d(node, importer):
+    """``aten.upsample_nearest2d.vec(input, output_size, scale_factors)`` with the sizes looked up.
+
+    TVM's converter passes ``output_size`` on as fx nodes, which fails when the sizes are symbolic
+    (the FPN's top-down ``F.interpolate(size=lateral.shape[-2:])`` in a program exported with
+    symbolic image sizes); with static sizes it is the stock conversion.
+    """
+    x = importer.env[node.args[0]]
+    size = node.args[1] if len(node.args) > 1 else node.kwargs.get("output_size")
+    if not size:
+        return importer._upsample_nearest2d(node)
+    size = tuple(_size_value(importer, s) for s in importer._retrieve_args(list(size)))
+    return importer._upsample_impl(
+        x, size=size, scale_factor=None, method="nearest_neighbor", align_corners=None
+    )
+
+
 def convert_map() -> dict:
     """Our converters, keyed as ``from_exported_program``'s ``custom_convert_map`` expects."""
     return {
+        "upsample_nearest2d.vec": _convert_upsample_nearest2d,
         "roi_align.default": _convert_roi_align,
         "multiscale_roi_align.default": _convert_multiscale_roi_align,
         "ps_roi_align.default": convert_ps_roi_align,

@@ -42,7 +42,15 @@ The ``maskrcnn`` command's measuring harness (the report, eager timing, the ONNX
 from __future__ import annotations
 
 from ..compare import compare_detections
-from .detector import DEFAULT_LAYOUTS, DetectionRun, Piece, TVMMaskRCNN, convert_layout
+from .detector import (
+    DEFAULT_LAYOUTS,
+    SHAPES,
+    SYMBOLIC_SIDES,
+    DetectionRun,
+    Piece,
+    TVMMaskRCNN,
+    convert_layout,
+)
 from .draw import draw_detections
 from .pieces import (
     conv_transpose_as_conv,
@@ -59,6 +67,8 @@ __all__ = [
     "DetectionRun",
     "MaskRCNNConfig",
     "Piece",
+    "SHAPES",
+    "SYMBOLIC_SIDES",
     "TVMMaskRCNN",
     "build_torch_model",
     "category_names",

@@ -33,6 +33,14 @@ DEFAULT_LAYOUTS = desired_layouts("NHWC")
 
 _NUM_LEVELS = 5  # FPN maps the backbone returns (P2-P6): the RPN sees all, the poolers P2-P5
 
+#: ``shapes`` of :class:`TVMMaskRCNN`: one build for every padded image size, or one per size.
+SHAPES = ("any", "static")
+
+#: Padded image sides (pixels) the one-build pieces take: ``torch.export`` needs a range, and its
+#: guards need more than 64 (P6 of a side <= 64 is a single pixel, a specialisation).
+SYMBOLIC_SIDES = (96, 4096)
+_ANY = "any"  # the key of the one-build pieces in ``TVMMaskRCNN.pieces``
+
 
 @dataclass
 class Piece:
@@ -117,10 +125,16 @@ class TVMMaskRCNN:
         A MetaSchedule database (``tvm-roialign tune maskrcnn``) for llvm targets: its records
         schedule the tasks they cover, the default rules the rest; each piece's coverage is
         reported labelled with the piece's name (see :class:`~tvm_roialign.tuning.TuningRecords`).
+    shapes : ``"any"``, ``"static"`` or None
+        ``"any"``: one build serves every padded image size (the backbone exported with a symbolic
+        height and width, the branches with symbolic feature-map sizes; the roi counts stay
+        static); sides outside :data:`SYMBOLIC_SIDES` get a build of their own size.
+        ``"static"``: a build per padded image size (its kernels tiled for that size). Default
+        (None): ``"any"``, or ``"static"`` with ``tuning_records`` (tuned for one image size).
 
-    Graphs are compiled on first use for each padded image size (``compile(image_shape)`` to do it
-    ahead). Building for a target that this machine cannot run (aarch64 cross, CUDA without a GPU)
-    is possible with :meth:`compile`, running is not.
+    Graphs are compiled on first use (``compile(image_shape)`` to do it ahead): once, or once per
+    padded image size with ``shapes="static"``. Building for a target that this machine cannot run
+    (aarch64 cross, CUDA without a GPU) is possible with :meth:`compile`, running is not.
     """
 
     def __init__(
@@ -130,9 +144,15 @@ class TVMMaskRCNN:
         layout: str = "NHWC",
         progress: Callable | None = None,
         tuning_records=None,
+        shapes: str | None = None,
     ):
         if layout not in ("NCHW", "NHWC"):
             raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
+        if shapes is None:
+            shapes = "static" if tuning_records is not None else _ANY
+        if shapes not in SHAPES:
+            raise ValueError(f"shapes must be one of {SHAPES}, got {shapes!r}")
+        self.shapes = shapes
         use_usable_cores()  # TVM's pool, before constant folding runs the first kernel
         self.model = model
         self.target = parse_target(target)
@@ -157,14 +177,22 @@ class TVMMaskRCNN:
             image_list, _ = self.model.transform([image])
         return tuple(int(s) for s in image_list.tensors.shape)
 
+    def symbolic(self, padded_shape: Sequence[int]) -> bool:
+        """Whether the one-build pieces serve a padded ``[1, 3, H, W]`` (``shapes="any"`` and both
+        sides within :data:`SYMBOLIC_SIDES`)."""
+        low, high = SYMBOLIC_SIDES
+        return self.shapes == _ANY and all(low <= int(s) <= high for s in padded_shape[-2:])
+
     # ---------------------------------------------------------------------------------------------
     def compile(self, padded_shape: Sequence[int]) -> dict[str, Piece]:
-        """Export, import, ConvertLayout and build the three graphs for a padded ``[1, 3, H, W]``."""
-        key = tuple(int(s) for s in padded_shape)
+        """The three graphs that serve a padded ``[1, 3, H, W]``: exported, imported,
+        ConvertLayout-ed and built on first use (with ``shapes="any"``, one build for all sizes)."""
+        shape = tuple(int(s) for s in padded_shape)
+        key = _ANY if self.symbolic(shape) else shape
         if key in self.pieces:
             return self.pieces[key]
         pieces = {}
-        for name, (imported, mod, import_s) in self.relax_modules(key).items():
+        for name, (imported, mod, import_s) in self.relax_modules(shape).items():
             self.progress(f"compile {name} for {describe(self.target)} ({self.layout})")
             t0 = time.perf_counter()
             records = self.tuning_records.labelled(name) if self.tuning_records else None
@@ -177,17 +205,19 @@ class TVMMaskRCNN:
 
     def relax_modules(self, padded_shape: Sequence[int]) -> dict[str, tuple]:
         """Per piece, ``(imported module, module to build, import seconds)`` for a padded
-        ``[1, 3, H, W]``: exported, imported and ConvertLayout-ed (what ``compile`` builds and
-        ``tvm-roialign tune maskrcnn`` tunes)."""
+        ``[1, 3, H, W]`` (symbolic sizes when :meth:`symbolic`): exported, imported and
+        ConvertLayout-ed (what ``compile`` builds and ``tvm-roialign tune maskrcnn`` tunes)."""
         from ...frontend import from_exported_program
 
         key = tuple(int(s) for s in padded_shape)
+        symbolic = self.symbolic(key)
         backbone, box_branch, mask_branch = piece_modules(self.model, self.layout, key[-2:])
         images = torch.zeros(key)
         with torch.no_grad():
             feats = backbone(images)[:4]
         boxes = torch.tensor([[10.0, 12.0, 200.0, 180.0], [0.0, 0.0, 60.0, 40.0]])
         max_proposals, max_detections = self.roi_bounds()
+        dims = symbolic_dims(self.layout) if symbolic else {}
         modules = {}
         for name, module, args in (
             ("backbone", backbone, (images,)),
@@ -196,7 +226,7 @@ class TVMMaskRCNN:
         ):
             self.progress(f"import {name}")
             t0 = time.perf_counter()
-            exported = export_piece(module, args)
+            exported = export_piece(module, args, dims.get(name))
             # constants folded first, so that the counts of permute_dims (before/after) are those
             # of activations, not of weights
             fold = relax.transform.FoldConstant()
@@ -340,4 +370,36 @@ class TVMMaskRCNN:
         return out
 
 
-__all__ = ["DEFAULT_LAYOUTS", "DetectionRun", "Piece", "TVMMaskRCNN", "convert_layout"]
+def symbolic_dims(layout: str) -> dict[str, dict]:
+    """Per piece, the ``dynamic_shapes`` of its one-build export: the image's height and width
+    (within :data:`SYMBOLIC_SIDES`), and each of the four pooled feature maps' height and width
+    (a variable of its own per level: the branches need no relation between them)."""
+    from torch.export import Dim
+
+    low, high = SYMBOLIC_SIDES
+    axes = (1, 2) if layout == "NHWC" else (2, 3)
+    levels = {}
+    for level in range(4):
+        stride = 4 << level
+        levels[f"p{level}"] = {
+            axis: Dim(f"{side}{level}", min=-(-low // stride), max=-(-high // stride))
+            for axis, side in zip(axes, "hw")
+        }
+    branch = {**levels, "boxes": None}
+    return {
+        "backbone": {"images": {2: Dim("height", min=low, max=high), 3: Dim("width", min=low, max=high)}},
+        "box_branch": branch,
+        "mask_branch": branch,
+    }
+
+
+__all__ = [
+    "DEFAULT_LAYOUTS",
+    "SHAPES",
+    "SYMBOLIC_SIDES",
+    "DetectionRun",
+    "Piece",
+    "TVMMaskRCNN",
+    "convert_layout",
+    "symbolic_dims",
+]

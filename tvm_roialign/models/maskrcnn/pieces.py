@@ -123,14 +123,22 @@ def piece_modules(model, io_layout: str, image_size: tuple[int, int], rewrite: b
     )
 
 
-def export_piece(module, args):
-    """``tvm_roialign.frontend.export`` of one piece with static shapes: the branches are exported
-    for the model's own roi bounds (1000 proposals, 100 detections; :func:`static_rois` pads), so
-    that their kernels can be tiled and tuned."""
+def export_piece(module, args, dynamic_shapes=None):
+    """``tvm_roialign.frontend.export`` of one piece: with static shapes, or with the symbolic
+    image / feature-map sizes of ``dynamic_shapes`` (``torch.export``'s, by argument name). The
+    branches' roi counts are static either way: the model's own roi bounds (1000 proposals, 100
+    detections; :func:`static_rois` pads), so that their kernels can be tiled and tuned.
+
+    A branch is run once eagerly first: its pooler works out its scales from the sizes of the
+    first maps it sees and keeps them (torchvision's own caching), so that the export does not
+    specialise the symbolic sizes on that arithmetic; the scales (1/4 ... 1/32) do not depend on
+    the image size."""
     from ... import frontend
 
     with torch.no_grad():
-        return frontend.export(module, tuple(args))
+        if dynamic_shapes is not None and isinstance(module, Branch):
+            module(*args)
+        return frontend.export(module, tuple(args), dynamic_shapes=dynamic_shapes)
 
 
 def static_rois(rois: np.ndarray, count: int) -> np.ndarray:
