@@ -1,8 +1,8 @@
 """Mask R-CNN through TVM (tvm_roialign.models.maskrcnn) against PyTorch eager, piece by piece.
 
 One reduced configuration (128-pixel input, 40 proposals, 8 detections) is compiled once for the
-module (one build for every image size, the default); every piece is compared with torchvision's own modules run eagerly, and the whole detector
-with torchvision's ``model([image])``.
+module (one build for every image size, the default); every piece is compared with torchvision's own
+modules run eagerly, and the whole detector with torchvision's ``model([image])``.
 """
 
 from __future__ import annotations
@@ -169,10 +169,12 @@ def test_shapes_option(model):
     assert mr.TVMMaskRCNN(model, "llvm").symbolic((1, 3, 352, 512))
     low, high = mr.SYMBOLIC_SIDES
     assert not mr.TVMMaskRCNN(model, "llvm").symbolic((1, 3, low - 32, 512))  # a build of its own
+    assert not mr.TVMMaskRCNN(model, "llvm").symbolic((1, 3, 512, high + 32))
     with pytest.raises(ValueError, match="shapes"):
         mr.TVMMaskRCNN(model, "llvm", shapes="dynamic")
     dims = symbolic_dims("NHWC")
-    assert set(dims["box_branch"]) == {"p0", "p1", "p2", "p3", "boxes"} and dims["box_branch"]["boxes"] is None
+    assert set(dims["box_branch"]) == {"p0", "p1", "p2", "p3", "boxes"}
+    assert dims["box_branch"]["boxes"] is None
     assert set(dims["backbone"]["images"]) == {2, 3}
 
 

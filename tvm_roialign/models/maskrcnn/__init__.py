@@ -64,11 +64,11 @@ from .torch_model import MaskRCNNConfig, build_torch_model, category_names, load
 
 __all__ = [
     "DEFAULT_LAYOUTS",
+    "SHAPES",
+    "SYMBOLIC_SIDES",
     "DetectionRun",
     "MaskRCNNConfig",
     "Piece",
-    "SHAPES",
-    "SYMBOLIC_SIDES",
     "TVMMaskRCNN",
     "build_torch_model",
     "category_names",
