@@ -145,7 +145,7 @@ def test_detector_matches_torchvision(detector, model, image):
 def test_one_build_serves_two_photo_sizes(detector, model, image):
     """The one build (``shapes="any"``, the default) runs a photo of another padded size without a
     new build, and both photos match torchvision eager by the package's own comparison."""
-    from tvm_roialign.models.maskrcnn.compare import passed
+    from tvm_roialign.models.compare import passed
 
     skimage_data = pytest.importorskip("skimage.data")
     coffee = torch.from_numpy(skimage_data.coffee()).permute(2, 0, 1).float() / 255  # 400 x 600
