@@ -187,7 +187,8 @@ def test_tiny_faster_rcnn_standalone_on_the_board(tmp_path, capsys):
     model = tiny_rcnn(masks=False, seed=0, detections_per_img=20)
     rgb = det.sample_photo("coffee")
     ref = det.torch_detections(model, rgb)
-    program, _ = export_detector(model, rgb.shape[:2])
+    (padded,) = det.bucket_sizes(model.transform, rgb.shape[:2])  # the photo resized and padded
+    program, _ = export_detector(model, padded)
     torch.export.save(program, tmp_path / "tiny.pt2")
     library = tmp_path / "tiny_arm.so"
     argv = ["-q", "compile", str(tmp_path / "tiny.pt2"), "--target", "aarch64", "-o", str(library)]

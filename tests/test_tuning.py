@@ -191,11 +191,13 @@ def _copy_mod(mod):
 
 
 def _with_baselines(db, default_s: float):
-    """``db`` with every task's measured baseline replaced by ``default_s`` seconds."""
+    """``db`` with every task's measured baseline replaced by ``default_s`` seconds (and its
+    interleaved check, which would decide otherwise, dropped)."""
     path = db / tuning.BASELINE_FILE
     data = json.loads(path.read_text())
     for entry in data["tasks"].values():
         entry["default_s"] = default_s
+        entry.pop("check", None)
     path.write_text(json.dumps(data))
     return db
 
@@ -259,6 +261,29 @@ def test_extract_tasks_sees_the_pipeline_tasks(tiny):
     ]
 
 
+def test_a_check_is_found_again_from_the_database_file(tiny, tmp_path):
+    """The key of a record's check is the same for the record fresh from the search (``IntImm``
+    in its trace) and read back from the database file (``int``), so that ``compile`` finds the
+    check ``tune`` made (it never did: every checked record fell back to the search's time)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvm_roialign.tuning.baseline import trace_key
+
+    task = tuning.extract_tasks(tiny[2], TARGET).tasks[0]
+    context = ms.TuneContext(
+        mod=task.mod, target=TARGET, space_generator="post-order-apply", task_name=task.name
+    )
+    trace = context.space_generator.generate_design_space(task.mod)[0].trace
+    files = (str(tmp_path / "workload.json"), str(tmp_path / "record.json"))
+    database = ms.database.JSONDatabase(*files)
+    workload = database.commit_workload(task.mod)
+    database.commit_tuning_record(ms.database.TuningRecord(trace, workload, [1e-3], TARGET, []))
+    fresh = database.get_top_k(workload, 1)[0]
+    again = ms.database.JSONDatabase(*files)
+    read_back = again.get_top_k(again.commit_workload(task.mod), 1)[0]
+    assert trace_key(fresh) == trace_key(read_back)
+
+
 # ---------------------------------------------------------------------------------------------
 # resuming
 
@@ -273,6 +298,30 @@ def test_resume_adds_to_the_database(tuned, tiny, workdir):
     assert (db / "database_tuning_record.json").read_text().startswith(first)  # appended, not redone
     again = tuning.tune(tiny[2], TARGET, db, trials_per_task=TRIALS + 1)
     assert again.trials_run == 0 and _records(db) == 2 * (TRIALS + 1)
+
+
+def test_tasks_list_and_a_selection(tuned, tiny, workdir, capsys):
+    """``--tasks list`` shows the tasks by index (no database needed), ``--tasks 1`` tunes only
+    that one (tvmc tune's option)."""
+    code, out, err = _cli(["tune", str(tiny[0]), "--tasks", "list"], capsys)
+    assert code == 0, err
+    names = [t.name for t in tuning.extract_tasks(tiny[2], TARGET)]
+    rows = [line.split() for line in out.splitlines() if line.split()[-1] in names]
+    assert [(r[0], r[-1]) for r in rows] == [(str(i), n) for i, n in enumerate(names)], out
+    assert "MFLOP" in out and float(rows[names.index(next(n for n in names if "conv2d" in n))][2]) > 0
+    db = _copy(tuned, workdir, "db_select")
+    code, out, err = _cli(
+        ["tune", str(tiny[0]), "-o", str(db), "--trials", str(TRIALS + 1), "--tasks", "1"], capsys
+    )
+    assert code == 0, err
+    assert _records(db) == 2 * TRIALS + 1
+    per_task = {}
+    for record in tuning.open_database(db).get_all_tuning_records():
+        key = tvm_ffi.structural_hash(record.workload.mod)
+        per_task[key] = per_task.get(key, 0) + 1
+    tasks = tuning.extract_tasks(tiny[2], TARGET)
+    assert [per_task.get(tvm_ffi.structural_hash(t.mod)) for t in tasks] == [TRIALS, TRIALS + 1]
+    assert "1 trials run" in out and "of 1 tasks beat" in out  # the selected task only
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,6 +401,10 @@ def test_tune_and_records_errors(tuned, tiny, workdir, capsys):
             ["HOST:PORT"],
         ),
         (["tune", model, "-o", str(workdir / "e5"), "--ops", " , "], ["--ops"]),
+        (["tune", model, "-o", str(workdir / "e7"), "--tasks", "0,x"], ["--tasks"]),
+        (["tune", model, "-o", str(workdir / "e8"), "--tasks", "3-1"], ["--tasks", "empty"]),
+        (["tune", model, "-o", str(workdir / "e9"), "--tasks", "0,7"], ["task index 7", "0-1"]),
+        (["tune", model], ["-o"]),
         (["tune", model, "-o", str(workdir / "e6"), "--target", "llvm-generic"], ["num-cores"]),
         (
             ["compile", model, "-o", str(workdir / "e.so"), "--tuning-records", str(workdir)],

@@ -17,7 +17,8 @@ BOARD_DIR=${TVM_ROIALIGN_BOARD_DIR:-$HOME/.cache/tvm-roialign/arm-board}
 ROOT=$BOARD_DIR/root
 WHEELS=$ROOT/opt/wheels            # inside the root, so the chroot sees them as /opt/wheels
 VENV=/opt/tvm                      # path inside the root
-HOST_PYTHON=${TVM_ROIALIGN_HOST_PYTHON:-python3}
+HOST_PYTHON=${TVM_ROIALIGN_HOST_PYTHON:-python3}   # pip download; the tracker: see tracker_python
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PORT=9091
 TRACKER_PORT=
 KEY=arm-board
@@ -126,6 +127,18 @@ wait_port() {  # host port seconds
     return 1
 }
 
+# The tracker runs on the host, with TVM: `sudo` drops the caller's venv from PATH (and a fresh
+# machine's python3 has no TVM), so the first of these that imports TVM's tracker runs it.
+tracker_python() {
+    local py
+    for py in "${TVM_ROIALIGN_HOST_PYTHON:-}" "${VIRTUAL_ENV:+$VIRTUAL_ENV/bin/python}" \
+        "$REPO/.venv/bin/python" python3; do
+        [ -n "$py" ] || continue
+        "$py" -c "import tvm.rpc.tracker" >/dev/null 2>&1 && { echo "$py"; return 0; }
+    done
+    die "no Python here imports TVM's RPC tracker (tvm and tornado: pip install \"tvm-roialign[tune]\"); set TVM_ROIALIGN_HOST_PYTHON to one that does"
+}
+
 running() { [ -e "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 start_server() {  # name port [rpc_server args...]
@@ -152,8 +165,9 @@ start() {
     start_server server "$PORT"
     if [ -n "$TRACKER_PORT" ]; then
         if ! running "$BOARD_DIR/tracker.pid"; then
-            log "starting a tracker on 127.0.0.1:$TRACKER_PORT"
-            setsid nohup "$HOST_PYTHON" -m tvm.exec.rpc_tracker --host 127.0.0.1 --port "$TRACKER_PORT" \
+            local py; py=$(tracker_python)
+            log "starting a tracker on 127.0.0.1:$TRACKER_PORT ($py)"
+            setsid nohup "$py" -m tvm.exec.rpc_tracker --host 127.0.0.1 --port "$TRACKER_PORT" \
                 --port-end "$((TRACKER_PORT + 1))" >"$BOARD_DIR/tracker.log" 2>&1 &
             echo $! >"$BOARD_DIR/tracker.pid"
             wait_port 127.0.0.1 "$TRACKER_PORT" 60 || die "the tracker did not start, see $BOARD_DIR/tracker.log"

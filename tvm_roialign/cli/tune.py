@@ -25,7 +25,10 @@ from .maskrcnn import check_layout, model_inputs
 MASKRCNN = "maskrcnn"
 
 #: Fewer trials per task than this rarely find a schedule faster than the default rules here
-#: (MetaSchedule's first trials are random samples of its design space; README, Tuning).
+#: (MetaSchedule's first trials are random samples of its design space). Measured on resnet18's
+#: four tasks where the default rules are weakest for their FLOPs: at 4 trials none beat them, at
+#: 48 one of four (by 25%, no gain on the whole model); 64 is a lower bound, not a measured
+#: break-even (README, Tuning).
 TRIALS_TO_EXPECT_A_GAIN = 64
 
 DESCRIPTION = (
@@ -43,7 +46,12 @@ def register(subparsers, parents) -> None:
         description=DESCRIPTION,
     )
     p.add_argument("model", help="a .pt2 / .onnx model, or 'maskrcnn' for the Mask R-CNN pieces")
-    p.add_argument("-o", "--output", required=True, metavar="DIR", help="the tuning database directory")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="DIR",
+        help="the tuning database directory (required, except with --tasks list)",
+    )
     p.add_argument("--target", default="native", help=HELP_TARGET + "; llvm targets only")
     p.add_argument("--trials", type=int, default=64, help="trials per task, records in DIR included")
     p.add_argument(
@@ -57,6 +65,13 @@ def register(subparsers, parents) -> None:
         "--ops",
         default="conv2d,matmul",
         help="tune the tasks whose fused name contains one of these (comma-separated; 'all': every task)",
+    )
+    p.add_argument(
+        "--tasks",
+        default="all",
+        metavar="LIST",
+        help="which of the tasks to tune, as tvmc tune: 'list' prints them (index, calls, MFLOP) and "
+        "exits, '0,3,5-7' tunes those, 'all' every one",
     )
     p.add_argument(
         "--rpc-tracker", default=None, metavar="HOST:PORT", help="measure through a TVM RPC tracker"
@@ -74,6 +89,41 @@ def _ops(text: str) -> tuple:
     if not ops:
         raise CLIError("--ops: give comma-separated op names (conv2d,matmul) or 'all'")
     return () if ops == ("all",) else ops
+
+
+def _tasks(text: str):
+    """``--tasks``: None (all), "list", or the indices given ('0,3,5-7')."""
+    text = text.strip()
+    if text in ("all", "list"):
+        return None if text == "all" else text
+    indices = []
+    for part in (p.strip() for p in text.split(",")):
+        first, dash, last = part.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise CLIError(f"--tasks: expected 'list', 'all' or indices like 0,3,5-7, got {text!r}")
+        lo, hi = int(first), int(last) if dash else int(first)
+        if hi < lo:
+            raise CLIError(f"--tasks: the range {part!r} is empty")
+        indices += range(lo, hi + 1)
+    return indices
+
+
+def _list_tasks(mods, target, ops) -> None:
+    """One line per task (the task's name last, never cut): what ``--tasks`` takes."""
+    from ..target import describe
+    from ..tuning import extract_tasks
+    from ..tuning.tasks import flops
+
+    found = extract_tasks(mods, target, ops, layout=None)
+    print(f"{len(found.tasks)} tuning tasks ({describe(target)}); tune --tasks takes the indices")
+    print(f"{'index':>5}  {'calls':>5}  {'MFLOP per call':>14}  {'MFLOP in all':>12}  task")
+    for i, task in enumerate(found.tasks):
+        f = flops(task)
+        each = "-" if f is None else f"{f / 1e6:.3g}"
+        total = "-" if f is None else f"{f * task.weight / 1e6:.3g}"
+        print(f"{i:>5}  {task.weight:>5}  {each:>14}  {total:>12}  {task.name}")
+    if found.symbolic:
+        print(f"not tunable: {len(found.symbolic)} tasks with symbolic shapes")
 
 
 def _runner(args):
@@ -122,6 +172,14 @@ def main(args) -> int:
     if args.trials_global is not None and args.trials_global < 1:
         raise CLIError(f"--trials-global must be at least 1, got {args.trials_global}")
     ops = _ops(args.ops)
+    selected = _tasks(args.tasks)
+    if selected == "list":
+        with Progress(args.quiet) as progress, tvm_messages(args.quiet):
+            mods = _modules(args, target, progress)
+        _list_tasks(mods, target, ops)
+        return 0
+    if not args.output:
+        raise CLIError("-o DIR is required: the tuning database directory")
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise CLIError(f"-o {args.output!r} exists and is not a directory")
@@ -148,6 +206,7 @@ def main(args) -> int:
                 trials_per_task=args.trials,
                 max_trials_global=args.trials_global,
                 ops=ops,
+                tasks=selected,
                 runner=runner,
                 seed=args.search_seed,
                 progress=progress,

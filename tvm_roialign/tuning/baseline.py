@@ -109,9 +109,34 @@ def measure_baselines(tasks, target, builder, runner, work_dir, progress=None) -
     return baselines
 
 
+def _plain(value):
+    """A trace's JSON form as plain Python values, numbers as text: a record fresh from the search
+    holds ``IntImm`` (and an annotation's value as the string "32") where the same record read
+    back from the database file holds ``int`` (32)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (bool, int)):
+        return str(int(value))
+    if isinstance(value, float):
+        return repr(value)
+    if hasattr(value, "dtype") and hasattr(value, "value"):  # IntImm, FloatImm
+        return _plain(value.value)
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if hasattr(value, "__iter__"):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
 def trace_key(record) -> str:
-    """Which record a check was made for (its schedule's trace)."""
-    return str(tvm_ffi.structural_hash(record.trace.as_json()))
+    """Which record a check was made for: its schedule's trace, the same whether the record comes
+    from the search (in memory) or from the database file (``compile``). The structural hash of
+    ``trace.as_json()`` is not: it tells ``IntImm`` from ``int``, so no check ever matched at
+    ``compile`` time."""
+    import hashlib
+
+    text = json.dumps(_plain(record.trace.as_json()), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 def check_records(tasks, database, target, builder, runner, work_dir, progress=None) -> dict:

@@ -17,7 +17,7 @@ import tvm_ffi
 
 from .baseline import check_records, measure_baselines, workload_key
 from .records import RECORD_FILE, check_metadata, open_database, read_metadata, write_metadata
-from .tasks import DEFAULT_OPS, Task, as_target, extract_tasks
+from .tasks import DEFAULT_OPS, Task, as_target, extract_tasks, select
 
 COST_MODEL_FILE = "cost_model.tar"
 #: A batch's build workers each start a Python with TVM: seconds on a busy machine.
@@ -178,6 +178,7 @@ def tune(
     trials_per_task: int = 64,
     max_trials_global: int | None = None,
     ops=DEFAULT_OPS,
+    tasks=None,
     runner="local",
     num_trials_per_iter: int = 16,
     seed: int | None = None,
@@ -190,7 +191,8 @@ def tune(
 
     ``trials_per_task`` counts the records already in ``work_dir``: a rerun resumes, a larger
     count goes on. ``max_trials_global`` caps this run (default: what the tasks still need; the
-    gradient task scheduler spends it where it gains most). ``runner``: ``"local"`` or a
+    gradient task scheduler spends it where it gains most). ``tasks``: the indices of the tasks to
+    tune, in :func:`~.tasks.extract_tasks`' order (default: all of them). ``runner``: ``"local"`` or a
     MetaSchedule ``Runner`` (:func:`rpc_runner`). ``progress(str)`` gets a line per measured
     batch; MetaSchedule's own log goes to ``work_dir/logs`` (and with ``verbose`` to stdout).
     ``pipeline_options`` are those the model will be built with (``fold_batch_norm``,
@@ -203,7 +205,8 @@ def tune(
     TuningRecordsMismatch
         ``work_dir`` holds records of another TVM version or CPU.
     ValueError
-        Not an llvm target, no ``num-cores``, fewer than one trial, or nothing to tune.
+        Not an llvm target, no ``num-cores``, fewer than one trial, nothing to tune, or a task index
+        out of range.
     """
     require_dependencies()
     from tvm.s_tir import meta_schedule as ms
@@ -213,7 +216,7 @@ def tune(
         raise ValueError(f"trials per task must be at least 1, got {trials_per_task}")
     ops = tuple(ops or ())
     work_dir = Path(work_dir)
-    found = _prepare_work_dir(mods, target, work_dir, ops, pipeline_options)
+    found = _prepare_work_dir(mods, target, work_dir, ops, pipeline_options, tasks)
     database = open_database(work_dir)
     before = _trials_so_far(database, found.tasks)
     todo = [(t, int(trials_per_task) - b) for t, b in zip(found.tasks, before) if b < trials_per_task]
@@ -237,9 +240,10 @@ def tune(
     return TuneResult(work_dir, tasks, found.symbolic, trials_run, search_s)
 
 
-def _prepare_work_dir(mods, target, work_dir: Path, ops: tuple, pipeline_options: dict):
-    """The tasks to tune (:func:`~.tasks.extract_tasks`), after checking the records already in
-    ``work_dir`` against ``target`` and writing its metadata (ValueError: no task)."""
+def _prepare_work_dir(mods, target, work_dir: Path, ops: tuple, pipeline_options: dict, tasks=None):
+    """The tasks to tune (:func:`~.tasks.extract_tasks`; ``tasks``: the indices chosen), after
+    checking the records already in ``work_dir`` against ``target`` and writing its metadata
+    (ValueError: no task, or an index out of range)."""
     previous = None
     if (work_dir / RECORD_FILE).is_file():
         previous = read_metadata(work_dir)
@@ -249,6 +253,8 @@ def _prepare_work_dir(mods, target, work_dir: Path, ops: tuple, pipeline_options
     if not found.tasks:
         why = f" ({len(found.symbolic)} have symbolic shapes)" if found.symbolic else ""
         raise ValueError(f"no static-shape {'/'.join(ops) or 'any'} tasks to tune{why}")
+    if tasks is not None:
+        found.tasks = select(found.tasks, tasks)
     work_dir.mkdir(parents=True, exist_ok=True)
     write_metadata(work_dir, target, _all_ops(previous, ops), pipeline_options)
     return found

@@ -114,15 +114,43 @@ def extract_tasks(mods, target, ops=DEFAULT_OPS, **pipeline_options) -> TaskSet:
     return result
 
 
+def select(tasks: list[Task], indices) -> list[Task]:
+    """The tasks at ``indices`` (in :func:`extract_tasks`' order, as ``tune --tasks list`` shows
+    them), each once, in that order; an index out of range is a ValueError naming the range."""
+    chosen = []
+    for i in dict.fromkeys(int(i) for i in indices):
+        if not 0 <= i < len(tasks):
+            raise ValueError(
+                f"task index {i} is out of range: the model has tasks 0-{len(tasks) - 1} "
+                "(tune --tasks list shows them)"
+            )
+        chosen.append(tasks[i])
+    if not chosen:
+        raise ValueError("no task selected")
+    return chosen
+
+
+def flops(task: Task) -> float | None:
+    """Floating-point operations of one call of ``task`` (TVM's estimate; None if it has none)."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        return float(estimate_tir_flops(task.mod))
+    except Exception:  # noqa: BLE001 - loops the estimator cannot bound
+        return None
+
+
 __all__ = [
     "DEFAULT_OPS",
     "Task",
     "TaskSet",
     "as_target",
     "extract_tasks",
+    "flops",
     "is_scheduled",
     "is_static",
     "matches",
     "normalize",
+    "select",
     "slot_module",
 ]
