@@ -7,16 +7,17 @@ try. All are :class:`~.base.CPURule` subclasses (llvm targets only, a fresh sche
 lanes come from the target (:func:`~.target_info.cpu_info`), never from the machine the compiler
 runs on.
 
-==========================  =====================================================================
-rule                        what
-==========================  =====================================================================
-:class:`Conv2DNHWC`         NHWC conv2d + epilogue: register tile, packed constant weights
-:class:`Matmul`             dense / matmul / batch matmul + epilogue: register tile, packed weights,
-                            reduction chunks for long reductions
-:class:`WinogradTransforms` input / output transforms of a Winograd conv (unrolled tile points)
-:class:`Elementwise`        functions without reductions (elementwise, pad, slice, concat)
-:class:`CPUDefault`         everything else (fallback)
-==========================  =====================================================================
+==============================  ========================================================================
+rule                            what
+==============================  ========================================================================
+:class:`Conv2DNHWC`             NHWC conv2d + epilogue: register tile, packed constant weights
+:class:`DepthwiseConv2DNHWC`    NHWC depthwise conv2d + epilogue: taps unrolled over a channel vector
+:class:`Matmul`                 dense / matmul / batch matmul + epilogue: register tile, packed weights,
+                                reduction chunks for long reductions
+:class:`WinogradTransforms`     input / output transforms of a Winograd conv (unrolled tile points)
+:class:`Elementwise`            functions without reductions (elementwise, pad, slice, concat)
+:class:`CPUDefault`             everything else (fallback)
+==============================  ========================================================================
 
 Functions marked ``tirx.is_scheduled`` (RoIAlign's strategies, MetaSchedule's tuned functions) are
 never offered to the rules.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from .base import CPURule
 from .conv2d_nhwc import Conv2DNHWC
+from .depthwise import DepthwiseConv2DNHWC
 from .elementwise import Elementwise
 from .fallback import CPUDefault
 from .matmul import Matmul
@@ -35,7 +37,14 @@ from .winograd import WinogradTransforms
 
 def default_rules() -> list:
     """The rules :func:`tvm_roialign.pipeline.cpu_pipeline` applies, in order."""
-    return [Conv2DNHWC(), Matmul(), WinogradTransforms(), Elementwise(), CPUDefault()]
+    return [
+        Conv2DNHWC(),
+        DepthwiseConv2DNHWC(),
+        Matmul(),
+        WinogradTransforms(),
+        Elementwise(),
+        CPUDefault(),
+    ]
 
 
 __all__ = [
@@ -43,6 +52,7 @@ __all__ = [
     "CPUInfo",
     "CPURule",
     "Conv2DNHWC",
+    "DepthwiseConv2DNHWC",
     "Elementwise",
     "Matmul",
     "WinogradTransforms",

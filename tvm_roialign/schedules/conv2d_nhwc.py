@@ -10,8 +10,8 @@ The zero-padding stage legalization puts in front of the conv (``pad_temp``) is 
 parallel, vectorized pass over the input: inlined into the conv it would put a bounds test in front
 of every broadcast load of the inner loop. A producer that is a plain copy (``pad_temp`` of a 1x1
 conv without padding) is inlined. Grouped and depthwise convs (whose weight shares the channel
-axis with the data) and NCHW convs are not contractions of this form: :class:`~.fallback.CPUDefault`
-schedules them.
+axis with the data) and NCHW convs are not contractions of this form: depthwise NHWC ones go to
+:class:`~.depthwise.DepthwiseConv2DNHWC`, the others to :class:`~.fallback.CPUDefault`.
 """
 
 from __future__ import annotations
