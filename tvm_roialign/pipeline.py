@@ -269,22 +269,16 @@ def build(
 
 def _build_cpu(mod, target, tuning_records, with_coverage: bool, options: dict):
     coverages: list = []
-    records = None
-    if isinstance(tuning_records, tvm.transform.Pass):
-        options["tuning_records"] = tuning_records  # its coverage goes where the pass says
-    elif tuning_records is not None:
-        from .tuning import TuningRecords, apply_database_pass
+    if tuning_records is not None:
+        if with_coverage and not isinstance(tuning_records, tvm.transform.Pass):
+            from .tuning import apply_database_pass
 
-        records = tuning_records
-        if not isinstance(records, TuningRecords):
-            records = TuningRecords(records)
-        options["tuning_records"] = apply_database_pass(records, report=coverages.append)
+            # the coverage comes back here instead of going to the records' report
+            tuning_records = apply_database_pass(tuning_records, report=coverages.append)
+        options["tuning_records"] = tuning_records
     executable = tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target, **options))
-    coverage = coverages[-1] if coverages else None
     if with_coverage:
-        return Built(executable, coverage)
-    if coverage is not None:
-        records.report(coverage)
+        return Built(executable, coverages[-1] if coverages else None)
     return executable
 
 

@@ -10,6 +10,7 @@ structural hash of the task (the key MetaSchedule's database matches workloads b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -133,8 +134,6 @@ def trace_key(record) -> str:
     from the search (in memory) or from the database file (``compile``). The structural hash of
     ``trace.as_json()`` is not: it tells ``IntImm`` from ``int``, so no check ever matched at
     ``compile`` time."""
-    import hashlib
-
     text = json.dumps(_plain(record.trace.as_json()), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
