@@ -1,15 +1,17 @@
-"""One detector artifact for photos of several sizes, against torchvision eager and static builds.
+"""One detector artifact for photos of every size, against torchvision eager and static builds.
 
-For one model: a single artifact compiled for the padded sizes of all the photos
-(:func:`tvm_roialign.models.detection.compile_detector` with their sizes; one function per padded
-size), run through :class:`tvm_roialign.runtime.Detector` on each photo at its own size and on a
-batch of three photos in one call; compared with torchvision eager (``model([image])``, and
-``model([a, b, c])`` for the batch). For ``--static`` photos, an artifact compiled for that photo's
-size only is timed as well (the same round, interleaved), giving the ratio any-size / static.
-Compile time and library size are reported for each artifact.
+For one model: the artifact ``compile`` makes by default (:func:`tvm_roialign.models.detection.
+compile_detector` with no sizes: one function, its padded height and width symbolic), run
+through :class:`tvm_roialign.runtime.Detector` on each photo at its own size and on a batch of
+three photos in one call; compared with torchvision eager (``model([image])``, and ``model([a, b,
+c])`` for the batch). For the ``--static`` photos (default: all), an artifact compiled for that
+photo's padded size only (one per padded size) is timed too. Each photo's runners take turns,
+round after round (median of ``--repeat``), so that a drift of this shared machine reaches them
+alike; the ratios any-size / static and any-size / eager come from the same rounds. Compile time
+and library size are reported for each artifact.
 
-    python benchmarks/bench_anyphoto.py [--model maskrcnn_resnet50_fpn] [--repeat 3]
-        [--static coffee,grace_hopper] [--out benchmarks/results/bench_anyphoto.json]
+    python benchmarks/bench_anyphoto.py [--model maskrcnn_resnet50_fpn] [--repeat 5]
+        [--static all|coffee,grace_hopper] [--out benchmarks/results/bench_anyphoto.json]
 """
 
 from __future__ import annotations
@@ -38,25 +40,29 @@ def photos() -> dict:
     return out
 
 
-def timed(fn, repeat):
-    fn()
-    runs = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+def timed_in_turn(runners: dict, repeat: int) -> dict:
+    """Median seconds of each runner, the runners taking turns round after round (one warm-up
+    call each first)."""
+    for fn in runners.values():
         fn()
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
+    runs = {name: [] for name in runners}
+    for _ in range(repeat):
+        for name, fn in runners.items():
+            t0 = time.perf_counter()
+            fn()
+            runs[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(values) for name, values in runs.items()}
 
 
 def compiled(model, sizes, target, path, log, what):
-    log(f"compile {what}: {len(sizes)} photo size(s)")
+    log(f"compile {what}")
     artifact = det.compile_detector(model, sizes, target=target)
     library = artifact.export(path)
     return Detector(library), {
         "import_s": artifact.import_s,
         "build_s": artifact.compile_s,
         "library_mb": library.stat().st_size / 2**20,
-        "padded_sizes": [b["padded"] for b in artifact.meta["buckets"]],
+        "padded_sizes": [b["padded"] for b in artifact.meta["buckets"]] or "any",
     }
 
 
@@ -69,6 +75,9 @@ def eager_batch(model, rgbs):
         d = {k: result[k].numpy() for k in ("boxes", "labels", "scores")}
         if "masks" in result:
             d["masks"] = result["masks"][:, 0].numpy()
+        for key in ("keypoints", "keypoints_scores"):
+            if key in result:
+                d[key] = result[key].numpy()
         out.append(d)
     return out
 
@@ -81,7 +90,7 @@ def print_report(report) -> None:
     )
     for name, s in report.get("static_artifacts", {}).items():
         print(
-            f"  static artifact of {name}: import {s['import_s']:.0f} s, build {s['build_s']:.0f} s, "
+            f"  static artifact {name}: import {s['import_s']:.0f} s, build {s['build_s']:.0f} s, "
             f"{s['library_mb']:.0f} MiB"
         )
     print(f"{'photo':13s} {'size':>9s} {'padded':>9s} {'any s':>7s} {'static s':>9s} {'eager s':>8s} "
@@ -101,13 +110,34 @@ def print_report(report) -> None:
           f"{[c['passed'] for c in b['comparisons']]}")
 
 
+def static_artifacts(model, rgbs, args, workdir: Path, log, report) -> dict:
+    """One static artifact per padded size of the ``--static`` photos, by padded size (and
+    ``"photos"``: the names)."""
+    from tvm_roialign.runtime.transform import padded_size, resized_size
+
+    names = list(rgbs) if args.static == "all" else [n for n in args.static.split(",") if n]
+    transform = model.transform
+    statics = {"photos": names}
+    for name in names:
+        resized = resized_size(rgbs[name].shape[:2], transform.min_size[-1], transform.max_size)
+        padded = padded_size([resized], transform.size_divisible)
+        if padded in statics:
+            continue
+        key = f"{padded[0]}x{padded[1]}"
+        statics[padded], report.setdefault("static_artifacts", {})[key] = compiled(
+            model, [rgbs[name].shape[:2]], args.target, workdir / f"{key}.so", log,
+            f"the static artifact of {key}",
+        )
+    return statics
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="maskrcnn_resnet50_fpn")
     parser.add_argument("--target", default="native")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--static", default="coffee,grace_hopper")
-    parser.add_argument("--batch", default="coffee,chelsea,grace_hopper")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--static", default="all", help="photos timed against a static build, or all")
+    parser.add_argument("--batch", default="coffee,portrait,wide")
     parser.add_argument("--out", default="benchmarks/results/bench_anyphoto.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(use_usable_cores())
@@ -120,15 +150,9 @@ def main(argv=None) -> int:
     report = {"model": args.model, "target": args.target, "repeat": args.repeat, "photos": {}}
     with tempfile.TemporaryDirectory() as workdir:
         anysize, report["artifact"] = compiled(
-            model, [r.shape[:2] for r in rgbs.values()], args.target,
-            Path(workdir) / "any.so", log, "the any-size artifact",
+            model, None, args.target, Path(workdir) / "any.so", log, "the any-size artifact"
         )
-        statics = {}
-        for name in filter(None, args.static.split(",")):
-            statics[name], report.setdefault("static_artifacts", {})[name] = compiled(
-                model, [rgbs[name].shape[:2]], args.target, Path(workdir) / f"{name}.so", log,
-                f"the static artifact of {name}",
-            )
+        statics = static_artifacts(model, rgbs, args, Path(workdir), log, report)
         for name, rgb in rgbs.items():
             log(f"{name} {rgb.shape[0]}x{rgb.shape[1]}")
             image = torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0
@@ -137,16 +161,18 @@ def main(argv=None) -> int:
                 "size": list(rgb.shape[:2]),
                 "padded": list(ours["padded"]),
                 "comparison_with_eager": det.compare(ours, det.torch_detections(model, rgb)),
-                "any_s": timed(lambda rgb=rgb: anysize(rgb), args.repeat),
             }
 
             def eager(image=image):
                 with torch.no_grad():
                     return model([image])
 
-            row["eager_s"] = timed(eager, args.repeat)
-            if name in statics:
-                row["static_s"] = timed(lambda d=statics[name], rgb=rgb: d(rgb), args.repeat)
+            runners = {"any_s": lambda rgb=rgb: anysize(rgb), "eager_s": eager}
+            static = statics.get(tuple(ours["padded"])) if name in statics.get("photos", ()) else None
+            if static is not None:
+                runners["static_s"] = lambda d=static, rgb=rgb: d(rgb)
+            row.update(timed_in_turn(runners, args.repeat))
+            if static is not None:
                 row["any_over_static"] = row["any_s"] / row["static_s"]
             row["any_over_eager"] = row["any_s"] / row["eager_s"]
             report["photos"][name] = row

@@ -47,7 +47,7 @@ def bench_model(name, rgb, target, repeat, workdir, log):
     runners = {}
 
     log(f"{name}: compile the standalone artifact")
-    artifact = det.compile_detector(model, rgb.shape[:2], target=target)
+    artifact = det.compile_detector(model, target=target)  # the default: one function, any size
     standalone = Detector(artifact.export(Path(workdir) / f"{name}.so"))
     runners["standalone"] = lambda: standalone(rgb)
     compile_s = {"standalone": artifact.import_s + artifact.compile_s}

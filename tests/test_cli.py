@@ -370,7 +370,7 @@ def test_compile_errors(pt2_model, onnx_model, workdir, capfd):
         (["compile", str(model), "--max-size", "1333", "-o", out], ["--max-size", "detector name"]),
         (
             ["compile", "fasterrcnn_mobilenet_v3_large_fpn", "--input-size", "512", "-o", out],
-            ["--input-size", "400x600,600x400", "or all"],
+            ["--input-size", "400x600,600x400", "any, all"],
         ),
         (
             ["compile", "fasterrcnn_mobilenet_v3_large_fpn", "--min-size", "8", "-o", out],

@@ -7,13 +7,14 @@ more candidates than the caps. The artifacts are built for the generic ``llvm`` 
 contraction, so float32 rounding stays PyTorch's) and run through
 :class:`tvm_roialign.runtime.Detector`, the runner that imports no PyTorch.
 
-Cost: each full-size model is compiled once for the module (the 512x512 padded size: the
-astronaut, the top 512 rows of matplotlib's Grace Hopper, and a grey picture without detections;
-Mask R-CNN's artifact also serves the coffee photo, 352x512); a small detector of a user's making
-covers the ``.pt2`` route and the cross targets (tests/test_runtime.py: the transform, buckets and
-batches); the static form is checked eagerly on 128-pixel models (no TVM). One artifact per model
-for all the photos at their own sizes (coffee 400x600, chelsea 300x451, rocket 427x640,
-grace_hopper 600x512, a portrait and a very wide photo) and a batch of three in one call run with
+Cost: each full-size model is compiled once for the module, as ``compile`` does by default (one
+function for every photo size: its padded height and width symbolic), and that one artifact runs
+the astronaut, the top 512 rows of matplotlib's Grace Hopper, a grey picture without detections,
+the coffee, chelsea, rocket and Grace Hopper photos at their own sizes, a portrait, a very wide
+photo (1:4) and a batch of three in one call; a small detector of a user's making covers the
+``.pt2`` route and the cross targets (tests/test_runtime.py: the transform, one build per padded
+size, the any-size function on a tiny model, batches); the static form is checked eagerly on
+128-pixel models (no TVM). The full Keypoint R-CNN on every photo runs with
 ``TVM_ROIALIGN_ALL_PHOTOS=1``.
 """
 
@@ -128,16 +129,26 @@ def torch_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def any_size_programs(small_models):
+    """Per model, its program for any padded size (``export_detector(model, "any")``) as a
+    callable module: what the default artifact compiles."""
+    return {name: export_detector(m, "any")[0].module() for name, m in small_models.items()}
+
+
+@pytest.mark.parametrize("form", ["static", "any"])
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize(
     "photo_name", ["astronaut", "coffee", "chelsea", "grace_hopper"]
 )
 def test_static_form_is_torchvision_eager(
-    small_models, torch_threads, name, photo_name
+    small_models, any_size_programs, torch_threads, name, photo_name, form
 ):
     """The static form (masks for filters, padded NMS, static top-k) run by PyTorch on the
     runner's NumPy transform of the photo, with torchvision's postprocess, gives torchvision's
-    own detections bit for bit."""
+    own detections bit for bit; so does the exported program for any padded size (anchors from
+    the feature maps' sizes, top-k over ``-inf``-padded levels; the photos are padded to 96x128
+    and 128x128, where the pooled level's stride is 48 and 64)."""
     from tvm_roialign.frontend.static_rcnn import torch_bilinear_fused
     from tvm_roialign.runtime.transform import TransformSettings, padded_size, resize_boxes
 
@@ -150,11 +161,12 @@ def test_static_form_is_torchvision_eager(
     images = torch.zeros((1, 3, *padded))
     images[0, :, : resized[0], : resized[1]] = torch.from_numpy(transformed)
     static = StaticGeneralizedRCNN(model, padded).eval()
+    run = static if form == "static" else any_size_programs[name]
     image = torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0
     with torch.no_grad():
         (ref,) = model([image])
         outputs = dict(
-            zip(static.output_names(), static(images, torch.tensor(resized, dtype=torch.float32)))
+            zip(static.output_names(), run(images, torch.tensor(resized, dtype=torch.float32)))
         )
     count = int(outputs["num_detections"][0])
     assert count == len(ref["boxes"])
@@ -220,18 +232,12 @@ def test_users_own_detector_from_pt2(tmp_path, capfd):
 # --------------------------------------------------------------------------------------------------
 # the full models (torchvision's settings: 1000 proposals, 100 detections, min/max size 512)
 
-#: The photo sizes of the default run's artifacts: Mask R-CNN's also serves the coffee photo
-#: (400x600: resized to 341x512, padded to 352x512; a second function in the same artifact).
-FULL_SIZES = {
-    "maskrcnn_resnet50_fpn": [(512, 512), (400, 600)],
-    "fasterrcnn_resnet50_fpn": [(512, 512)],
-}
-
-
 @pytest.fixture(scope="module", params=MODELS)
 def full(request, tmp_path_factory):
+    """The model and its artifact as ``compile`` makes it by default: one function for every
+    photo size (symbolic padded height and width)."""
     model = det.build_torch_detector(request.param)
-    return model, compile_to(tmp_path_factory, model, FULL_SIZES[request.param], request.param)
+    return model, compile_to(tmp_path_factory, model, None, request.param)
 
 
 @pytest.mark.parametrize("photo_name", ["astronaut", "grace_hopper_512"])
@@ -248,16 +254,16 @@ def test_full_model(full, photo_name):
 @pytest.mark.parametrize("full", ["maskrcnn_resnet50_fpn"], indirect=True)
 def test_full_model_non_square_photo(full):
     """The coffee photo at its own size (400x600), not stretched: torchvision's aspect-keeping
-    resize, padding and postprocess give eager's detections; a photo whose padded size the
-    artifact lacks (300x1200: 128x512) is refused, naming the sizes it accepts."""
+    resize, padding and postprocess give eager's detections; a photo too wide for the function
+    (100x1200: padded 64x512, below its 96) is refused, naming the sizes it accepts."""
     model, detector = full
     rgb = photo("coffee")
     result = detector(rgb)
     assert result["padded"] == (352, 512) and result["resized"] == (341, 512)
     assert_equal_detections(result, det.torch_detections(model, rgb))
-    with pytest.raises(ValueError, match=r"a photo of 300x1200 is padded to 128x512 .* "
-                       r"accepts padded sizes 352x512, 512x512"):
-        detector(np.zeros((300, 1200, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"a photo of 100x1200 is padded to 64x512 .* "
+                       r"accepts any padded size from 96 to 4096 pixels a side"):
+        detector(np.zeros((100, 1200, 3), np.uint8))
 
 
 def test_full_model_no_detection(full):
@@ -280,36 +286,23 @@ def all_photos() -> dict:
     return out
 
 
-@pytest.fixture(scope="module", params=MODELS)
-def any_size(request, tmp_path_factory):
-    """One artifact per model for every photo of :func:`all_photos` (one function per padded
-    size: 512x512, 352x512, 512x448, 512x352, 128x512)."""
-    model = det.build_torch_detector(request.param)
-    sizes = [rgb.shape[:2] for rgb in all_photos().values()]
-    return model, compile_to(tmp_path_factory, model, sizes, f"{request.param}_any")
-
-
-@pytest.mark.skipif(
-    not ALL_PHOTOS, reason="one full compile per model and padded size: TVM_ROIALIGN_ALL_PHOTOS=1"
-)
 @pytest.mark.parametrize(
-    "photo_name", ["astronaut", "coffee", "chelsea", "rocket", "grace_hopper", "portrait", "wide"]
+    "photo_name", ["coffee", "chelsea", "rocket", "grace_hopper", "portrait", "wide"]
 )
-def test_full_model_any_photo_size(any_size, photo_name):
-    model, detector = any_size
+def test_full_model_any_photo_size(full, photo_name):
+    """One artifact, compiled once with the defaults, on photos of six more sizes at their own
+    sizes (landscape 3:2 and 4:3, portrait, a very wide 1:4): eager's detections on each."""
+    model, detector = full
     rgb = all_photos()[photo_name]
     assert_equal_detections(detector(rgb), det.torch_detections(model, rgb))
 
 
-@pytest.mark.skipif(
-    not ALL_PHOTOS, reason="one full compile per model and padded size: TVM_ROIALIGN_ALL_PHOTOS=1"
-)
-def test_full_model_batch_of_three(any_size):
-    """coffee, chelsea and grace_hopper in one call: padded together to 512x512 as
+def test_full_model_batch_of_three(full):
+    """coffee, its portrait and the wide photo in one call: padded together to 512x512 as
     torchvision's batch_images pads them; equal to eager's batched call, image by image."""
-    model, detector = any_size
+    model, detector = full
     photos = all_photos()
-    rgbs = [photos[n] for n in ("coffee", "chelsea", "grace_hopper")]
+    rgbs = [photos[n] for n in ("coffee", "portrait", "wide")]
     images = [torch.from_numpy(r).permute(2, 0, 1).float() / 255.0 for r in rgbs]
     with torch.no_grad():
         refs = model(images)
@@ -345,14 +338,11 @@ def test_keypoint_rcnn(tmp_path):
     not ALL_PHOTOS, reason="a full Keypoint R-CNN compile: TVM_ROIALIGN_ALL_PHOTOS=1"
 )
 def test_full_keypoint_rcnn(tmp_path_factory):
-    """torchvision's keypointrcnn_resnet50_fpn (17 keypoints, 100 detections) on the astronaut
-    and coffee photos at their own sizes, one artifact."""
+    """torchvision's keypointrcnn_resnet50_fpn (17 keypoints, 100 detections), compiled once with
+    the defaults, on every photo of :func:`all_photos` at its own size."""
     model = det.build_torch_detector("keypointrcnn_resnet50_fpn")
-    rgbs = [photo("astronaut"), photo("coffee")]
-    detector = compile_to(
-        tmp_path_factory, model, [r.shape[:2] for r in rgbs], "keypointrcnn_resnet50_fpn"
-    )
-    for rgb in rgbs:
+    detector = compile_to(tmp_path_factory, model, None, "keypointrcnn_resnet50_fpn")
+    for rgb in all_photos().values():
         ref = det.torch_detections(model, rgb)
         result = assert_equal_detections(detector(rgb), ref)
         assert "max_keypoint_diff" in result, result

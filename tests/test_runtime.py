@@ -441,3 +441,85 @@ def test_fresh_venv_with_the_core_install_runs_the_artifact(artifact, tmp_path):
     summary = json.loads((tmp_path / "v.json").read_text())
     assert summary["detections"] == detect_to_files(library, photo)["detections"]
     assert (tmp_path / "v.png").stat().st_size > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# one function for every photo size (the default): symbolic padded height and width
+
+
+@pytest.fixture(scope="module")
+def any_artifact(tmp_path_factory):
+    """``(library, model)``: the tiny Mask R-CNN compiled with the defaults (one function)."""
+    model = _tiny_mask_rcnn()
+    library = det.compile_detector(model, target="llvm").export(
+        tmp_path_factory.mktemp("any") / "tiny_any.so"
+    )
+    return library, model
+
+
+def _photo(name: str) -> np.ndarray:
+    if name == "portrait":
+        return np.ascontiguousarray(np.rot90(det.sample_photo("coffee")))
+    if name == "wide":  # 150x400 -> 75x200, padded 96x224
+        return np.ascontiguousarray(det.sample_photo("rocket")[150:300, 100:500])
+    if name == "tall":  # 400x150 -> 200x75, padded 224x96
+        return np.ascontiguousarray(det.sample_photo("astronaut")[50:450, 200:350])
+    return det.sample_photo(name)
+
+
+def test_any_size_artifact_is_one_function(any_artifact):
+    library, _ = any_artifact
+    meta = json.loads(Path(str(library) + ".json").read_text())
+    assert meta["buckets"] == [] and meta["any_size"]["function"] == "detect"
+    assert (meta["any_size"]["min_side"], meta["any_size"]["max_side"]) == (96, 4096)
+    assert Detector(library).accepted == "any padded size from 96 to 4096 pixels a side"
+
+
+@pytest.mark.parametrize(
+    "name,padded",
+    [("coffee", (160, 224)), ("portrait", (224, 160)), ("astronaut", (160, 160)),
+     ("chelsea", (160, 224)), ("grace_hopper", (192, 160)), ("wide", (96, 224)),
+     ("tall", (224, 96))],
+)
+def test_any_size_artifact_equals_eager_on_every_photo(any_artifact, name, padded):
+    """One build, photos of seven sizes at their own sizes (landscape, portrait, square, very
+    wide, very tall): each equals torchvision eager on the photo as it is."""
+    library, model = any_artifact
+    rgb = _photo(name)
+    result = Detector(library)(rgb)
+    assert result["padded"] == padded
+    comparison = det.compare(result, det.torch_detections(model, rgb))
+    assert comparison["passed"], comparison
+    assert comparison["num_detections_tvm"] == model.roi_heads.detections_per_img
+
+
+def test_any_size_artifact_batch_of_three(any_artifact):
+    """A landscape, a portrait and a wide photo in one call: padded together to 224x224 (no
+    static function for it), equal to eager's batched call image by image."""
+    library, model = any_artifact
+    batch = [_photo("coffee"), _photo("portrait"), _photo("wide")]
+    images = [torch.from_numpy(r).permute(2, 0, 1).float() / 255.0 for r in batch]
+    with torch.no_grad():
+        refs = model(images)
+    results = Detector(library)(batch)
+    for ours, ref in zip(results, refs):
+        assert ours["padded"] == (224, 224)
+        ref = {k: v.numpy() for k, v in ref.items()}
+        ref["masks"] = ref["masks"][:, 0]
+        comparison = det.compare(ours, ref)
+        assert comparison["passed"], comparison
+
+
+def test_any_size_artifact_refuses_what_it_cannot_serve(any_artifact):
+    """A padded side below the function's bound, and a photo whose resized height makes
+    torchvision's poolers infer other scales (130x400: 65 rows in 96, where the stride-8 map of
+    12 rows gives 1/4, not 1/8): each refused with the reason, never run."""
+    library, _ = any_artifact
+    detector = Detector(library)
+    with pytest.raises(ValueError, match=r"^a photo of 130x400 is resized to a height of 65 in "
+                       r"96x224, where torchvision's poolers infer other scales"):
+        detector(np.zeros((130, 400, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"^a photo of 100x600 is padded to 64x224 .* accepts any "
+                       r"padded size from 96 to 4096 pixels a side \(compile with --input-size "
+                       r"100x600 for a build of that size\)"):
+        detector(np.zeros((100, 600, 3), np.uint8))

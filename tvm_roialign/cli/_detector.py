@@ -53,8 +53,9 @@ def add_compile_arguments(p) -> None:
     group.add_argument(
         "--input-size",
         default=None,
-        help="the photo sizes the artifact serves, HxW[,HxW...], or all (every size; one build "
-        "per padded size); default: square, 4:3 and 3:2 photos, landscape and portrait",
+        help="the photo sizes the artifact serves: any (the default: one function for every "
+        "photo, its padded size symbolic), HxW[,HxW...] (one function compiled per padded "
+        "size), or all (every padded size, one build each)",
     )
     group.add_argument(
         "--min-size",
@@ -116,9 +117,9 @@ def is_detector_library(library: str) -> bool:
 
 
 def _input_sizes(text: str | None):
-    """``--input-size``: None (the default sizes), ``"all"`` or a list of ``(H, W)``."""
-    if text is None or text.strip().lower() == "all":
-        return None if text is None else "all"
+    """``--input-size``: ``"any"`` (the default), ``"all"`` or a list of ``(H, W)``."""
+    if text is None or text.strip().lower() in ("any", "all"):
+        return "any" if text is None else text.strip().lower()
     sizes = []
     for part in text.split(","):
         try:
@@ -127,8 +128,8 @@ def _input_sizes(text: str | None):
                 raise ValueError
         except ValueError:
             raise CLIError(
-                f"--input-size {text!r} must look like 512x512 or 400x600,600x400 (height x "
-                "width of the photos), or all"
+                f"--input-size {text!r} must be any, all, or look like 512x512 or "
+                "400x600,600x400 (height x width of the photos)"
             ) from None
         sizes.append((height, width))
     return sizes
@@ -191,13 +192,24 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
         except (ValueError, FileNotFoundError) as err:
             raise CLIError(first_line(err)) from None
     times = add_total(times, t_start, args.startup_s)
-    padded = [f"{h}x{w}" for h, w in (b["padded"] for b in artifact.meta["buckets"])]
-    shown = ", ".join(padded) if len(padded) <= 8 else f"{', '.join(padded[:8])}, ..."
     print(
-        f"compiled {args.model} (padded sizes {shown}; {describe(target)}, layout {layout}) -> "
+        f"compiled {args.model} ({_served(artifact.meta)}; {describe(target)}, layout {layout}) -> "
         f"{out} (+ {out.name}.json) in {format_times(times)}"
     )
     return 0
+
+
+def _served(meta: dict) -> str:
+    """The padded sizes an artifact takes, for ``compile``'s summary line."""
+    parts = []
+    if meta.get("any_size"):
+        entry = meta["any_size"]
+        parts.append(f"any padded size, {entry['min_side']}-{entry['max_side']} a side")
+    padded = [f"{h}x{w}" for h, w in (b["padded"] for b in meta["buckets"])]
+    if padded:
+        shown = ", ".join(padded) if len(padded) <= 8 else f"{', '.join(padded[:8])}, ..."
+        parts.append(f"padded sizes {shown}")
+    return "; ".join(parts)
 
 
 def run_main(args, session=None) -> int:

@@ -28,6 +28,7 @@ from ..topi.nms import OFFSET_TRICK_MAX_NUMEL
 from . import torch as torch_frontend
 
 __all__ = [
+    "ANY_SIDES",
     "batched_nms",
     "convert_map",
     "export_detector",
@@ -125,8 +126,15 @@ def from_exported_program(exported_program, *, custom_convert_map=None, **kwargs
     )
 
 
+#: The padded sides (pixels) a program for any size (``padded_size="any"``) takes: torch.export
+#: specialises a side whose pooled feature map (stride 64) would have one row, below 65.
+ANY_SIDES = (96, 4096)
+
+
 def export_detector(model, padded_size, **static_kwargs):
-    """``torch.export`` of a torchvision Faster / Mask R-CNN for one padded image size.
+    """``torch.export`` of a torchvision Faster / Mask R-CNN for one padded image size, or for
+    any (``padded_size="any"``: a symbolic height and width within :data:`ANY_SIDES`,
+    :class:`~tvm_roialign.frontend.static_rcnn.SymbolicGeneralizedRCNN`).
 
     ``model`` is wrapped by :class:`~tvm_roialign.frontend.static_rcnn.StaticGeneralizedRCNN`
     (``static_kwargs`` go to it) and exported with its poolers fused. The program takes
@@ -137,23 +145,40 @@ def export_detector(model, padded_size, **static_kwargs):
     (Mask R-CNN only: each detection's mask probabilities for its label) and ``num_detections
     [1]`` (int64); rows from ``num_detections`` on are zero. The transform's settings travel in
     the program as the buffer ``transform_settings`` (see :func:`settings_tensor`), and the
-smallest largest-resized-height it serves (:meth:`StaticGeneralizedRCNN.min_height`) as
-``min_resized_height``.
+    smallest largest-resized-height it serves (:meth:`StaticGeneralizedRCNN.min_height`) as
+    ``min_resized_height`` (0 for any size: the runner works it out per padded size). A program
+    for any size imports from memory; ``torch.export.load`` of one saved to a file fails in
+    torch's own decompositions (its sizes are expressions), so it is not a ``.pt2`` to compile.
 
     Returns
     -------
     (torch.export.ExportedProgram, StaticGeneralizedRCNN)
     """
-    from .static_rcnn import StaticGeneralizedRCNN, torch_bilinear_fused
+    from torch.export import Dim
 
-    static = StaticGeneralizedRCNN(model, padded_size, **static_kwargs).eval()
+    from .static_rcnn import StaticGeneralizedRCNN, SymbolicGeneralizedRCNN, torch_bilinear_fused
+
+    symbolic = isinstance(padded_size, str)
+    if symbolic and padded_size != "any":
+        raise ValueError(f"padded_size must be (Hp, Wp) or 'any', got {padded_size!r}")
+    if symbolic:
+        static = SymbolicGeneralizedRCNN(model, **static_kwargs).eval()
+        low, high = ANY_SIDES
+        dynamic = {
+            "images": {2: Dim("height", min=low, max=high), 3: Dim("width", min=low, max=high)},
+            "image_size": None,
+        }
+    else:
+        static = StaticGeneralizedRCNN(model, padded_size, **static_kwargs).eval()
+        dynamic = None
     static.register_buffer(
         "transform_settings", settings_tensor(model.transform, torch_bilinear_fused(30, 57))
     )
-    static.register_buffer("min_resized_height", torch.tensor(static.min_height(), dtype=torch.int64))
+    lowest = 0 if symbolic else static.min_height()
+    static.register_buffer("min_resized_height", torch.tensor(lowest, dtype=torch.int64))
     args = (torch.zeros((1, 3, *static.padded)), torch.tensor(static.padded, dtype=torch.float32))
     with torch.no_grad(), torch_frontend.fuse_multiscale_roi_align(static):
-        program = torch.export.export(static, args)
+        program = torch.export.export(static, args, dynamic_shapes=dynamic)
     return program, static
 
 

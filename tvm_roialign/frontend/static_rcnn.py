@@ -51,7 +51,7 @@ from torchvision.models.detection.rpn import concat_box_prediction_layers
 from ..runtime.bilinear import bilinear_weights
 from ..topi.nms import OFFSET_TRICK_MAX_NUMEL
 
-__all__ = ["StaticGeneralizedRCNN", "torch_bilinear_fused"]
+__all__ = ["StaticGeneralizedRCNN", "SymbolicGeneralizedRCNN", "torch_bilinear_fused"]
 
 
 def torch_bilinear_fused(in_size: int, out_size: int) -> bool:
@@ -202,7 +202,7 @@ class StaticGeneralizedRCNN(torch.nn.Module):
         rows = torch.arange(max_output) < count
         return torch.where(rows, keep, 0), rows, count
 
-    def _proposals(self, features, image_size):
+    def _proposals(self, features, image_size, images=None):  # noqa: ARG002 - the sizes are static
         rpn = self.model.rpn
         objectness, deltas = rpn.head(features)
         objectness, deltas = concat_box_prediction_layers(objectness, deltas)
@@ -276,7 +276,7 @@ class StaticGeneralizedRCNN(torch.nn.Module):
 
     def forward(self, images, image_size):
         features = self.model.backbone(images)
-        proposals, rows = self._proposals(list(features.values()), image_size)
+        proposals, rows = self._proposals(list(features.values()), image_size, images)
         boxes, scores, labels, det_rows, count = self._detections(
             features, proposals, rows, image_size
         )
@@ -299,3 +299,101 @@ class StaticGeneralizedRCNN(torch.nn.Module):
         if self.model.roi_heads.has_keypoint():
             names.append("keypoint_heatmaps")
         return [*names, "num_detections"]
+
+
+def _length(vector):
+    """The number of elements of a 1-D ``vector`` as an int64 tensor: a length from a tensor, not
+    from a symbolic size (a size in the arithmetic of the graph would reach Relax as a scalar
+    argument of a tensor op, which its ConvertLayout cannot take)."""
+    return torch.ones_like(vector, dtype=torch.int64).sum()
+
+
+class SymbolicGeneralizedRCNN(StaticGeneralizedRCNN):
+    """The static form for any padded image size: one program for every photo.
+
+    What differs from :class:`StaticGeneralizedRCNN` (same inputs, outputs and results):
+
+    * the anchors are computed in the graph from the feature maps' sizes, as torchvision's
+      ``AnchorGenerator`` computes them (the stride of a level is ``padded // grid``, which for
+      the pooled level of an odd ``padded / 32`` is not 64);
+    * each level's objectness is followed by ``pre_nms_top_n`` entries of ``-inf`` before its
+      top-k, so that ``k = pre_nms_top_n`` is static and the ``min(pre_nms_top_n, anchors)``
+      real entries come first, in the same order; the padding entries are marked invalid, so
+      that the NMS (over ``levels x pre_nms_top_n`` rows) keeps what torchvision's keeps and
+      takes torchvision's path by the count of the valid ones, as it does;
+    * the poolers' scales are those of ``reference_size`` (the scales torchvision infers and
+      caches on its first call; the runner checks that a photo gets the same ones:
+      :func:`tvm_roialign.runtime.transform.min_height_for_scales`).
+    """
+
+    def __init__(
+        self,
+        model,
+        reference_size=(512, 384),
+        offset_trick_max_numel: int = OFFSET_TRICK_MAX_NUMEL,
+        float64: bool = True,
+    ):
+        super().__init__(model, reference_size, offset_trick_max_numel, float64)
+        self.top_k = int(model.rpn._pre_nms_top_n["testing"])
+        num_levels = len(self.level_sizes)
+        self.register_buffer("levels", torch.arange(num_levels).repeat_interleave(self.top_k))
+        self.register_buffer("pad_objectness", torch.full((1, self.top_k), float("-inf")))
+        self.register_buffer("pad_boxes", torch.zeros((self.top_k, 4)))
+        with torch.no_grad():  # the poolers infer their scales once, at the reference size
+            features = model.backbone(torch.zeros((1, 3, *self.padded)))
+            for pooler in self._poolers():
+                pooler(features, [torch.zeros((1, 4))], [self.padded])
+
+    def pooler_strides(self) -> list[list[int]]:
+        """Per pooler of the heads, the stride of each feature map it pools from."""
+        return [[self.padded[0] // h for h in heights] for heights in self.pooler_feature_heights()]
+
+    def _anchors(self, features, images) -> list:
+        generator = self.model.rpn.anchor_generator
+        image_height = _length(images[0, 0, :, 0])
+        image_width = _length(images[0, 0, 0, :])
+        anchors = []
+        for feature, cell in zip(features, generator.cell_anchors):
+            height, width = feature.shape[-2:]
+            ys = torch.arange(height, dtype=torch.int64)
+            xs = torch.arange(width, dtype=torch.int64)
+            ys = ys * (image_height // _length(feature[0, 0, :, 0]))
+            xs = xs * (image_width // _length(feature[0, 0, 0, :]))
+            rows, columns = torch.meshgrid(ys, xs, indexing="ij")
+            rows, columns = rows.reshape(-1), columns.reshape(-1)
+            shifts = torch.stack((columns, rows, columns, rows), dim=1)
+            cell = cell.to(features[0].dtype)
+            anchors.append((shifts.view(-1, 1, 4) + cell.view(1, -1, 4)).reshape(-1, 4))
+        return anchors
+
+    def _proposals(self, features, image_size, images=None):
+        rpn = self.model.rpn
+        objectness, deltas = rpn.head(features)
+        values, boxes = [], []
+        for level, (logits, level_deltas, anchors) in enumerate(
+            zip(objectness, deltas, self._anchors(features, images))
+        ):
+            batch, per_cell, height, width = logits.shape
+            logits = logits.permute(0, 2, 3, 1).reshape(1, -1)
+            level_deltas = level_deltas.view(batch, per_cell, 4, height, width)
+            level_deltas = level_deltas.permute(0, 3, 4, 1, 2).reshape(-1, 4)
+            decoded = rpn.box_coder.decode_single(level_deltas.detach(), anchors)
+            logits = torch.cat([logits, self.pad_objectness], dim=1)
+            decoded = torch.cat([decoded, self.pad_boxes], dim=0)
+            top, index = logits.topk(self.top_k, dim=1)
+            values.append(top[0])
+            boxes.append(decoded[index[0]])
+        values, boxes = torch.cat(values), torch.cat(boxes)
+        scores = torch.sigmoid(values)
+        boxes = _clip(boxes, image_size)
+        widths, heights = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+        valid = (
+            (values > float("-inf"))
+            & (widths >= rpn.min_size)
+            & (heights >= rpn.min_size)
+            & (scores >= rpn.score_thresh)
+        )
+        keep, rows, _ = self._nms(
+            boxes, scores, self.levels, valid, rpn.nms_thresh, self.num_proposals
+        )
+        return torch.where(rows[:, None], boxes[keep], 0.0), rows

@@ -1,23 +1,25 @@
 """Whole torchvision detectors as one TVM artifact that runs without PyTorch.
 
-:func:`compile_detector` takes a torchvision Faster / Mask R-CNN (by name, as a model, or as a
-program exported with :func:`tvm_roialign.frontend.detection.export_detector`), exports it in its
-static form (:mod:`tvm_roialign.frontend.static_rcnn`) once per padded image size it is to serve
-(:func:`bucket_sizes`), imports them with tvm-roialign's converters into one module, converts it
-to NHWC (:class:`~tvm_roialign.passes.ConvertLayout`) and builds it with the CPU pipeline
+:func:`compile_detector` takes a torchvision Faster / Mask / Keypoint R-CNN (by name, as a model,
+or as a program exported with :func:`tvm_roialign.frontend.detection.export_detector`), exports
+it in its static form (:mod:`tvm_roialign.frontend.static_rcnn`), by default once with a symbolic
+padded height and width (one function for every photo), or once per padded image size it is to
+serve (:func:`bucket_sizes`), imports it with tvm-roialign's converters, converts it to NHWC
+(:class:`~tvm_roialign.passes.ConvertLayout`) and builds it with the CPU pipeline
 (:func:`tvm_roialign.pipeline.build`; for this machine's CPU unless another target is given). The
 result, :class:`DetectorArtifact`, is written as a library plus a ``.json`` of metadata (the
-padded sizes, torchvision's transform settings), which :class:`tvm_roialign.runtime.Detector`
-runs with TVM's runtime, NumPy and Pillow only.
+padded sizes it takes, torchvision's transform settings), which
+:class:`tvm_roialign.runtime.Detector` runs with TVM's runtime, NumPy and Pillow only.
 
-The artifact has one function per padded size ``(Hp, Wp)``, ``detect_<Hp>x<Wp>(images,
-image_size)``: ``images [1, 3, Hp, Wp]`` float32 (a photo after torchvision's transform:
-normalized, resized keeping its aspect ratio, zero-padded; the runner makes it), ``image_size
-[2]`` float32 (the resized ``(h, w)``); it returns ``boxes [1, D, 4]`` (in the resized image's
-pixels), ``scores [1, D]``, ``labels [1, D]`` (int64), ``masks [1, D, M, M]`` (Mask R-CNN: each
-detection's mask probabilities for its label) and ``num_detections [1]`` (int64), ``D`` = the
-model's ``detections_per_img``; rows from ``num_detections`` on are zero (TensorRT's and ONNX's
-detector convention). The weights are stored once (the VM's constant pool shares equal tensors)."""
+The artifact's function ``detect(images, image_size)`` (or, per padded size ``(Hp, Wp)``,
+``detect_<Hp>x<Wp>``) takes ``images [1, 3, Hp, Wp]`` float32 (a photo after torchvision's
+transform: normalized, resized keeping its aspect ratio, zero-padded; the runner makes it) and
+``image_size [2]`` float32 (the resized ``(h, w)``); it returns ``boxes [1, D, 4]`` (in the
+resized image's pixels), ``scores [1, D]``, ``labels [1, D]`` (int64), ``masks [1, D, M, M]``
+(Mask R-CNN: each detection's mask probabilities for its label), ``keypoint_heatmaps [1, D, K,
+56, 56]`` (Keypoint R-CNN) and ``num_detections [1]`` (int64), ``D`` = the model's
+``detections_per_img``; rows from ``num_detections`` on are zero (TensorRT's and ONNX's detector
+convention). The weights are stored once (the VM's constant pool shares equal tensors)."""
 
 from __future__ import annotations
 
@@ -131,6 +133,13 @@ def _tvm_friendly(model):
             predictor.conv5_mask = original
 
 
+#: ``image_sizes`` of one function for every photo (symbolic height and width).
+ANY = "any"
+
+#: The artifact's function for any padded size.
+ANY_FUNCTION = "detect"
+
+
 def function_name(padded) -> str:
     """The artifact's function for one padded size: ``detect_<Hp>x<Wp>``."""
     return f"detect_{int(padded[0])}x{int(padded[1])}"
@@ -172,6 +181,8 @@ def _import_one(model, padded, offset_trick_max_numel, float64):
         model, padded, offset_trick_max_numel=offset_trick_max_numel, float64=float64
     )
     mod = from_exported_program(program, keep_params_as_input=False)
+    if padded == ANY:
+        return mod["main"], _any_entry(static), static
     bucket = {
         "padded": list(static.padded),
         "function": function_name(static.padded),
@@ -180,13 +191,31 @@ def _import_one(model, padded, offset_trick_max_numel, float64):
     return mod["main"], bucket, static
 
 
+def _any_entry(static) -> dict:
+    """The metadata of the function for any padded size: its name, the padded sides it takes,
+    and what the runner needs to check a batch's scales (the poolers' strides and scales)."""
+    from ..frontend.detection import ANY_SIDES
+    from ..runtime.transform import pooler_scales
+
+    strides = static.pooler_strides()
+    height = static.padded[0]
+    return {
+        "function": ANY_FUNCTION,
+        "min_side": ANY_SIDES[0],
+        "max_side": ANY_SIDES[1],
+        "pooler_strides": strides,
+        "pooler_scales": [pooler_scales([height // s for s in row], height) for row in strides],
+    }
+
+
 def import_detector(
     model, image_sizes=None, layout: str = "NHWC", offset_trick_max_numel=4000, float64=True
 ):
     """``(IRModule, metadata)`` of ``model`` (a torchvision detector, or a program exported with
-    :func:`~tvm_roialign.frontend.detection.export_detector`): one function per padded size of
-    :func:`bucket_sizes` (``detect_<Hp>x<Wp>``); ``float64=False`` for targets without float64
-    (Metal)."""
+    :func:`~tvm_roialign.frontend.detection.export_detector`): for ``image_sizes`` None or
+    ``"any"``, one function ``detect`` for every padded size (metadata ``any_size``); else one
+    function per padded size of :func:`bucket_sizes` (``detect_<Hp>x<Wp>``, metadata
+    ``buckets``). ``float64=False`` for targets without float64 (Metal)."""
     import torch
 
     from ..frontend.detection import from_exported_program
@@ -202,15 +231,20 @@ def import_detector(
             model, keep_params_as_input=False
         )["main"]}
     else:
-        functions, buckets = {}, []
+        functions, buckets, any_size = {}, [], None
+        sizes = [ANY] if image_sizes in (None, ANY) else bucket_sizes(model.transform, image_sizes)
         with _tvm_friendly(model):
-            for padded in bucket_sizes(model.transform, image_sizes):
-                func, bucket, static = _import_one(model, padded, offset_trick_max_numel, float64)
-                functions[bucket["function"]] = func
-                buckets.append(bucket)
+            for padded in sizes:
+                func, entry, static = _import_one(model, padded, offset_trick_max_numel, float64)
+                functions[entry["function"]] = func
+                if padded == ANY:
+                    any_size = entry
+                else:
+                    buckets.append(entry)
         meta = {
             "outputs": static.output_names(),
             "buckets": buckets,
+            **({"any_size": any_size} if any_size else {}),
             "transform": TransformSettings.of(
                 model.transform, torch_bilinear_fused(30, 57)
             ).to_dict(),
@@ -321,10 +355,13 @@ def compile_detector(
     model : str | torch.nn.Module | torch.export.ExportedProgram | path
         A name from :data:`DETECTORS` (built with ``config``), a torchvision Faster / Mask R-CNN
         in eval mode, or an exported detector program (in memory or a ``.pt2`` file).
-    image_sizes : (int, int) | list of (int, int) | "all" | None
-        The photo sizes ``(H, W)`` the artifact serves: one function per padded size they get
-        from torchvision's transform (:func:`bucket_sizes`; None: :data:`DEFAULT_PHOTO_SIZES`;
-        ``"all"``: every padded size). Not used for an exported program (its own size).
+    image_sizes : (int, int) | list of (int, int) | "all" | "any" | None
+        The photo sizes ``(H, W)`` the artifact serves. None or ``"any"`` (the default): one
+        function for every photo (a symbolic padded size within
+        :data:`~tvm_roialign.frontend.detection.ANY_SIDES`). Sizes: one function per padded
+        size they get from torchvision's transform (:func:`bucket_sizes`; ``"all"``: every
+        padded size), each compiled for its size. Not used for an exported program (its own
+        size).
     target : str | dict | tvm.target.Target | None
         Anything :func:`tvm_roialign.target.parse_target` takes: a short name (``"native"``,
         ``"llvm-generic"``, ``"aarch64"``, ``"cuda"``...), a tvmc string, a JSON/dict target or a
@@ -351,9 +388,14 @@ def compile_detector(
     elif isinstance(model, (str, Path)):
         name = name or Path(model).stem
         model = _load_program(Path(model))
-    progress("export and import" if hasattr(model, "graph_signature") else (
-        f"export and import {len(bucket_sizes(model.transform, image_sizes))} padded size(s)"
-    ))
+    if hasattr(model, "graph_signature"):
+        progress("export and import")
+    elif image_sizes in (None, ANY):
+        progress("export and import one function for every padded size")
+    else:
+        progress(
+            f"export and import {len(bucket_sizes(model.transform, image_sizes))} padded size(s)"
+        )
     t0 = time.perf_counter()
     mod, meta = import_detector(
         model, image_sizes, layout, offset_trick_max_numel, target.kind.name != "metal"

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import tvm
+import tvm_ffi
 from tvm import relax, te, tirx
 
 from ..strategies import host_target, select_strategy
@@ -61,7 +62,7 @@ class FreshDims:
         if isinstance(dim, (int, tirx.IntImm, tirx.Var)):
             return dim
         for expr, var in self._seen:
-            if tvm.ir.structural_equal(expr, dim):
+            if tvm_ffi.structural_equal(expr, dim):
                 return var
         var = tirx.Var(f"dim{len(self._seen)}", "int64")
         self._seen.append((dim, var))

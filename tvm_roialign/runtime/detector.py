@@ -23,7 +23,14 @@ from ..host import host_machine, is_host_triple, use_usable_cores
 from .draw import draw_detections
 from .keypoints import heatmaps_to_keypoints
 from .masks import paste_masks
-from .transform import TransformSettings, padded_size, resize_boxes, resize_keypoints
+from .transform import (
+    TransformSettings,
+    min_height_for_scales,
+    padded_size,
+    pooler_scales,
+    resize_boxes,
+    resize_keypoints,
+)
 
 __all__ = [
     "METADATA_KIND",
@@ -129,8 +136,10 @@ class Detector:
     ``total_s`` (with the NumPy steps). A list of photos is one batch, padded together as
     torchvision's ``batch_images`` pads it (what ``model(images)`` computes), and gives a list
     of such dicts; :meth:`raw` gives the batch as ``[N, D, ...]`` arrays and ``num_detections
-    [N]``. A photo (or batch) whose padded size the artifact was not compiled for is refused
-    with the sizes it accepts (:attr:`accepted`), never stretched. With a ``tvm.rpc``
+    [N]``. An artifact compiled for any size (``any_size`` in its metadata: one function with a
+    symbolic padded size) takes every padded size within its bounds; one compiled per padded
+    size takes those. A photo (or batch) of another padded size is refused with the sizes the
+    artifact accepts (:attr:`accepted`), never stretched. With a ``tvm.rpc``
     ``session`` the artifact (a library built for that device) runs there, the NumPy steps here.
     """
 
@@ -163,17 +172,39 @@ class Detector:
             )
         self.settings = TransformSettings.from_dict(self.meta["transform"])
         self.buckets = {tuple(b["padded"]): b for b in self.meta["buckets"]}
+        self.any_size = self.meta.get("any_size")
         self.outputs = list(self.meta["outputs"])
         self.names = self.meta.get("categories")
 
     @property
-    def accepted(self) -> list[tuple[int, int]]:
-        """The padded sizes ``(Hp, Wp)`` this artifact has a function for."""
-        return sorted(self.buckets)
+    def accepted(self) -> str:
+        """The padded sizes this artifact takes, in words."""
+        parts = []
+        if self.any_size:
+            parts.append(
+                f"any padded size from {self.any_size['min_side']} to "
+                f"{self.any_size['max_side']} pixels a side"
+            )
+        if self.buckets:
+            parts.append(f"padded sizes {', '.join(_size(s) for s in sorted(self.buckets))}")
+        return " and ".join(parts)
+
+    def _any_bucket(self, padded) -> dict | None:
+        """The function for any size, as a bucket of ``padded``; None when ``padded`` is out of
+        its bounds or its feature maps give the poolers other scales than the function's."""
+        entry = self.any_size
+        if not entry or not all(entry["min_side"] <= s <= entry["max_side"] for s in padded):
+            return None
+        heights = [[-(-padded[0] // s) for s in row] for row in entry["pooler_strides"]]
+        scales = [pooler_scales(h, padded[0]) for h in heights]
+        if scales != entry["pooler_scales"]:
+            return None
+        lowest = min_height_for_scales(heights, padded[0], self.settings.size_divisible)
+        return {"padded": list(padded), "function": entry["function"], "min_resized_height": lowest}
 
     def _bucket(self, resized, shapes) -> dict:
         padded = padded_size(resized, self.settings.size_divisible)
-        bucket = self.buckets.get(padded)
+        bucket = self.buckets.get(padded) or self._any_bucket(padded)
         settings = f"min_size {self.settings.min_size}, max_size {self.settings.max_size}"
         what = (
             f"a photo of {_size(shapes[0])}" if len(shapes) == 1 else
@@ -182,8 +213,8 @@ class Detector:
         if bucket is None:
             raise ValueError(
                 f"{what} is padded to {_size(padded)} by torchvision's transform ({settings}); "
-                f"this artifact accepts padded sizes {', '.join(_size(s) for s in self.accepted)} "
-                f"(compile with --input-size {_size(shapes[0])} or --input-size all)"
+                f"this artifact accepts {self.accepted} (compile with --input-size "
+                f"{_size(shapes[0])} for a build of that size)"
             )
         height = max(r[0] for r in resized)
         if height < bucket["min_resized_height"]:
