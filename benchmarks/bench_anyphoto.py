@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default="native")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--static", default="all", help="photos timed against a static build, or all")
-    parser.add_argument("--batch", default="coffee,portrait,wide")
+    parser.add_argument("--batch", default="coffee,chelsea,grace_hopper")
     parser.add_argument("--out", default="benchmarks/results/bench_anyphoto.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(use_usable_cores())

@@ -298,11 +298,11 @@ def test_full_model_any_photo_size(full, photo_name):
 
 
 def test_full_model_batch_of_three(full):
-    """coffee, its portrait and the wide photo in one call: padded together to 512x512 as
+    """coffee, chelsea and grace_hopper in one call: padded together to 512x512 as
     torchvision's batch_images pads them; equal to eager's batched call, image by image."""
     model, detector = full
     photos = all_photos()
-    rgbs = [photos[n] for n in ("coffee", "portrait", "wide")]
+    rgbs = [photos[n] for n in ("coffee", "chelsea", "grace_hopper")]
     images = [torch.from_numpy(r).permute(2, 0, 1).float() / 255.0 for r in rgbs]
     with torch.no_grad():
         refs = model(images)

@@ -232,6 +232,22 @@ def test_conv_transpose_rewrite_is_exact():
     assert mr.conv_transpose_as_conv(torch.nn.ConvTranspose2d(6, 5, 3, 2)) is None
 
 
+def test_keypoint_conv_transpose_rewrite_is_exact():
+    """Keypoint R-CNN's predictor (4x4, stride 2, padding 1) as a 3x3 conv per output phase plus
+    depth-to-space: torch's own ConvTranspose2d within float32 reordering, on a non-square map;
+    another padding is left alone."""
+    from tvm_roialign.models._torch_rewrites import ConvTranspose4x4
+
+    torch.manual_seed(1)
+    conv = torch.nn.ConvTranspose2d(6, 5, 4, stride=2, padding=1)
+    rewritten = mr.conv_transpose_as_conv(conv)
+    assert isinstance(rewritten, ConvTranspose4x4)
+    x = torch.randn(3, 6, 7, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(rewritten(x), conv(x), rtol=1e-5, atol=1e-5)
+    assert mr.conv_transpose_as_conv(torch.nn.ConvTranspose2d(6, 5, 4, stride=2, padding=0)) is None
+
+
 def test_nhwc_pieces_match_nchw_pieces(model, eager_features, torch_pieces):
     """The channels-last box head and the rewritten mask predictor give torchvision's results."""
     _, outs = eager_features

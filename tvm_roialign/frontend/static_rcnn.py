@@ -202,7 +202,7 @@ class StaticGeneralizedRCNN(torch.nn.Module):
         rows = torch.arange(max_output) < count
         return torch.where(rows, keep, 0), rows, count
 
-    def _proposals(self, features, image_size, images=None):  # noqa: ARG002 - the sizes are static
+    def _proposals(self, features, image_size, images=None):
         rpn = self.model.rpn
         objectness, deltas = rpn.head(features)
         objectness, deltas = concat_box_prediction_layers(objectness, deltas)
@@ -370,8 +370,8 @@ class SymbolicGeneralizedRCNN(StaticGeneralizedRCNN):
         rpn = self.model.rpn
         objectness, deltas = rpn.head(features)
         values, boxes = [], []
-        for level, (logits, level_deltas, anchors) in enumerate(
-            zip(objectness, deltas, self._anchors(features, images))
+        for logits, level_deltas, anchors in zip(
+            objectness, deltas, self._anchors(features, images)
         ):
             batch, per_cell, height, width = logits.shape
             logits = logits.permute(0, 2, 3, 1).reshape(1, -1)

@@ -24,6 +24,7 @@ class ConvTranspose2x2(torch.nn.Module):
         bias = conv.bias.detach() if conv.bias is not None else torch.zeros(cout)
         self.weight = torch.nn.Parameter(weight.contiguous(), requires_grad=False)
         self.bias = torch.nn.Parameter(bias.repeat_interleave(4), requires_grad=False)
+        self.padding = 0
 
     @staticmethod
     def applies_to(module) -> bool:
@@ -39,7 +40,7 @@ class ConvTranspose2x2(torch.nn.Module):
 
     def forward(self, x, activation=None):
         height, width = x.shape[-2:]
-        y = torch.nn.functional.conv2d(x, self.weight, self.bias)
+        y = torch.nn.functional.conv2d(x, self.weight, self.bias, padding=self.padding)
         y = y.permute(0, 2, 3, 1).reshape(-1, height, width, self.cout, 2, 2)
         y = y.permute(0, 1, 4, 2, 5, 3).reshape(-1, 2 * height, 2 * width, self.cout)
         if activation is not None:
@@ -47,9 +48,55 @@ class ConvTranspose2x2(torch.nn.Module):
         return y.permute(0, 3, 1, 2)
 
 
+#: For a 4x4 / stride-2 / padding-1 transposed conv, per output phase ``a`` (row parity) the kernel
+#: row that each row of a 3x3 window (offsets -1, 0, +1) takes: output row ``2m + a`` sums input
+#: rows ``m`` and ``m - 1`` (kernel rows 1 and 3) for ``a = 0``, ``m + 1`` and ``m`` (0 and 2) for
+#: ``a = 1``; likewise for columns.
+_PHASE_TAPS = ({0: 3, 1: 1}, {1: 2, 2: 0})
+
+
+class ConvTranspose4x4(ConvTranspose2x2):
+    """A ``ConvTranspose2d`` with kernel 4, stride 2, padding 1 (Keypoint R-CNN's predictor) as a
+    3x3 conv (padding 1) to ``4 x cout`` channels, one per output phase, plus the same
+    depth-to-space: ``out[co, 2m+a, 2n+b] = bias[co] + sum over the phase's 2x2 taps``. Legalized
+    as itself, the transposed conv ran in 3.9 s of the 5.2 s of a Keypoint R-CNN artifact."""
+
+    def __init__(self, conv: torch.nn.ConvTranspose2d):
+        torch.nn.Module.__init__(self)  # the 2x2 weights of the base are not wanted
+        cin, cout = conv.weight.shape[:2]
+        self.cout = cout
+        source = conv.weight.detach()
+        weight = torch.zeros((cout, 2, 2, cin, 3, 3), dtype=source.dtype)
+        for a, rows in enumerate(_PHASE_TAPS):
+            for b, columns in enumerate(_PHASE_TAPS):
+                for ry, ky in rows.items():
+                    for rx, kx in columns.items():
+                        weight[:, a, b, :, ry, rx] = source[:, :, ky, kx].t()
+        bias = conv.bias.detach() if conv.bias is not None else torch.zeros(cout)
+        self.weight = torch.nn.Parameter(weight.reshape(cout * 4, cin, 3, 3), requires_grad=False)
+        self.bias = torch.nn.Parameter(bias.repeat_interleave(4), requires_grad=False)
+        self.padding = 1
+
+    @staticmethod
+    def applies_to(module) -> bool:
+        return (
+            isinstance(module, torch.nn.ConvTranspose2d)
+            and tuple(module.kernel_size) == (4, 4)
+            and tuple(module.stride) == (2, 2)
+            and tuple(module.padding) == (1, 1)
+            and tuple(module.output_padding) == (0, 0)
+            and tuple(module.dilation) == (1, 1)
+            and module.groups == 1
+        )
+
+
 def conv_transpose_as_conv(module) -> ConvTranspose2x2 | None:
-    """:class:`ConvTranspose2x2` for a 2x2/stride-2 ``ConvTranspose2d`` (no padding, one group), else None."""
-    return ConvTranspose2x2(module) if ConvTranspose2x2.applies_to(module) else None
+    """:class:`ConvTranspose2x2` for a 2x2/stride-2 ``ConvTranspose2d`` (no padding, one group),
+    :class:`ConvTranspose4x4` for a 4x4/stride-2/padding-1 one, else None."""
+    for kind in (ConvTranspose2x2, ConvTranspose4x4):
+        if kind.applies_to(module):
+            return kind(module)
+    return None
 
 
-__all__ = ["ConvTranspose2x2", "conv_transpose_as_conv"]
+__all__ = ["ConvTranspose2x2", "ConvTranspose4x4", "conv_transpose_as_conv"]

@@ -114,23 +114,31 @@ def _categories(model) -> list[str] | None:
     return names if classes == len(names) else None
 
 
+#: The transposed convs that :func:`_tvm_friendly` rewrites: (head of ``roi_heads``, attribute).
+_TRANSPOSED_CONVS = (("mask_predictor", "conv5_mask"), ("keypoint_predictor", "kps_score_lowres"))
+
+
 @contextlib.contextmanager
 def _tvm_friendly(model):
     """Within the block, the mask predictor's 2x2 / stride-2 ConvTranspose2d runs as a 1x1
     convolution plus depth-to-space (same sums, a quarter of the work in TVM, and a form
-    ConvertLayout moves to NHWC); the model is restored on exit."""
+    ConvertLayout moves to NHWC), and the keypoint predictor's 4x4 / stride-2 one as a 3x3
+    convolution plus depth-to-space (:mod:`._torch_rewrites`); the model is restored on exit."""
     from ._torch_rewrites import conv_transpose_as_conv
 
-    predictor = getattr(model.roi_heads, "mask_predictor", None)
-    original = getattr(predictor, "conv5_mask", None)
-    replacement = conv_transpose_as_conv(original) if original is not None else None
-    if replacement is not None:
-        predictor.conv5_mask = replacement
+    replaced = []
+    for head_name, attribute in _TRANSPOSED_CONVS:
+        head = getattr(model.roi_heads, head_name, None)
+        original = getattr(head, attribute, None)
+        replacement = conv_transpose_as_conv(original) if original is not None else None
+        if replacement is not None:
+            setattr(head, attribute, replacement)
+            replaced.append((head, attribute, original))
     try:
         yield model
     finally:
-        if replacement is not None:
-            predictor.conv5_mask = original
+        for head, attribute, original in replaced:
+            setattr(head, attribute, original)
 
 
 #: ``image_sizes`` of one function for every photo (symbolic height and width).
