@@ -7,6 +7,20 @@ from __future__ import annotations
 import torch
 
 
+def _is_transposed_conv(module, kernel: int, stride: int, padding: int) -> bool:
+    """Whether ``module`` is a square ``ConvTranspose2d`` of these sizes (one group, no dilation,
+    no output padding)."""
+    return (
+        isinstance(module, torch.nn.ConvTranspose2d)
+        and tuple(module.kernel_size) == (kernel, kernel)
+        and tuple(module.stride) == (stride, stride)
+        and tuple(module.padding) == (padding, padding)
+        and tuple(module.output_padding) == (0, 0)
+        and tuple(module.dilation) == (1, 1)
+        and module.groups == 1
+    )
+
+
 class ConvTranspose2x2(torch.nn.Module):
     """A ``ConvTranspose2d`` with kernel = stride = 2 as a 1x1 conv plus a depth-to-space.
 
@@ -28,15 +42,7 @@ class ConvTranspose2x2(torch.nn.Module):
 
     @staticmethod
     def applies_to(module) -> bool:
-        return (
-            isinstance(module, torch.nn.ConvTranspose2d)
-            and tuple(module.kernel_size) == (2, 2)
-            and tuple(module.stride) == (2, 2)
-            and tuple(module.padding) == (0, 0)
-            and tuple(module.output_padding) == (0, 0)
-            and tuple(module.dilation) == (1, 1)
-            and module.groups == 1
-        )
+        return _is_transposed_conv(module, kernel=2, stride=2, padding=0)
 
     def forward(self, x, activation=None):
         height, width = x.shape[-2:]
@@ -79,15 +85,7 @@ class ConvTranspose4x4(ConvTranspose2x2):
 
     @staticmethod
     def applies_to(module) -> bool:
-        return (
-            isinstance(module, torch.nn.ConvTranspose2d)
-            and tuple(module.kernel_size) == (4, 4)
-            and tuple(module.stride) == (2, 2)
-            and tuple(module.padding) == (1, 1)
-            and tuple(module.output_padding) == (0, 0)
-            and tuple(module.dilation) == (1, 1)
-            and module.groups == 1
-        )
+        return _is_transposed_conv(module, kernel=4, stride=2, padding=1)
 
 
 def conv_transpose_as_conv(module) -> ConvTranspose2x2 | None:
