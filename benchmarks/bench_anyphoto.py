@@ -113,14 +113,10 @@ def print_report(report) -> None:
 def static_artifacts(model, rgbs, args, workdir: Path, log, report) -> dict:
     """One static artifact per padded size of the ``--static`` photos, by padded size (and
     ``"photos"``: the names)."""
-    from tvm_roialign.runtime.transform import padded_size, resized_size
-
     names = list(rgbs) if args.static == "all" else [n for n in args.static.split(",") if n]
-    transform = model.transform
     statics = {"photos": names}
     for name in names:
-        resized = resized_size(rgbs[name].shape[:2], transform.min_size[-1], transform.max_size)
-        padded = padded_size([resized], transform.size_divisible)
+        (padded,) = det.bucket_sizes(model.transform, rgbs[name].shape[:2])
         if padded in statics:
             continue
         key = f"{padded[0]}x{padded[1]}"

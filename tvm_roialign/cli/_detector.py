@@ -156,6 +156,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
     started (the total time printed counts from it); ``link_note``: how ``out`` is linked
     (:func:`tvm_roialign.linking.choose_library`)."""
     from ..models.detection import DETECTORS, DetectorConfig, build_torch_detector, compile_detector
+    from ..runtime.detector import accepted_sizes
     from ..target import describe
 
     name = args.model if args.model in DETECTORS else None
@@ -193,23 +194,11 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
             raise CLIError(first_line(err)) from None
     times = add_total(times, t_start, args.startup_s)
     print(
-        f"compiled {args.model} ({_served(artifact.meta)}; {describe(target)}, layout {layout}) -> "
+        f"compiled {args.model} ({accepted_sizes(artifact.meta, most=8)}; {describe(target)}, "
+        f"layout {layout}) -> "
         f"{out} (+ {out.name}.json) in {format_times(times)}"
     )
     return 0
-
-
-def _served(meta: dict) -> str:
-    """The padded sizes an artifact takes, for ``compile``'s summary line."""
-    parts = []
-    if meta.get("any_size"):
-        entry = meta["any_size"]
-        parts.append(f"any padded size, {entry['min_side']}-{entry['max_side']} a side")
-    padded = [f"{h}x{w}" for h, w in (b["padded"] for b in meta["buckets"])]
-    if padded:
-        shown = ", ".join(padded) if len(padded) <= 8 else f"{', '.join(padded[:8])}, ..."
-        parts.append(f"padded sizes {shown}")
-    return "; ".join(parts)
 
 
 def run_main(args, session=None) -> int:

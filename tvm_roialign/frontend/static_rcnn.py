@@ -215,15 +215,24 @@ class StaticGeneralizedRCNN(torch.nn.Module):
             offset += size
         top = torch.cat(top, dim=1)[0]
         scores = torch.sigmoid(objectness[0][top])
-        boxes = _clip(proposals[top], image_size)
+        return self._kept_proposals(proposals[top], scores, self.levels[top], image_size)
+
+    def _kept_proposals(self, boxes, scores, levels, image_size, candidates=None):
+        """The RPN's filter on the top-k boxes: clip, ``remove_small_boxes`` and the score
+        threshold as a mask (and ``candidates``, the rows that are real entries), then the NMS
+        per level; the kept boxes, zero rows past the count, and the rows' mask."""
+        rpn = self.model.rpn
+        boxes = _clip(boxes, image_size)
         widths, heights = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
         valid = (
             (widths >= rpn.min_size)
             & (heights >= rpn.min_size)
             & (scores >= rpn.score_thresh)
         )
+        if candidates is not None:
+            valid = candidates & valid
         keep, rows, _ = self._nms(
-            boxes, scores, self.levels[top], valid, rpn.nms_thresh, self.num_proposals
+            boxes, scores, levels, valid, rpn.nms_thresh, self.num_proposals
         )
         return torch.where(rows[:, None], boxes[keep], 0.0), rows
 
@@ -383,17 +392,8 @@ class SymbolicGeneralizedRCNN(StaticGeneralizedRCNN):
             top, index = logits.topk(self.top_k, dim=1)
             values.append(top[0])
             boxes.append(decoded[index[0]])
-        values, boxes = torch.cat(values), torch.cat(boxes)
-        scores = torch.sigmoid(values)
-        boxes = _clip(boxes, image_size)
-        widths, heights = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-        valid = (
-            (values > float("-inf"))
-            & (widths >= rpn.min_size)
-            & (heights >= rpn.min_size)
-            & (scores >= rpn.score_thresh)
+        values = torch.cat(values)
+        return self._kept_proposals(
+            torch.cat(boxes), torch.sigmoid(values), self.levels, image_size,
+            candidates=values > float("-inf"),
         )
-        keep, rows, _ = self._nms(
-            boxes, scores, self.levels, valid, rpn.nms_thresh, self.num_proposals
-        )
-        return torch.where(rows[:, None], boxes[keep], 0.0), rows

@@ -203,7 +203,7 @@ def _any_entry(static) -> dict:
     """The metadata of the function for any padded size: its name, the padded sides it takes,
     and what the runner needs to check a batch's scales (the poolers' strides and scales)."""
     from ..frontend.detection import ANY_SIDES
-    from ..runtime.transform import pooler_scales
+    from ..runtime.transform import feature_heights, pooler_scales
 
     strides = static.pooler_strides()
     height = static.padded[0]
@@ -212,7 +212,7 @@ def _any_entry(static) -> dict:
         "min_side": ANY_SIDES[0],
         "max_side": ANY_SIDES[1],
         "pooler_strides": strides,
-        "pooler_scales": [pooler_scales([height // s for s in row], height) for row in strides],
+        "pooler_scales": [pooler_scales(feature_heights(height, row), height) for row in strides],
     }
 
 

@@ -25,6 +25,7 @@ from .keypoints import heatmaps_to_keypoints
 from .masks import paste_masks
 from .transform import (
     TransformSettings,
+    feature_heights,
     min_height_for_scales,
     padded_size,
     pooler_scales,
@@ -35,6 +36,7 @@ from .transform import (
 __all__ = [
     "METADATA_KIND",
     "Detector",
+    "accepted_sizes",
     "detect_to_files",
     "is_detector",
     "read_image",
@@ -123,6 +125,23 @@ def _size(size) -> str:
     return f"{int(size[0])}x{int(size[1])}"
 
 
+def accepted_sizes(meta: dict, most: int | None = None) -> str:
+    """The padded sizes a detector artifact takes (its metadata ``meta``), in words; at most
+    ``most`` of its static sizes are listed."""
+    parts = []
+    entry = meta.get("any_size")
+    if entry:
+        parts.append(
+            f"any padded size from {entry['min_side']} to {entry['max_side']} pixels a side"
+        )
+    padded = sorted(tuple(b["padded"]) for b in meta["buckets"])
+    if padded:
+        shown = [_size(s) for s in padded[:most]]
+        more = ", ..." if most is not None and len(padded) > most else ""
+        parts.append(f"padded sizes {', '.join(shown)}{more}")
+    return " and ".join(parts)
+
+
 class Detector:
     """A compiled detector artifact, ready to run on photos of the sizes it serves.
 
@@ -178,16 +197,8 @@ class Detector:
 
     @property
     def accepted(self) -> str:
-        """The padded sizes this artifact takes, in words."""
-        parts = []
-        if self.any_size:
-            parts.append(
-                f"any padded size from {self.any_size['min_side']} to "
-                f"{self.any_size['max_side']} pixels a side"
-            )
-        if self.buckets:
-            parts.append(f"padded sizes {', '.join(_size(s) for s in sorted(self.buckets))}")
-        return " and ".join(parts)
+        """The padded sizes this artifact takes, in words (:func:`accepted_sizes`)."""
+        return accepted_sizes(self.meta)
 
     def _any_bucket(self, padded) -> dict | None:
         """The function for any size, as a bucket of ``padded``; None when ``padded`` is out of
@@ -195,7 +206,7 @@ class Detector:
         entry = self.any_size
         if not entry or not all(entry["min_side"] <= s <= entry["max_side"] for s in padded):
             return None
-        heights = [[-(-padded[0] // s) for s in row] for row in entry["pooler_strides"]]
+        heights = [feature_heights(padded[0], row) for row in entry["pooler_strides"]]
         scales = [pooler_scales(h, padded[0]) for h in heights]
         if scales != entry["pooler_scales"]:
             return None

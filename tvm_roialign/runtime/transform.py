@@ -23,6 +23,7 @@ from .bilinear import resize_bilinear
 __all__ = [
     "TransformSettings",
     "all_padded_sizes",
+    "feature_heights",
     "min_height_for_scales",
     "padded_size",
     "pooler_scales",
@@ -102,6 +103,12 @@ def all_padded_sizes(min_size: int, max_size: int, size_divisible: int = 32, lon
                 continue
             sizes.add(padded_size([resized], size_divisible))
     return sorted(sizes | {(w, h) for h, w in sizes})
+
+
+def feature_heights(padded_height: int, strides) -> list[int]:
+    """The heights of feature maps of the given ``strides`` for a padded image height (each
+    stride-2 step rounds up, as a padded convolution or a ``max_pool2d(x, 1, 2)`` does)."""
+    return [-(-int(padded_height) // int(s)) for s in strides]
 
 
 def pooler_scales(feature_heights, height: int) -> list[float]:
