@@ -118,6 +118,20 @@ def test_padded_size_of_a_batch_is_batch_images():
     assert padded_size(sizes) == tuple(batched.shape[-2:]) == (512, 512)
 
 
+@pytest.mark.parametrize("min_size, max_size", [(512, 512), (800, 1333), (300, 500)])
+def test_longest_padded_side_is_batch_images_of_the_longest_photo(min_size, max_size):
+    """The side at which a symbolic build judges its convs: the padded long side of a photo that
+    torchvision resizes to ``max_size`` (a panorama), as batch_images pads it."""
+    from torchvision.models.detection.transform import GeneralizedRCNNTransform
+
+    from tvm_roialign.runtime.transform import TransformSettings
+
+    transform = GeneralizedRCNNTransform(min_size, max_size, [0.0] * 3, [1.0] * 3).eval()
+    with torch.no_grad():
+        images, _ = transform([torch.zeros(3, 100, 4000)])
+    assert TransformSettings.of(transform).longest_padded_side() == images.tensors.shape[-1]
+
+
 def test_paste_masks_matches_torchvision(rng):
     height, width, count = 400, 600, 80
     masks = rng.random((count, 28, 28), dtype=np.float32)

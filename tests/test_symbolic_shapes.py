@@ -36,9 +36,9 @@ def _rules():
     return default_rules()
 
 
-def _scheduled(mod):
+def _scheduled(mod, **prepare):
     with HOST:
-        scheduled = cpu_schedule_pass(_rules())(prepare_pipeline(HOST)(mod))
+        scheduled = cpu_schedule_pass(_rules())(prepare_pipeline(HOST, **prepare)(mod))
     return {
         gv.name_hint: f for gv, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
     }
@@ -106,8 +106,8 @@ def _close(actual, expected):
     np.testing.assert_allclose(actual, expected, rtol=0, atol=RTOL * float(np.abs(expected).max()))
 
 
-def _run_shapes(mod, shapes, reference, rng):
-    vm = relax.VirtualMachine(build(mod, HOST, rules=_rules()), tvm.cpu())
+def _run_shapes(mod, shapes, reference, rng, **options):
+    vm = relax.VirtualMachine(build(mod, HOST, rules=_rules(), **options), tvm.cpu())
     for shape in shapes:
         data = rng.standard_normal(shape).astype("float32")
         _close(vm["main"](tvm.runtime.tensor(data)).numpy(), reference(data))
@@ -261,7 +261,7 @@ def test_conv_of_compound_symbolic_extents_matches_float64(rng):
     stem = (rng.standard_normal((7, 7, 3, 64)) * 0.2).astype("float32")
     weight = (rng.standard_normal((3, 3, 64, 64)) * 0.1).astype("float32")
     mod = _module([N, H, W, 3], _stem_then_conv(stem, weight))
-    convs = [f for name, f in _scheduled(mod).items() if "conv2d" in name]
+    convs = [f for name, f in _scheduled(mod, winograd=0).items() if "conv2d" in name]
     assert len(convs) == 2
     for conv in convs:
         assert tvm.tirx.ForKind.UNROLLED in _loop_kinds(conv), conv.script()
@@ -270,7 +270,47 @@ def test_conv_of_compound_symbolic_extents_matches_float64(rng):
         [(1, 64, 80, 3), (1, 37, 45, 3), (2, 50, 33, 3)],
         lambda x: _torch_stem_then_conv(x, stem, weight),
         rng,
+        winograd=0,
     )
+
+
+def test_winograd_at_symbolic_sizes_matches_float64(rng):
+    """The 3x3 conv after a stem and a pool (extents ``(h - 1) // 4 + 1``) as Winograd F(4x4, 3x3)
+    at a symbolic size: transforms whose tiles are axes (no division by a symbolic count), a
+    product over ``N * tiles`` rows. A symbolic resnet18 ran 1.3x its static build without it.
+    Sizes not a multiple of the tile, a batch, and images smaller than one tile."""
+    stem = (rng.standard_normal((7, 7, 3, 64)) * 0.2).astype("float32")
+    weight = (rng.standard_normal((3, 3, 64, 64)) * 0.1).astype("float32")
+    mod = _module([N, H, W, 3], _stem_then_conv(stem, weight))
+    funcs = _scheduled(mod)
+    names = sorted(funcs)
+    assert any("winograd_input_transform" in n for n in names), names
+    assert any("winograd_output_transform" in n for n in names), names
+    assert len([n for n in names if "conv2d" in n]) == 1, names  # the stem alone
+    assert not any("reshape" in n for n in names), names  # the product's rows are a view
+    for name, func in funcs.items():
+        if "winograd" in name:
+            _assert_parallel_vectorized(func)
+    _run_shapes(
+        mod,
+        [(1, 64, 80, 3), (1, 37, 45, 3), (2, 50, 33, 3), (1, 9, 5, 3)],
+        lambda x: _torch_stem_then_conv(x, stem, weight),
+        rng,
+    )
+
+
+def test_winograd_at_symbolic_sizes_decides_at_the_reference_side(rng):
+    """One library serves every size, so whether a symbolic conv is worth Winograd is decided at
+    its size for the reference image side: a layer of few tiles there stays a direct conv."""
+    from tvm_roialign.passes import WinogradConv2D
+
+    weight = rng.standard_normal((3, 3, 64, 64)).astype("float32")
+    mod = _module([1, H, W, 64], _conv(weight, 1))
+    # 16x16 -> 16 tiles of 4x4 (fewer than 32): direct; 64x64 -> 256 tiles: Winograd
+    assert WinogradConv2D(reference_side=16)(mod).same_as(mod)
+    rewritten = WinogradConv2D(reference_side=64)(mod)
+    assert not rewritten.same_as(mod)
+    assert "relax.nn.conv2d" not in rewritten.script()
 
 
 def test_compound_extents_get_variables_bound_from_the_buffers():

@@ -83,7 +83,8 @@ def cpu_pipeline(
         ``ConvertLayout`` adds transposes at the edges of an NCHW model and folds those that
         cancel; None keeps the model's layouts), ``fold_batch_norm`` and ``pad_channels``
         (True), ``winograd``: output tile of the Winograd rewrite of 3x3 convolutions (4:
-        ``F(4x4, 3x3)``, 2, or 0: off).
+        ``F(4x4, 3x3)``, 2, or 0: off), ``reference_side``: the image side (320) at which a conv
+        of symbolic size is judged worth Winograd (one library serves every size).
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 

@@ -25,7 +25,12 @@ def cpu_schedule_pass(rules=None) -> tvm.transform.Pass:
 
 
 def _graph_passes(
-    target, layout: str | None, fold_batch_norm: bool, pad_channels: bool, winograd: int
+    target,
+    layout: str | None,
+    fold_batch_norm: bool,
+    pad_channels: bool,
+    winograd: int,
+    reference_side: int,
 ) -> list:
     from .passes import (
         ConvertLayout,
@@ -53,7 +58,7 @@ def _graph_passes(
     if pad_channels:
         passes.append(PadChannels(multiple=cpu_info(target).lanes()))
     if winograd:
-        passes.append(WinogradConv2D(tile=winograd))
+        passes.append(WinogradConv2D(tile=winograd, reference_side=reference_side))
     return passes
 
 
@@ -89,6 +94,7 @@ def prepare_pipeline(
     fold_batch_norm: bool = True,
     pad_channels: bool = True,
     winograd: int = 4,
+    reference_side: int = 320,
 ) -> tvm.transform.Pass:
     """Phases 1-3 of :func:`cpu_pipeline`: what schedules (and tuning records) apply to."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
@@ -99,7 +105,9 @@ def prepare_pipeline(
         with tgt:
             phases = [
                 # 1. graph rewrites on Relax ops
-                *_graph_passes(tgt, layout, fold_batch_norm, pad_channels, winograd),
+                *_graph_passes(
+                    tgt, layout, fold_batch_norm, pad_channels, winograd, reference_side
+                ),
                 # 2. legalize and fuse
                 *cpu_generic.library_dispatch_passes(tgt),
                 *cpu_generic.legalize_passes(tgt),

@@ -182,6 +182,17 @@ def bucket_sizes(transform, image_sizes=None) -> list[tuple[int, int]]:
     return sizes
 
 
+def _reference_side(model) -> int:
+    """The image side at which the build judges a symbolic-size conv (Winograd or not): a photo's
+    padded longer side under ``model``'s transform; the pipeline's default without one."""
+    from ..runtime.transform import TransformSettings
+
+    transform = getattr(model, "transform", None)
+    if transform is None:
+        return 320
+    return TransformSettings.of(transform).longest_padded_side()
+
+
 def _import_one(model, padded, offset_trick_max_numel, float64):
     from ..frontend.detection import export_detector, from_exported_program
 
@@ -411,7 +422,9 @@ def compile_detector(
     import_s = time.perf_counter() - t0
     progress(f"build for {target.kind.name}")
     t0 = time.perf_counter()
-    executable = build(mod, target, layout=None)  # import_detector converted the layout
+    # import_detector converted the layout; the any-size function's convs are judged worth
+    # Winograd at the padded size of the transform's longest side
+    executable = build(mod, target, layout=None, reference_side=_reference_side(model))
     compile_s = time.perf_counter() - t0
     meta = {
         "kind": METADATA_KIND,

@@ -31,6 +31,15 @@ least ``min_tiles`` output tiles: the transformed weights are ``(m+2)^2 / 9`` ti
 ``m = 4``), and a layer of few tiles (ResNet's last stages: 7x7 pixels, 4 tiles) reads them for too
 little work; direct convolution is faster there (resnet18 at 224x224: 23 -> 16 ms on 2 cores).
 Anything else, and any module without such a conv, is returned unchanged.
+
+A conv of symbolic height, width or batch (one library for every image size) is rewritten too,
+its transforms written on the caller's shape expressions. Its input transform keeps the tiles'
+row and column as axes of its output (``[a*a, N, tiles_h, tiles_w, C]``, then a reshape, a view,
+to the product's ``[a*a, tiles, C]``): indexing the image from a flat tile number would divide by
+the symbolic tile count in every unrolled read, which LLVM took minutes to compile. Whether such a
+conv has enough tiles is judged at its size for ``reference_side`` (the image side the library is
+expected to see most; a detector's padded ``max_size``), so one library makes the choice that a
+static build at that size makes.
 """
 
 from __future__ import annotations
@@ -40,9 +49,10 @@ from fractions import Fraction
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax, te, tirx
 
-from ._mutator import FunctionRewriter, is_op_call, rewrite_module, tensor_shape
+from ._mutator import FunctionRewriter, is_op_call, rewrite_module
 
 #: interpolation points (the point at infinity is implied) per output tile size
 POINTS = {
@@ -136,8 +146,12 @@ def transform_weight(weight_hwio: np.ndarray, m: int) -> np.ndarray:
 
 
 def _i64(shape) -> list:
-    """A shape in int64, as legalized Relax ops have them (FuseTIR compares buffer types)."""
-    return [tirx.IntImm("int64", int(v)) for v in shape]
+    """A shape in int64, as legalized Relax ops have them (FuseTIR compares buffer types); a
+    symbolic dimension (an int64 expression) is kept as it is."""
+    return [
+        tirx.IntImm("int64", int(v)) if isinstance(v, (int, tirx.IntImm)) else v
+        for v in shape
+    ]
 
 
 def _linear_combination(terms, dtype):
@@ -181,21 +195,19 @@ def _select(index, cases, dtype):
 
 
 def input_transform(
-    x: te.Tensor, m: int, padding, tiles_h: int, tiles_w: int
+    x: te.Tensor, m: int, padding, tiles_h, tiles_w, flat: bool = True
 ) -> te.Tensor:
-    """``V [a*a, N*tiles_h*tiles_w, C]``: ``B^T d B`` of every input tile (zero padding), as two
-    separable stages: ``T[i, f] = sum_j B^T[f, j] d[i, j]``, then ``V[e, f] = sum_i B^T[e, i] T[i, f]``."""
-    n_, h_, w_, c_ = (int(v) for v in x.shape)
+    """``V [a*a, N*tiles_h*tiles_w, C]`` (``flat``) or ``V [a*a, N, tiles_h, tiles_w, C]``: ``B^T d B``
+    of every input tile (zero padding), as two separable stages: ``T[i, f] = sum_j B^T[f, j] d[i, j]``,
+    then ``V[e, f] = sum_i B^T[e, i] T[i, f]``. The unflattened form indexes the image with the
+    tile's own coordinates (no division by a symbolic tile count)."""
+    n_, h_, w_, c_ = x.shape
     _, _, bt = winograd_matrices(m)
     alpha = bt.shape[0]
     pad_top, pad_left = int(padding[0]), int(padding[1])
     per_image = tiles_h * tiles_w
-    tiles = n_ * per_image
 
-    def rows(i, f, p, c):
-        n = p // per_image
-        th = p % per_image // tiles_w
-        tw = p % tiles_w
+    def tile_rows(i, f, n, th, tw, c):
         hh = th * m + i - pad_top
 
         def d(j):
@@ -205,16 +217,26 @@ def input_transform(
 
         return _select_of_sums(f, bt, [d(j) for j in range(alpha)], x.dtype)
 
+    if flat:
+        tile_axes = (n_ * per_image,)
+
+        def rows(i, f, p, c):
+            return tile_rows(i, f, p // per_image, p % per_image // tiles_w, p % tiles_w, c)
+
+    else:
+        tile_axes = (n_, tiles_h, tiles_w)
+        rows = tile_rows
+
     partial = te.compute(
-        _i64((alpha, alpha, tiles, c_)), rows, name=INPUT_BLOCK + "_rows"
+        _i64((alpha, alpha, *tile_axes, c_)), rows, name=INPUT_BLOCK + "_rows"
     )
 
-    def cols(ef, p, c):
+    def cols(ef, *tile_and_channel):
         e, f = ef // alpha, ef % alpha
-        values = [partial[i, f, p, c] for i in range(alpha)]
+        values = [partial[(i, f, *tile_and_channel)] for i in range(alpha)]
         return _select_of_sums(e, bt, values, x.dtype)
 
-    return te.compute(_i64((alpha * alpha, tiles, c_)), cols, name=INPUT_BLOCK)
+    return te.compute(_i64((alpha * alpha, *tile_axes, c_)), cols, name=INPUT_BLOCK)
 
 
 def output_transform(
@@ -231,7 +253,7 @@ def output_transform(
         return _select_of_sums(a, at, values, mt.dtype)
 
     partial = te.compute(
-        _i64((m, alpha, int(mt.shape[1]), int(mt.shape[2]))),
+        _i64((m, alpha, mt.shape[1], mt.shape[2])),
         rows,
         name=OUTPUT_BLOCK + "_rows",
     )
@@ -245,15 +267,39 @@ def output_transform(
     return te.compute(_i64(out_shape), compute, name=OUTPUT_BLOCK)
 
 
-def _static_shape(expr):
-    shape = tensor_shape(expr)
-    return None if shape is None or None in shape else shape
+def _shape_exprs(expr):
+    """The rank-4 shape of ``expr`` as expressions (IntImm where static), or None."""
+    ty = expr.ty
+    if (
+        not isinstance(ty, relax.TensorType)
+        or not isinstance(ty.shape, relax.ShapeExpr)
+        or len(ty.shape.values) != 4
+    ):
+        return None
+    return list(ty.shape.values)
+
+
+def _div_up(value, m: int):
+    if isinstance(value, int):
+        return -(-value // m)
+    return tirx.floordiv(value + (m - 1), m)
+
+
+def _out_size(h, w, pad):
+    """The conv's output height and width (3x3, stride 1) of an ``h x w`` input."""
+    return h + (pad[0] + pad[2] - 2), w + (pad[1] + pad[3] - 2)
+
+
+def _tiles(h, w, pad, m: int):
+    out_h, out_w = _out_size(h, w, pad)
+    return _div_up(out_h, m), _div_up(out_w, m)
 
 
 class _WinogradRewriter(FunctionRewriter):
     tile = 4
     min_channels = 64
     min_tiles = 32
+    reference_side = 320
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = self.visit_expr_post_order(call)
@@ -261,10 +307,11 @@ class _WinogradRewriter(FunctionRewriter):
             return call
         weight = call.args[1]
         attrs = call.attrs
-        x_shape = _static_shape(call.args[0])
+        dims = _shape_exprs(call.args[0])
         if (
             not isinstance(weight, tvm.ir.expr.Constant)
-            or x_shape is None
+            or dims is None
+            or not isinstance(dims[3], tirx.IntImm)
             or str(attrs.data_layout) != "NHWC"
             or str(attrs.out_layout or attrs.data_layout) != "NHWC"
             or int(attrs.groups) != 1
@@ -283,35 +330,39 @@ class _WinogradRewriter(FunctionRewriter):
         ):
             return call
         pad = [int(v) for v in attrs.padding]  # top, left, bottom, right
-        n, h, w, _c = x_shape
-        out_h, out_w = h + pad[0] + pad[2] - 2, w + pad[1] + pad[3] - 2
+        m = self.tile
+        # the decision is taken at the layer's size for the reference image side when the size
+        # is symbolic (one library serves every size; the few-tile layers stay direct)
+        n_ref, h_ref, w_ref = (self._reference(d) for d in dims[:3])
+        out_h, out_w = h_ref + pad[0] + pad[2] - 2, w_ref + pad[1] + pad[3] - 2
         if out_h < 1 or out_w < 1:
             return call
-        m = self.tile
-        tiles_h, tiles_w = -(-out_h // m), -(-out_w // m)
-        if n * tiles_h * tiles_w < self.min_tiles:
+        if n_ref * -(-out_h // m) * -(-out_w // m) < self.min_tiles:
             return call
         self.changed = True
-        bb = self.builder_
+        filters = hwio.shape[3]
+        weight_u = relax.const(transform_weight(hwio, m))
+        if all(isinstance(d, tirx.IntImm) for d in dims):
+            return self._static(call.args[0], [int(d) for d in dims], pad, m, weight_u, filters)
+        return self._symbolic(call.args[0], dims, pad, m, weight_u)
+
+    def _static(self, x, x_shape, pad, m, weight_u, filters):
+        """The transforms as functions shared by every conv of the same signature."""
+        n, h, w, channels = x_shape
         alpha = m + 2
+        tiles_h, tiles_w = _tiles(h, w, pad, m)
         tiles = n * tiles_h * tiles_w
-        channels, filters = hwio.shape[2], hwio.shape[3]
+        out_h, out_w = _out_size(h, w, pad)
         transformed = self._call(
             "winograd_input_transform",
             (tuple(x_shape), m, tuple(pad[:2]), tiles_h, tiles_w),
             lambda: input_transform(
-                te.placeholder(_i64(x_shape), "float32", "x"),
-                m,
-                pad[:2],
-                tiles_h,
-                tiles_w,
+                te.placeholder(_i64(x_shape), "float32", "x"), m, pad[:2], tiles_h, tiles_w
             ),
-            call.args[0],
+            x,
             [alpha * alpha, tiles, channels],
         )
-        product = bb.emit(
-            relax.op.matmul(transformed, relax.const(transform_weight(hwio, m)))
-        )
+        product = self.builder_.emit(relax.op.matmul(transformed, weight_u))
         return self._call(
             "winograd_output_transform",
             (alpha, tiles, filters, m, (n, out_h, out_w), tiles_h, tiles_w),
@@ -325,6 +376,37 @@ class _WinogradRewriter(FunctionRewriter):
             product,
             [n, out_h, out_w, filters],
         )
+
+    def _symbolic(self, x, dims, pad, m, weight_u):
+        """The transforms written on the caller's own shape expressions, as legalized ops are
+        (FuseTIR requires one buffer shape per tensor when it fuses the input transform with its
+        producer). The input transform keeps the tiles' coordinates as axes (its indices then
+        divide by no symbolic extent); a view gives the matrix product its rows."""
+        bb = self.builder_
+        alpha = m + 2
+        tiles_h, tiles_w = _tiles(dims[1], dims[2], pad, m)
+        tiles = dims[0] * tiles_h * tiles_w
+        transformed = bb.emit_te(
+            lambda t: input_transform(t, m, pad[:2], tiles_h, tiles_w, flat=False),
+            x,
+            primfunc_name_hint="winograd_input_transform",
+        )
+        rows = bb.emit(relax.op.memory.view(transformed, [alpha * alpha, tiles, dims[3]]))
+        product = bb.emit(relax.op.matmul(rows, weight_u))
+        out_shape = (dims[0], *_out_size(dims[1], dims[2], pad), weight_u.ty.shape[2])
+        return bb.emit_te(
+            lambda t: output_transform(t, m, out_shape, tiles_h, tiles_w),
+            product,
+            primfunc_name_hint="winograd_output_transform",
+        )
+
+    def _reference(self, dim) -> int:
+        """``dim`` as an integer: its value, or its value at the reference image side."""
+        if isinstance(dim, tirx.IntImm):
+            return int(dim.value)
+        side = lambda _var: tirx.IntImm("int64", self.reference_side)
+        value = tvm.sym.Analyzer().simplify(tvm_ffi.structural_map(dim, (tirx.Var, side)))
+        return int(value.value) if isinstance(value, tirx.IntImm) else 0
 
     def _call(self, name, key, make, arg, out_shape):
         """``call_tir`` of the transform for ``key``, its PrimFunc made once per signature."""
@@ -347,12 +429,19 @@ class _WinogradRewriter(FunctionRewriter):
 class WinogradConv2D:  # pylint: disable=too-few-public-methods
     """Rewrite 3x3 stride-1 NHWC constant-weight conv2d as Winograd ``F(tile x tile, 3 x 3)``."""
 
-    def __init__(self, tile: int = 4, min_channels: int = 64, min_tiles: int = 32):
+    def __init__(
+        self,
+        tile: int = 4,
+        min_channels: int = 64,
+        min_tiles: int = 32,
+        reference_side: int = 320,
+    ):
         if tile not in POINTS:
             raise ValueError(f"tile must be one of {sorted(POINTS)}, got {tile}")
         self.tile = int(tile)
         self.min_channels = int(min_channels)
         self.min_tiles = int(min_tiles)
+        self.reference_side = int(reference_side)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
         return rewrite_module(
@@ -361,6 +450,7 @@ class WinogradConv2D:  # pylint: disable=too-few-public-methods
             tile=self.tile,
             min_channels=self.min_channels,
             min_tiles=self.min_tiles,
+            reference_side=self.reference_side,
         )
 
 

@@ -63,6 +63,11 @@ class TransformSettings:
     def to_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
+    def longest_padded_side(self) -> int:
+        """The padded length of a photo's longer side (``max_size`` rounded up to
+        ``size_divisible``): the size at which a symbolic-size build judges its convs."""
+        return padded_size([(self.max_size, self.max_size)], self.size_divisible)[0]
+
     def __call__(self, rgb: np.ndarray) -> np.ndarray:
         """``rgb [H, W, 3]`` uint8 -> ``[3, h, w]`` float32: to [0, 1], normalized, resized."""
         image = np.ascontiguousarray(rgb.transpose(2, 0, 1)).astype(np.float32) / np.float32(255)

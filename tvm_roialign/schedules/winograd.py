@@ -8,7 +8,8 @@ vector of the tile once for all the sums that use it; the channel axis is vector
 run in parallel:
 
 * input ``V[e*a + f, p, c]``: loops ``p`` (parallel), channel vectors, ``e*a + f`` (unrolled),
-  lanes (vectorized);
+  lanes (vectorized); at a symbolic size ``V[e*a + f, n, tile row, tile column, c]``, the tile
+  rows in parallel;
 * output ``Y[n, h, w, k]`` (+ the bias / ReLU epilogue, inlined): ``h`` and ``w`` split by the
   output tile ``m`` (tile rows and columns parallel, the ``m x m`` pixels unrolled; a predicate
   crops the last tile when the output is not a multiple of ``m``), channel vectors, lanes.
@@ -43,11 +44,13 @@ def _stage_in_registers(sch: Schedule, block, loop, vec: int) -> None:
 
 
 def schedule_input_transform(sch: Schedule, block, lanes: int) -> None:
-    ef, p, c = sch.get_loops(block)
+    ef, *tiles, c = sch.get_loops(block)
     vec = pick_lanes(static_int(sch.get(c).extent), lanes) or 1
     c_outer, c_inner = sch.split(c, [None, vec])
-    sch.reorder(p, c_outer, ef, c_inner)
-    sch.parallel(p)
+    sch.reorder(*tiles, c_outer, ef, c_inner)
+    # flat tiles run in parallel; tile rows and columns (a symbolic size) run their rows in
+    # parallel, which needs no division by the symbolic number of columns
+    sch.parallel(tiles[0] if len(tiles) == 1 else tiles[1])
     sch.unroll(ef)
     if vec > 1:
         sch.vectorize(c_inner)

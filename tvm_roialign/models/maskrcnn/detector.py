@@ -19,6 +19,7 @@ from tvm import relax
 from ...host import use_usable_cores
 from ...passes import ConvertLayout, desired_layouts
 from ...pipeline import build
+from ...runtime.transform import TransformSettings
 from ...target import describe, device_or_none, parse_target
 from .pieces import (
     count_permutes,
@@ -197,7 +198,13 @@ class TVMMaskRCNN:
             t0 = time.perf_counter()
             records = self.tuning_records.labelled(name) if self.tuning_records else None
             # layout=None: relax_modules converted the layout
-            executable = build(mod, self.target, tuning_records=records, layout=None)
+            executable = build(
+                mod,
+                self.target,
+                tuning_records=records,
+                layout=None,
+                reference_side=TransformSettings.of(self.model.transform).longest_padded_side(),
+            )
             compile_s = time.perf_counter() - t0
             pieces[name] = Piece(name, imported, mod, executable, self.device, import_s, compile_s)
         self.pieces[key] = pieces
