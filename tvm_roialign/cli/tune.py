@@ -193,8 +193,9 @@ def main(args) -> int:
         if args.trials < TRIALS_TO_EXPECT_A_GAIN:
             progress.note(
                 f"warning: {args.trials} trials per task are too few to expect a gain: below about "
-                f"{TRIALS_TO_EXPECT_A_GAIN} the default rules stay faster for most tasks (compile "
-                "applies a record only where it beat them)"
+                f"{TRIALS_TO_EXPECT_A_GAIN} the default rules stay faster for most of the convs and "
+                "matmuls they tile (kernels they leave to the fallback, such as grouped convs, gain "
+                "sooner; compile applies a record only where it beat them)"
             )
         mods = _modules(args, target, progress)
         progress(f"tune for {describe(target)} into {out}")
