@@ -108,13 +108,23 @@ def _tasks(text: str):
     return indices
 
 
-def _list_tasks(mods, target, ops) -> None:
+def _pipeline_options(args) -> dict:
+    """Phases 1-3 as the build of ``args.model`` runs them: the layout is converted before (as
+    compile and maskrcnn build), and the Mask R-CNN pieces' 3x3 convs are Winograd F(2x2)."""
+    if args.model == MASKRCNN:
+        from ..models.detection import WINOGRAD_TILE
+
+        return {"layout": None, "winograd": WINOGRAD_TILE}
+    return {"layout": None}
+
+
+def _list_tasks(mods, target, ops, options) -> None:
     """One line per task (the task's name last, never cut): what ``--tasks`` takes."""
     from ..target import describe
     from ..tuning import extract_tasks
     from ..tuning.tasks import flops
 
-    found = extract_tasks(mods, target, ops, layout=None)
+    found = extract_tasks(mods, target, ops, **options)
     print(f"{len(found.tasks)} tuning tasks ({describe(target)}); tune --tasks takes the indices")
     print(f"{'index':>5}  {'calls':>5}  {'MFLOP per call':>14}  {'MFLOP in all':>12}  task")
     for i, task in enumerate(found.tasks):
@@ -176,7 +186,7 @@ def main(args) -> int:
     if selected == "list":
         with Progress(args.quiet) as progress, tvm_messages(args.quiet):
             mods = _modules(args, target, progress)
-        _list_tasks(mods, target, ops)
+        _list_tasks(mods, target, ops, _pipeline_options(args))
         return 0
     if not args.output:
         raise CLIError("-o DIR is required: the tuning database directory")
@@ -212,9 +222,7 @@ def main(args) -> int:
                 seed=args.search_seed,
                 progress=progress,
                 verbose=args.verbose,
-                # the layout is converted above (--desired-layout / --layout), as compile and
-                # maskrcnn build: the pipeline's own conversion is off there too
-                layout=None,
+                **_pipeline_options(args),
             )
         except TuningRecordsMismatch as err:
             raise CLIError(f"-o: {err}") from None

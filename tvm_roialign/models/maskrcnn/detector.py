@@ -21,6 +21,7 @@ from ...passes import ConvertLayout, desired_layouts
 from ...pipeline import build
 from ...runtime.transform import TransformSettings
 from ...target import describe, device_or_none, parse_target
+from ..detection import WINOGRAD_TILE
 from .pieces import (
     count_permutes,
     export_piece,
@@ -203,6 +204,7 @@ class TVMMaskRCNN:
                 self.target,
                 tuning_records=records,
                 layout=None,
+                winograd=WINOGRAD_TILE,
                 reference_side=TransformSettings.of(self.model.transform).longest_padded_side(),
             )
             compile_s = time.perf_counter() - t0
