@@ -52,7 +52,7 @@ __all__ = [
 
 #: Winograd output tile of the detectors' 3x3 convolutions: F(2x2, 3x3), whose rounding is a
 #: direct conv's. A detector's top-k, NMS and heatmap argmax turn rounding into decisions, and
-#: F(4x4, 3x3) (the classifiers' tile, several times its error) flipped some: Keypoint R-CNN
+#: F(4x4, 3x3) (the classifiers' tile, about 4x a direct conv's rms error) flipped some: Keypoint R-CNN
 #: on a 160x640 photo batched into 512x512 kept another detection set than eager, in a static
 #: build and the any-size one alike, where F(2x2) and direct convs agree. F(2x2) costs Faster
 #: R-CNN about 11% against F(4x4).
