@@ -331,6 +331,38 @@ def test_full_model_batch_of_three(full):
         assert_equal_detections(ours, ref)
 
 
+def _top_n_idx_ties_by_index(self, objectness, num_anchors_per_level):
+    """torchvision's per-level top-k of the RPN, exact ties kept in anchor order (a stable sort)."""
+    found, offset = [], 0
+    for level in objectness.split(num_anchors_per_level, 1):
+        k = min(self.pre_nms_top_n(), level.shape[1])
+        found.append(torch.sort(level, dim=1, descending=True, stable=True).indices[:, :k] + offset)
+        offset += level.shape[1]
+    return torch.cat(found, dim=1)
+
+
+@pytest.mark.parametrize("full", ["fasterrcnn_resnet50_fpn"], indirect=True)
+def test_full_model_batch_breaks_exact_ties_by_index(full, monkeypatch):
+    """The 160x640 photo padded into 512x512 beside coffee and a portrait: in its 384 padded rows
+    the features are constant, and at the stride-16 level hundreds of anchors share the 1000th
+    best objectness exactly. ``torch.topk`` keeps some of them by an order of its own; the
+    artifact keeps the lowest indices. With eager's top-k breaking ties that way, the two agree
+    on every image of the batch (with ``torch.topk`` one detection of the wide photo moves 4 px)."""
+    from torchvision.models.detection.rpn import RegionProposalNetwork
+
+    model, detector = full
+    photos = all_photos()
+    rgbs = [photos[n] for n in ("coffee", "portrait", "wide")]
+    images = [torch.from_numpy(r).permute(2, 0, 1).float() / 255.0 for r in rgbs]
+    monkeypatch.setattr(RegionProposalNetwork, "_get_top_n_idx", _top_n_idx_ties_by_index)
+    with torch.no_grad():
+        refs = model(images)
+    results = detector(rgbs)
+    assert [r["padded"] for r in results] == [(512, 512)] * 3
+    for ours, ref in zip(results, refs):
+        assert_equal_detections(ours, {k: v.numpy() for k, v in ref.items()})
+
+
 def test_keypoint_rcnn(tmp_path):
     """A Keypoint R-CNN (MultiScaleRoIAlign 14x14, keypoint head, heatmaps): the artifact's
     heatmaps and the runner's NumPy ``heatmaps_to_keypoints`` give eager's keypoints (within
