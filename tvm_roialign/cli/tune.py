@@ -110,7 +110,8 @@ def _tasks(text: str):
 
 def _pipeline_options(args) -> dict:
     """Phases 1-3 as the build of ``args.model`` runs them: the layout is converted before (as
-    compile and maskrcnn build), and the Mask R-CNN pieces' 3x3 convs are Winograd F(2x2)."""
+    compile and maskrcnn build), and the Mask R-CNN pieces' 3x3 convs Winograd as the detectors'
+    (:data:`~tvm_roialign.models.detection.WINOGRAD_TILE`)."""
     if args.model == MASKRCNN:
         from ..models.detection import WINOGRAD_TILE
 

@@ -50,13 +50,14 @@ __all__ = [
     "torch_detections",
 ]
 
-#: Winograd output tile of the detectors' 3x3 convolutions: F(2x2, 3x3), whose rounding is a
-#: direct conv's. A detector's top-k, NMS and heatmap argmax turn rounding into decisions, and
-#: F(4x4, 3x3) (the classifiers' tile, about 4x a direct conv's rms error) flipped some: Keypoint R-CNN
-#: on a 160x640 photo batched into 512x512 kept another detection set than eager, in a static
-#: build and the any-size one alike, where F(2x2) and direct convs agree. F(2x2) costs Faster
-#: R-CNN about 11% against F(4x4).
-WINOGRAD_TILE = 2
+#: Winograd output tile of the detectors' 3x3 convolutions: 0, none (direct convs). A detector's
+#: top-k, NMS and heatmap argmax turn rounding into decisions, and with random weights many sit
+#: near a tie. Winograd rounds otherwise than PyTorch's direct convs, and flipped some: with
+#: F(4x4, 3x3), Keypoint R-CNN on a 160x640 photo batched into 512x512 kept another detection
+#: set than eager; with F(2x2, 3x3) or F(4x4), Faster R-CNN on grace_hopper's top 512 rows did
+#: (22 detections reordered), in static and any-size builds alike, where direct convs agree with
+#: eager. Winograd makes Faster R-CNN about 1.3x faster; exactness first. Classifiers keep F(4x4).
+WINOGRAD_TILE = 0
 
 #: Photos that installed packages ship: scikit-image's and matplotlib's.
 SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "grace_hopper")
@@ -430,14 +431,9 @@ def compile_detector(
     import_s = time.perf_counter() - t0
     progress(f"build for {target.kind.name}")
     t0 = time.perf_counter()
-    # import_detector converted the layout; the any-size function's convs are judged worth
-    # Winograd at the padded size of the transform's longest side
+    # import_detector converted the layout
     executable = build(
-        mod,
-        target,
-        layout=None,
-        winograd=WINOGRAD_TILE,
-        reference_side=_reference_side(model),
+        mod, target, layout=None, winograd=WINOGRAD_TILE, reference_side=_reference_side(model)
     )
     compile_s = time.perf_counter() - t0
     meta = {
