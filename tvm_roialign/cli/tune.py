@@ -108,17 +108,6 @@ def _tasks(text: str):
     return indices
 
 
-def _pipeline_options(args) -> dict:
-    """Phases 1-3 as the build of ``args.model`` runs them: the layout is converted before (as
-    compile and maskrcnn build), and the Mask R-CNN pieces' 3x3 convs Winograd as the detectors'
-    (:data:`~tvm_roialign.models.detection.WINOGRAD_TILE`)."""
-    if args.model == MASKRCNN:
-        from ..models.detection import WINOGRAD_TILE
-
-        return {"layout": None, "winograd": WINOGRAD_TILE}
-    return {"layout": None}
-
-
 def _list_tasks(mods, target, ops, options) -> None:
     """One line per task (the task's name last, never cut): what ``--tasks`` takes."""
     from ..target import describe
@@ -150,18 +139,25 @@ def _runner(args):
         raise CLIError(f"--rpc-tracker: {err}") from None
 
 
-def _modules(args, target, progress) -> list:
+def _modules(args, target, progress) -> tuple[list, dict]:
+    """The modules to tune, and phases 1-3's options as their build runs them: the layout is
+    converted here (as compile and maskrcnn build), the Mask R-CNN pieces' convs are the
+    detectors' (:func:`~tvm_roialign.models.detection.graph_options`)."""
     if args.model == MASKRCNN:
         from ..models import maskrcnn as mr
+        from ..models.detection import graph_options
 
         check_layout(args)
         image, _config, model = model_inputs(args, mr)
         # tuned for the photo's padded size: the static build's tasks (what the records serve)
         detector = mr.TVMMaskRCNN(model, target, args.layout, progress, shapes="static")
         pieces = detector.relax_modules(detector.padded_shape(image))
-        return [mod for _imported, mod, _s in pieces.values()]
+        return [mod for _imported, mod, _s in pieces.values()], {
+            "layout": None,
+            **graph_options(model),
+        }
     mod, _layout = import_model(args, model_options(args, target), progress, {})
-    return [mod]
+    return [mod], {"layout": None}
 
 
 def main(args) -> int:
@@ -186,8 +182,8 @@ def main(args) -> int:
     selected = _tasks(args.tasks)
     if selected == "list":
         with Progress(args.quiet) as progress, tvm_messages(args.quiet):
-            mods = _modules(args, target, progress)
-        _list_tasks(mods, target, ops, _pipeline_options(args))
+            mods, options = _modules(args, target, progress)
+        _list_tasks(mods, target, ops, options)
         return 0
     if not args.output:
         raise CLIError("-o DIR is required: the tuning database directory")
@@ -208,7 +204,7 @@ def main(args) -> int:
                 "matmuls they tile (kernels they leave to the fallback, such as grouped convs, gain "
                 "sooner; compile applies a record only where it beat them)"
             )
-        mods = _modules(args, target, progress)
+        mods, options = _modules(args, target, progress)
         progress(f"tune for {describe(target)} into {out}")
         try:
             result = tune(
@@ -223,7 +219,7 @@ def main(args) -> int:
                 seed=args.search_seed,
                 progress=progress,
                 verbose=args.verbose,
-                **_pipeline_options(args),
+                **options,
             )
         except TuningRecordsMismatch as err:
             raise CLIError(f"-o: {err}") from None

@@ -40,11 +40,13 @@ from .compare import compare_detections
 
 __all__ = [
     "DETECTORS",
+    "WINOGRAD_TILE",
     "DetectorArtifact",
     "DetectorConfig",
     "build_torch_detector",
     "compare",
     "compile_detector",
+    "graph_options",
     "import_detector",
     "sample_photo",
     "torch_detections",
@@ -191,15 +193,18 @@ def bucket_sizes(transform, image_sizes=None) -> list[tuple[int, int]]:
     return sizes
 
 
-def _reference_side(model) -> int:
-    """The image side at which the build judges a symbolic-size conv (Winograd or not): a photo's
-    padded longer side under ``model``'s transform; the pipeline's default without one."""
+def graph_options(model) -> dict:
+    """The pipeline's Winograd options for a detector (``compile DETECTOR``, the ``maskrcnn``
+    pieces and their tuning tasks alike): :data:`WINOGRAD_TILE`, and the side at which a
+    symbolic-size conv is judged worth it, a photo's padded longer side under ``model``'s
+    transform (the pipeline's default without one)."""
     from ..runtime.transform import TransformSettings
 
+    options = {"winograd": WINOGRAD_TILE}
     transform = getattr(model, "transform", None)
-    if transform is None:
-        return 320
-    return TransformSettings.of(transform).longest_padded_side()
+    if transform is not None:
+        options["reference_side"] = TransformSettings.of(transform).longest_padded_side()
+    return options
 
 
 def _import_one(model, padded, offset_trick_max_numel, float64):
@@ -432,9 +437,7 @@ def compile_detector(
     progress(f"build for {target.kind.name}")
     t0 = time.perf_counter()
     # import_detector converted the layout
-    executable = build(
-        mod, target, layout=None, winograd=WINOGRAD_TILE, reference_side=_reference_side(model)
-    )
+    executable = build(mod, target, layout=None, **graph_options(model))
     compile_s = time.perf_counter() - t0
     meta = {
         "kind": METADATA_KIND,

@@ -19,9 +19,8 @@ from tvm import relax
 from ...host import use_usable_cores
 from ...passes import ConvertLayout, desired_layouts
 from ...pipeline import build
-from ...runtime.transform import TransformSettings
 from ...target import describe, device_or_none, parse_target
-from ..detection import WINOGRAD_TILE
+from ..detection import graph_options
 from .pieces import (
     count_permutes,
     export_piece,
@@ -200,12 +199,7 @@ class TVMMaskRCNN:
             records = self.tuning_records.labelled(name) if self.tuning_records else None
             # layout=None: relax_modules converted the layout
             executable = build(
-                mod,
-                self.target,
-                tuning_records=records,
-                layout=None,
-                winograd=WINOGRAD_TILE,
-                reference_side=TransformSettings.of(self.model.transform).longest_padded_side(),
+                mod, self.target, tuning_records=records, layout=None, **graph_options(self.model)
             )
             compile_s = time.perf_counter() - t0
             pieces[name] = Piece(name, imported, mod, executable, self.device, import_s, compile_s)
