@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 onnx = pytest.importorskip("onnx")
 
+from _cli import one_line_error, run_cli
 from onnx import TensorProto, helper
 
 from tvm_roialign import cli
@@ -140,20 +141,6 @@ def gather_model(workdir):
     )
 
 
-def _cli(argv, capsys, quiet=True):
-    code = cli.main(["--quiet", *argv] if quiet else list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def _one_line_error(err: str, *words):
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("tvm-roialign: error: "), err
-    for word in words:
-        assert word.lower() in lines[0].lower(), (word, lines[0])
-
-
 @pytest.fixture(scope="module")
 def pt2_lib(pt2_model, workdir):
     """The tiny .pt2 model compiled with every default (native target, NHWC)."""
@@ -243,7 +230,8 @@ def test_compile_defaults_native_nhwc_and_run(pt2_model, pt2_lib, workdir, capsy
     ]
     assert {"import_s", "convert_layout_s", "build_s", "export_s", "total_s"} <= set(meta["times"])
     outputs = workdir / "tiny_default_out.npz"
-    code, out, err = _cli(["run", str(pt2_lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
+    argv = ["run", str(pt2_lib), "--inputs", str(inputs), "--outputs", str(outputs)]
+    code, out, err = run_cli(argv, capsys)
     assert code == 0, err
     assert "first call" in out and "--print-time" in out
     with np.load(outputs) as result:
@@ -261,7 +249,7 @@ def test_compile_defaults_native_nhwc_and_run(pt2_model, pt2_lib, workdir, capsy
 def test_compile_targets_and_layouts(pt2_model, workdir, capsys, target, layout, expected_layout):
     model, inputs, expected = pt2_model
     lib = workdir / f"tiny_{expected_layout}.so"
-    code, out, err = _cli(
+    code, out, err = run_cli(
         ["compile", str(model), "--target", target, "--desired-layout", layout, "-o", str(lib)], capsys
     )
     assert code == 0, err
@@ -273,7 +261,7 @@ def test_compile_targets_and_layouts(pt2_model, workdir, capsys, target, layout,
     ), out
     assert json.loads((workdir / f"{lib.name}.json").read_text())["layout"] == expected_layout
     outputs = workdir / f"tiny_{expected_layout}_out.npz"
-    code, _, err = _cli(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
+    code, _, err = run_cli(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
     assert code == 0, err
     with np.load(outputs) as result:
         np.testing.assert_allclose(result["output_0"], expected, rtol=1e-4, atol=1e-4)
@@ -290,12 +278,12 @@ def test_compile_targets_and_layouts(pt2_model, workdir, capsys, target, layout,
 def test_compile_onnx_input_shapes(onnx_model, workdir, capsys, shape_args):
     model, inputs, expected = onnx_model
     lib = workdir / "tiny_onnx.so"
-    code, _, err = _cli(["compile", str(model), *shape_args, "-o", str(lib)], capsys)
+    code, _, err = run_cli(["compile", str(model), *shape_args, "-o", str(lib)], capsys)
     assert code == 0, err
     meta = json.loads((workdir / "tiny_onnx.so.json").read_text())
     assert [s["shape"] for s in meta["inputs"]] == [[1, 3, 32, 32], [NUM_ROIS, 4], [NUM_ROIS]]
     outputs = workdir / "tiny_onnx_out.npz"
-    code, _, err = _cli(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
+    code, _, err = run_cli(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
     assert code == 0, err
     with np.load(outputs) as result:
         np.testing.assert_allclose(result["output_0"], expected, rtol=1e-4, atol=1e-4)
@@ -304,7 +292,8 @@ def test_compile_onnx_input_shapes(onnx_model, workdir, capsys, shape_args):
 def test_dump_code(pt2_model, workdir, capsys):
     model, _, _ = pt2_model
     lib = workdir / "tiny_dump.so"
-    code, out, err = _cli(["compile", str(model), "--dump-code", "relax,tir,ll,asm", "-o", str(lib)], capsys)
+    argv = ["compile", str(model), "--dump-code", "relax,tir,ll,asm", "-o", str(lib)]
+    code, out, err = run_cli(argv, capsys)
     assert code == 0, err
     assert "wrote tiny_dump.so.relax, tiny_dump.so.tir, tiny_dump.so.ll, tiny_dump.so.asm" in out
     relax_text = (workdir / "tiny_dump.so.relax").read_text()
@@ -320,15 +309,15 @@ def test_compile_cross_target_to_tar(pt2_model, workdir, capsys):
     """aarch64 builds here (LLVM cross) and exports as .tar; running it here is refused."""
     model, inputs, _ = pt2_model
     lib = workdir / "tiny_aarch64.tar"
-    code, out, err = _cli(
+    code, out, err = run_cli(
         ["compile", str(model), "--target", "llvm -mtriple=aarch64-linux-gnu", "-o", str(lib)], capsys
     )
     assert code == 0, err
     assert lib.is_file() and "layout NHWC" in out
     for extra in ([], ["--device", "cpu"]):
-        code, _, err = _cli(["run", str(lib), "--inputs", str(inputs), *extra], capsys)
+        code, _, err = run_cli(["run", str(lib), "--inputs", str(inputs), *extra], capsys)
         assert code == 1
-        _one_line_error(err, "cross target")
+        one_line_error(err, "cross target")
 
 
 def test_tvm_warnings_shown_once_or_hidden_with_quiet(gather_model, workdir, capfd):
@@ -410,13 +399,13 @@ def test_compile_errors(pt2_model, onnx_model, workdir, capfd):
         code = cli.main(["-q", *argv])
         err = capfd.readouterr().err
         assert code == 1, (argv, err)
-        _one_line_error(err, *words)
+        one_line_error(err, *words)
     assert not (workdir / "never.so").exists()
     assert not (workdir / "no_such_dir").exists()
     # without -q too, a missing model file is one line: no progress line before it
     code = cli.main(["compile", str(workdir / "missing.pt2"), "-o", out])
     assert code == 1
-    _one_line_error(capfd.readouterr().err, "does not exist")
+    one_line_error(capfd.readouterr().err, "does not exist")
 
 
 def test_compile_detector_weights_errors(workdir, capsys):
@@ -437,9 +426,9 @@ def test_compile_detector_weights_errors(workdir, capsys):
         (workdir / "nothing.pth", ["does not exist"]),
     ]
     for weights, words in cases:
-        code, _, err = _cli(["compile", name, "--weights", str(weights), "-o", out], capsys)
+        code, _, err = run_cli(["compile", name, "--weights", str(weights), "-o", out], capsys)
         assert code == 1, (weights, err)
-        _one_line_error(err, "--weights", *words)
+        one_line_error(err, "--weights", *words)
     assert not (workdir / "never_det.so").exists()
 
 
@@ -463,14 +452,14 @@ def test_symbolic_onnx_inputs_get_one_note(workdir, capsys):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, "height", "width"])],
     )
     lib = str(workdir / "dyn.so")
-    code, _, err = _cli(["compile", str(path), "-o", lib], capsys, quiet=False)
+    code, _, err = run_cli(["compile", str(path), "-o", lib], capsys, quiet=False)
     assert code == 0, err
     notes = [line for line in err.splitlines() if line.startswith("note:")]
     assert len(notes) == 1, err
     assert "x [batch, 3, height, width]" in notes[0], notes
     assert '--input-shapes "x:[1,3,224,224]"' in notes[0], notes
     assert "runs at every size" in notes[0] and "'symbolic shapes' line" in notes[0], notes
-    code, out, err = _cli(["compile", str(path), "-o", lib], capsys)
+    code, out, err = run_cli(["compile", str(path), "-o", lib], capsys)
     assert code == 0 and "note:" not in err, err
     (line,) = [text for text in out.splitlines() if text.startswith("symbolic shapes:")]
     # NCHW relu: the innermost axis (width) is symbolic, so no vector of static lanes
@@ -478,7 +467,7 @@ def test_symbolic_onnx_inputs_get_one_note(workdir, capsys):
         "symbolic shapes: 0 of 1 kernels tiled, vectorized, parallel; 1 fell back: relu1 "
         "(scalar: no static innermost axis of 4 or more lanes)"
     ), out
-    code, _, err = _cli(
+    code, _, err = run_cli(
         ["compile", str(path), "--input-shapes", "x:[1,3,8,8]", "-o", lib], capsys, quiet=False
     )
     assert code == 0 and "note:" not in err, err
@@ -490,9 +479,9 @@ def test_missing_optional_dependency_is_one_line(pt2_model, workdir, capsys, mon
     for name in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ModuleNotFoundError
-    code, _, err = _cli(["compile", str(model), "-o", str(workdir / "never.so")], capsys)
+    code, _, err = run_cli(["compile", str(model), "-o", str(workdir / "never.so")], capsys)
     assert code == 1
-    _one_line_error(err, "needs the Python package 'torch'", "pip install")
+    one_line_error(err, "needs the Python package 'torch'", "pip install")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -501,7 +490,7 @@ def test_missing_optional_dependency_is_one_line(pt2_model, workdir, capsys, mon
 
 def test_run_print_time(pt2_lib, pt2_model, capsys):
     _, inputs, _ = pt2_model
-    code, out, err = _cli(
+    code, out, err = run_cli(
         ["run", str(pt2_lib), "--inputs", str(inputs), "--print-time", "--repeat", "3", "--number", "2"],
         capsys,
     )
@@ -517,7 +506,7 @@ def test_run_print_time(pt2_lib, pt2_model, capsys):
 
 def test_run_profile(pt2_lib, pt2_model, capsys):
     _, inputs, _ = pt2_model
-    code, out, err = _cli(
+    code, out, err = run_cli(
         ["run", str(pt2_lib), "--inputs", str(inputs), "--profile", "--repeat", "2"], capsys
     )
     assert code == 0, err
@@ -530,7 +519,7 @@ def test_run_profile(pt2_lib, pt2_model, capsys):
 
 def test_run_print_top(pt2_lib, pt2_model, capsys):
     _, inputs, expected = pt2_model
-    code, out, err = _cli(["run", str(pt2_lib), "--inputs", str(inputs), "--print-top", "4"], capsys)
+    code, out, err = run_cli(["run", str(pt2_lib), "--inputs", str(inputs), "--print-top", "4"], capsys)
     assert code == 0, err
     assert f"top 4 of output 0 (row 0 of {list(expected.shape)})" in out
     rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s+\d+\s+\S+$", line)]
@@ -542,12 +531,12 @@ def test_run_print_top(pt2_lib, pt2_model, capsys):
 def test_run_fill_mode(pt2_lib, workdir, capsys, mode):
     """Without --inputs, inputs are made from the shapes and dtypes compile recorded."""
     outputs = workdir / f"fill_{mode}.npz"
-    code, _, err = _cli(["run", str(pt2_lib), "--fill-mode", mode, "--outputs", str(outputs)], capsys)
+    code, _, err = run_cli(["run", str(pt2_lib), "--fill-mode", mode, "--outputs", str(outputs)], capsys)
     assert code == 0, err
     model = _TinyRoi().eval()
     if mode == "random":  # seeded: the same inputs every time
         again = workdir / "fill_random_again.npz"
-        assert _cli(["run", str(pt2_lib), "--outputs", str(again)], capsys)[0] == 0
+        assert run_cli(["run", str(pt2_lib), "--outputs", str(again)], capsys)[0] == 0
         with np.load(outputs) as a, np.load(again) as b:
             np.testing.assert_array_equal(a["output_0"], b["output_0"])
         return
@@ -563,13 +552,13 @@ def test_run_fill_mode(pt2_lib, workdir, capsys, mode):
 
 def test_run_device(pt2_lib, pt2_model, capsys):
     _, inputs, _ = pt2_model
-    code, out, err = _cli(["run", str(pt2_lib), "--inputs", str(inputs), "--device", "cpu"], capsys)
+    code, out, err = run_cli(["run", str(pt2_lib), "--inputs", str(inputs), "--device", "cpu"], capsys)
     assert code == 0, err
     assert "on cpu" in out
     for device, words in (("gpu", ["--device", "unknown device 'gpu'"]), ("cuda", ["--device", "cuda"])):
-        code, _, err = _cli(["run", str(pt2_lib), "--inputs", str(inputs), "--device", device], capsys)
+        code, _, err = run_cli(["run", str(pt2_lib), "--inputs", str(inputs), "--device", device], capsys)
         assert code == 1
-        _one_line_error(err, *words)
+        one_line_error(err, *words)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -583,7 +572,7 @@ def test_run_extra_array_gets_one_note(pt2_lib, pt2_model, workdir, capsys):
     extra = workdir / "extra.npz"
     np.savez(extra, **arrays, unused=np.zeros(3), spare=np.ones(2))
     outputs = workdir / "extra_out.npz"
-    code, _, err = _cli(["run", str(pt2_lib), "--inputs", str(extra), "--outputs", str(outputs)], capsys)
+    code, _, err = run_cli(["run", str(pt2_lib), "--inputs", str(extra), "--outputs", str(outputs)], capsys)
     assert code == 0, err
     notes = [line for line in err.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and "unused, spare" in notes[0], err
@@ -597,14 +586,14 @@ def test_run_by_order_only_when_asked(pt2_lib, pt2_model, workdir, capsys):
         x, rois = npz["x"], npz["rois"]
     unnamed = workdir / "unnamed.npz"
     np.savez(unnamed, x, rois)  # arr_0, arr_1
-    code, _, err = _cli(["run", str(pt2_lib), "--inputs", str(unnamed)], capsys)
+    code, _, err = run_cli(["run", str(pt2_lib), "--inputs", str(unnamed)], capsys)
     assert code == 1
-    _one_line_error(
+    one_line_error(
         err, "lacks x, rois", "the model takes x, rois", "the file has arr_0, arr_1", "--inputs-by-order"
     )
     outputs = workdir / "unnamed_out.npz"
     argv = ["run", str(pt2_lib), "--inputs", str(unnamed), "--inputs-by-order", "--outputs", str(outputs)]
-    code, _, err = _cli(argv, capsys)
+    code, _, err = run_cli(argv, capsys)
     assert code == 0, err
     with np.load(outputs) as result:
         np.testing.assert_allclose(result["output_0"], expected, rtol=1e-4, atol=1e-4)
@@ -616,13 +605,13 @@ def test_run_library_without_metadata(pt2_lib, pt2_model, workdir, capsys):
     bare.mkdir(exist_ok=True)
     lib = bare / "model.so"
     shutil.copy(pt2_lib, lib)
-    code, _, err = _cli(["run", str(lib), "--inputs", str(inputs)], capsys)
+    code, _, err = run_cli(["run", str(lib), "--inputs", str(inputs)], capsys)
     assert code == 1
-    _one_line_error(err, "no .json beside it", "--inputs-by-order")
-    code, _, err = _cli(["run", str(lib)], capsys)
+    one_line_error(err, "no .json beside it", "--inputs-by-order")
+    code, _, err = run_cli(["run", str(lib)], capsys)
     assert code == 1
-    _one_line_error(err, "give --inputs")
-    code, _, err = _cli(["run", str(lib), "--inputs", str(inputs), "--inputs-by-order"], capsys)
+    one_line_error(err, "give --inputs")
+    code, _, err = run_cli(["run", str(lib), "--inputs", str(inputs), "--inputs-by-order"], capsys)
     assert code == 0, err
 
 
@@ -654,24 +643,24 @@ def test_import_errors_name_the_unsupported_or_unregistered_op(workdir, capsys):
     custom = workdir / "custom_op.pt2"
     subprocess.run([sys.executable, "-c", _CUSTOM_OP_PROGRAM, str(custom)], check=True, timeout=300)
     out = str(workdir / "never.so")
-    code, _, err = _cli(["compile", str(fft), "-o", out], capsys)
+    code, _, err = run_cli(["compile", str(fft), "-o", out], capsys)
     assert code == 1
-    _one_line_error(err, "not supported by the torch.export importer", "aten._fft_r2c.default")
-    code, _, err = _cli(["compile", str(custom), "-o", out], capsys)
+    one_line_error(err, "not supported by the torch.export importer", "aten._fft_r2c.default")
+    code, _, err = run_cli(["compile", str(custom), "-o", out], capsys)
     assert code == 1
-    _one_line_error(err, "custom ops not registered", "tvm_roialign_test_only::twice")
+    one_line_error(err, "custom ops not registered", "tvm_roialign_test_only::twice")
 
 
 def test_run_says_what_it_takes(pt2_model, workdir, capsys):
     model, inputs, _ = pt2_model
-    code, _, err = _cli(["run", str(model), "--inputs", str(inputs)], capsys)
+    code, _, err = run_cli(["run", str(model), "--inputs", str(inputs)], capsys)
     assert code == 1
-    _one_line_error(err, "run takes a library made by compile", "compile it first", model.name)
+    one_line_error(err, "run takes a library made by compile", "compile it first", model.name)
     script = workdir / "script.py"
     script.write_text("print(1)")
-    code, _, err = _cli(["run", str(script)], capsys)
+    code, _, err = run_cli(["run", str(script)], capsys)
     assert code == 1
-    _one_line_error(err, "run takes a library made by compile (.so or .tar)", "script.py")
+    one_line_error(err, "run takes a library made by compile (.so or .tar)", "script.py")
 
 
 def test_run_errors(pt2_lib, pt2_model, workdir, capsys):
@@ -718,9 +707,9 @@ def test_run_errors(pt2_lib, pt2_model, workdir, capsys):
         (["run", lib, "--print-top", "0"], ["--print-top must be at least 1"]),
     ]
     for argv, words in cases:
-        code, _, err = _cli(argv, capsys)
+        code, _, err = run_cli(argv, capsys)
         assert code == 1, (argv, err)
-        _one_line_error(err, *words)
+        one_line_error(err, *words)
     assert not (workdir / "nowhere").exists()  # no folder is created silently
 
 
@@ -733,7 +722,7 @@ def test_maskrcnn_reduced(workdir, capsys):
     (workdir / "mask").mkdir()
     out = workdir / "mask" / "result.png"
     argv = ["maskrcnn", "--out", str(out), "--min-size", "128", "--proposals", "40", "--detections", "8"]
-    code, stdout, err = _cli([*argv, "--repeat", "1", "--check"], capsys)
+    code, stdout, err = run_cli([*argv, "--repeat", "1", "--check"], capsys)
     assert code == 0, err + stdout
     from PIL import Image
 
@@ -780,16 +769,16 @@ def test_maskrcnn_errors(workdir, capsys):
         (["--target", "aarch64"], ["cross target"]),
     ]
     for extra, words in cases:
-        code, _, err = _cli(["maskrcnn", "--out", out, *extra], capsys)
+        code, _, err = run_cli(["maskrcnn", "--out", out, *extra], capsys)
         assert code == 1, (extra, err)
-        _one_line_error(err, *words)
+        one_line_error(err, *words)
     for bad_out, words in (
         (str(workdir / "r.gif"), [".png"]),
         (str(workdir / "nowhere" / "r.png"), ["folder"]),
     ):
-        code, _, err = _cli(["maskrcnn", "--out", bad_out], capsys)
+        code, _, err = run_cli(["maskrcnn", "--out", bad_out], capsys)
         assert code == 1
-        _one_line_error(err, "--out", *words)
+        one_line_error(err, "--out", *words)
     assert not (workdir / "nowhere").exists()
 
 
@@ -797,7 +786,7 @@ def test_maskrcnn_compile_only_cross_target(workdir, capsys):
     """--compile-only builds the three graphs for a target this machine cannot run (aarch64)."""
     out = workdir / "cross.png"
     argv = ["maskrcnn", "--target", "aarch64", "--compile-only", "--out", str(out)]
-    code, stdout, err = _cli([*argv, "--min-size", "64", "--proposals", "10", "--detections", "4"], capsys)
+    code, stdout, err = run_cli([*argv, "--min-size", "64", "--proposals", "10", "--detections", "4"], capsys)
     assert code == 0, err + stdout
     report = json.loads(out.with_suffix(".json").read_text())
     assert report["compile_only"] and report["config"]["target"]["mtriple"] == "aarch64-linux-gnu"
@@ -830,6 +819,6 @@ def test_detector_resize_bounds(monkeypatch, workdir, capsys):
     name = "fasterrcnn_mobilenet_v3_large_fpn"
     argv = ["compile", name, "--min-size", "800", "--input-size", "400x600,600x400", "-o",
             str(workdir / "never.so")]
-    code, _, err = _cli(argv, capsys)
+    code, _, err = run_cli(argv, capsys)
     assert code == 1 and "stopped before the build" in err, err
     assert seen == {"bounds": ((800,), 1333), "padded": [(800, 1216), (1216, 800)]}

@@ -9,6 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _cli import one_line_error, run_cli
 from _targets import CLI_AARCH64, CLI_NATIVE
 
 from tvm_roialign import cli, linking
@@ -51,26 +52,13 @@ def server(rpc_server):
     return rpc_server()
 
 
-def _cli(argv, capsys):
-    code = cli.main(["--quiet", *argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def _one_line_error(err: str, *words):
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("tvm-roialign: error: "), err
-    for word in words:
-        assert word.lower() in lines[0].lower(), (word, lines[0])
-
-
 def test_run_rpc_outputs_time_and_profile_on_the_server(model, server, workdir, capsys, tol):
     path, inputs, expected = model
     lib = workdir / "tiny.so"
-    assert _cli(["compile", str(path), "-o", str(lib)], capsys)[0] == 0
+    assert run_cli(["compile", str(path), "-o", str(lib)], capsys)[0] == 0
     out_npz = workdir / "out.npz"
     argv = ["run", str(lib), "--rpc", server, "--inputs", str(inputs), "--outputs", str(out_npz)]
-    code, out, err = _cli([*argv, "--print-time", "--profile", "--repeat", "2"], capsys)
+    code, out, err = run_cli([*argv, "--print-time", "--profile", "--repeat", "2"], capsys)
     assert code == 0, err
     assert f"on the remote cpu:0 of {server}" in out
     assert "Execution time summary (2 measurement(s)" in out
@@ -83,7 +71,7 @@ def test_run_rpc_outputs_time_and_profile_on_the_server(model, server, workdir, 
 def test_rpc_errors_are_one_line(model, workdir, capsys, rpc_server):
     path, inputs, _ = model
     lib = workdir / "tiny_err.so"
-    assert _cli(["compile", str(path), "-o", str(lib)], capsys)[0] == 0
+    assert run_cli(["compile", str(path), "-o", str(lib)], capsys)[0] == 0
     cases = [
         (["--rpc", "nohost"], ["--rpc", "HOST:PORT"]),
         (["--rpc", f"127.0.0.1:{rpc_server.free_port()}"], ["cannot reach the RPC server"]),
@@ -92,9 +80,9 @@ def test_rpc_errors_are_one_line(model, workdir, capsys, rpc_server):
         (["--rpc", "127.0.0.1:1", "--rpc-tracker", "127.0.0.1:2", "--rpc-key", "k"], ["not both"]),
     ]
     for extra, words in cases:
-        code, _out, err = _cli(["run", str(lib), "--inputs", str(inputs), *extra], capsys)
+        code, _out, err = run_cli(["run", str(lib), "--inputs", str(inputs), *extra], capsys)
         assert code == 1, (extra, err)
-        _one_line_error(err, *words)
+        one_line_error(err, *words)
 
 
 AARCH64 = CLI_AARCH64

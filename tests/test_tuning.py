@@ -23,6 +23,7 @@ pytest.importorskip("psutil")
 
 import tvm
 import tvm_ffi
+from _cli import one_line_error, run_cli
 from _targets import CLI_NATIVE
 from tvm import relax
 
@@ -62,19 +63,6 @@ def _relax(size: int):
 def _run(executable, x):
     out = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x))
     return (out[0] if not hasattr(out, "numpy") else out).numpy()
-
-
-def _cli(argv, capsys):
-    code = cli.main(["--quiet", *argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def _one_line_error(err: str, *words):
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("tvm-roialign: error: "), err
-    for word in words:
-        assert word.lower() in lines[0].lower(), (word, lines[0])
 
 
 def _records(db) -> int:
@@ -131,7 +119,7 @@ def test_tune_writes_a_database_with_its_metadata(tuned):
 def test_cli_round_trip_applies_the_records(tuned, tiny, workdir, capsys, tol):
     model, inputs, _mod, _x, expected = tiny
     lib = workdir / "tiny_tuned.so"
-    code, out, err = _cli(["compile", str(model), "-o", str(lib), "--tuning-records", str(tuned)], capsys)
+    code, out, err = run_cli(["compile", str(model), "-o", str(lib), "--tuning-records", str(tuned)], capsys)
     assert code == 0, err
     assert "tuning records for 2 of 2 conv2d/matmul tasks: " in out
     assert "the default rule stayed faster for" in out  # 2 trials: records applied only if faster
@@ -139,7 +127,7 @@ def test_cli_round_trip_applies_the_records(tuned, tiny, workdir, capsys, tol):
     assert len(meta["tuned"]) + len(meta["default_faster"]) == 2 and meta["untuned"] == []
     assert meta["expected_gain_ms"] >= 0
     outputs = workdir / "tiny_tuned_out.npz"
-    code, _out, err = _cli(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
+    code, _out, err = run_cli(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
     assert code == 0, err
     np.testing.assert_allclose(
         np.load(outputs)["output_0"], expected, rtol=tol["float32"], atol=tol["float32"]
@@ -303,14 +291,14 @@ def test_resume_adds_to_the_database(tuned, tiny, workdir):
 def test_tasks_list_and_a_selection(tuned, tiny, workdir, capsys):
     """``--tasks list`` shows the tasks by index (no database needed), ``--tasks 1`` tunes only
     that one (tvmc tune's option)."""
-    code, out, err = _cli(["tune", str(tiny[0]), "--tasks", "list"], capsys)
+    code, out, err = run_cli(["tune", str(tiny[0]), "--tasks", "list"], capsys)
     assert code == 0, err
     names = [t.name for t in tuning.extract_tasks(tiny[2], TARGET)]
     rows = [line.split() for line in out.splitlines() if line.split()[-1] in names]
     assert [(r[0], r[-1]) for r in rows] == [(str(i), n) for i, n in enumerate(names)], out
     assert "MFLOP" in out and float(rows[names.index(next(n for n in names if "conv2d" in n))][2]) > 0
     db = _copy(tuned, workdir, "db_select")
-    code, out, err = _cli(
+    code, out, err = run_cli(
         ["tune", str(tiny[0]), "-o", str(db), "--trials", str(TRIALS + 1), "--tasks", "1"], capsys
     )
     assert code == 0, err
@@ -333,7 +321,7 @@ def test_tune_through_an_rpc_tracker(tiny, workdir, capsys, rpc_server):
     tracker = rpc_server(key=key)  # a tracker and one server of the key, on loopback
     db = workdir / "db_rpc"
     argv = ["tune", str(tiny[0]), "-o", str(db), "--trials", "1", "--ops", "matmul"]
-    code, _out, err = _cli([*argv, "--rpc-tracker", tracker, "--rpc-key", key], capsys)
+    code, _out, err = run_cli([*argv, "--rpc-tracker", tracker, "--rpc-key", key], capsys)
     served = rpc_server.log.read_text()
     assert code == 0, err
     assert _records(db) == 1
@@ -361,11 +349,11 @@ def test_version_and_isa_mismatch(tuned, tiny, workdir, capsys):
         tuning.load_records(db, TARGET)
     with pytest.warns(UserWarning, match=r"TVM 0\.0\.1"):
         tuning.load_records(db, TARGET, on_mismatch="warn")
-    code, _out, err = _cli(
+    code, _out, err = run_cli(
         ["compile", str(tiny[0]), "-o", str(workdir / "x.so"), "--tuning-records", str(db)], capsys
     )
     assert code == 1
-    _one_line_error(err, "--tuning-records", "TVM 0.0.1")
+    one_line_error(err, "--tuning-records", "TVM 0.0.1")
 
     db = _copy(tuned, workdir, "db_other_arch")
     _edit_metadata(db, mtriple="aarch64-unknown-linux-gnu")
@@ -384,9 +372,9 @@ def test_missing_extra_is_one_line(tiny, workdir, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "xgboost", None)  # `import xgboost` now raises ImportError
     with pytest.raises(tuning.MissingTuningDependency, match=r"'xgboost'.*tvm-roialign\[tune\]"):
         tuning.require_dependencies()
-    code, _out, err = _cli(["tune", str(tiny[0]), "-o", str(workdir / "never")], capsys)
+    code, _out, err = run_cli(["tune", str(tiny[0]), "-o", str(workdir / "never")], capsys)
     assert code == 1
-    _one_line_error(err, "'xgboost'", "tvm-roialign[tune]")
+    one_line_error(err, "'xgboost'", "tvm-roialign[tune]")
     assert not (workdir / "never").exists()
 
 
@@ -425,6 +413,6 @@ def test_tune_and_records_errors(tuned, tiny, workdir, capsys):
         ),
     ]
     for argv, words in cases:
-        code, _out, err = _cli(argv, capsys)
+        code, _out, err = run_cli(argv, capsys)
         assert code == 1, (argv, err)
-        _one_line_error(err, *words)
+        one_line_error(err, *words)
