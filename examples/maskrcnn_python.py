@@ -3,9 +3,9 @@
     python examples/maskrcnn_python.py            # astronaut photo, this machine's CPU, NHWC
 
 Builds torchvision's maskrcnn_resnet50_fpn (random weights, seed 3: no download), compiles its
-three static graphs with tvm-roialign (backbone + FPN + RPN head, box branch, mask branch; the
-last two for the model's roi bounds, 1000 proposals and 100 detections, the rois padded in the
-glue), runs it next to PyTorch eager and compares.
+three graphs with tvm-roialign (backbone + FPN + RPN head, box branch, mask branch; one build for
+every photo size, the branches for the model's roi bounds, 1000 proposals and 100 detections, the
+rois padded in the glue), runs it next to PyTorch eager and compares.
 """
 
 import torch

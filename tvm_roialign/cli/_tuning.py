@@ -5,8 +5,9 @@ from __future__ import annotations
 from ._common import CLIError
 
 HELP_RECORDS = (
-    "a tuning database written by 'tvm-roialign tune -o DIR': its records schedule the tasks they "
-    "cover, the default rules the rest (how many were found is printed)"
+    "a tuning database written by 'tvm-roialign tune -o DIR': a task gets its record where tune's "
+    "check found it faster than the default rules, every other task the default rules (a line says "
+    "how many of each)"
 )
 
 

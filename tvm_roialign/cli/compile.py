@@ -45,7 +45,8 @@ HELP_TARGET = (
 DESCRIPTION = (
     "Import a .pt2 (torch.export.save) or .onnx model, convert it to NHWC on CPU targets (--desired-"
     "layout), build it for --target and export the library, with LIBRARY.json (target, inputs, stage "
-    "times) beside it."
+    "times) beside it. MODEL may also be a torchvision detector name (maskrcnn_resnet50_fpn, ...): "
+    "the whole detector becomes one artifact that `run --image` runs without PyTorch."
 )
 
 

@@ -19,9 +19,10 @@ PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 DESCRIPTION = (
-    "Build torchvision's Mask R-CNN with TVM (three static graphs, PyTorch glue), run it on a photo "
-    "next to PyTorch eager, compare the detections, and write the annotated picture and a JSON "
-    "report."
+    "Build torchvision's Mask R-CNN with TVM as three graphs (backbone, box branch, mask branch; by "
+    "default one build serves every photo size, --shapes static builds per padded size) with the "
+    "data-dependent glue in PyTorch, run it on a photo next to PyTorch eager and ONNX Runtime, compare "
+    "the detections, and write the annotated picture and a JSON report."
 )
 
 
@@ -72,7 +73,7 @@ def add_model_arguments(p) -> None:
     p.add_argument("--layout", default="NHWC", type=str.upper, help="NHWC (ConvertLayout) or NCHW")
     p.add_argument(
         "--min-size", type=int, default=512,
-        help="torchvision's resize min_size (default 512; torchvision's own and its weights': 800)",
+        help="torchvision's resize min_size (torchvision's own and its weights': 800)",
     )
     p.add_argument(
         "--max-size", type=int, default=None,

@@ -24,7 +24,8 @@ FILL_MODES = ("random", "zeros", "ones")
 DESCRIPTION = (
     "Run a library written by `compile` on inputs from an .npz (matched by name), or generated ones "
     "(--fill-mode); time it (--print-time, after a warm-up call), profile it per kernel (--profile), "
-    "print a classifier's top values (--print-top)."
+    "print a classifier's top values (--print-top); with --rpc or --rpc-tracker, on a remote device. "
+    "A detector library (compile DETECTOR) runs on a photo (--image)."
 )
 
 
@@ -57,7 +58,7 @@ def register(subparsers, parents) -> None:
     )
     p.add_argument("--repeat", type=int, default=1, help="measurements for --print-time and --profile")
     p.add_argument("--number", type=int, default=1, help="calls per measurement (their mean is one result)")
-    p.add_argument("--profile", action="store_true", help="time every kernel (one table, per run)")
+    p.add_argument("--profile", action="store_true", help="time every kernel, averaged over --repeat runs")
     p.add_argument(
         "--print-top",
         type=int,

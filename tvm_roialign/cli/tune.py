@@ -32,9 +32,10 @@ MASKRCNN = "maskrcnn"
 TRIALS_TO_EXPECT_A_GAIN = 64
 
 DESCRIPTION = (
-    "Tune the conv2d/matmul kernels of a .pt2 / .onnx model (or of the Mask R-CNN pieces: MODEL = "
-    "maskrcnn) with MetaSchedule, into a tuning database directory for compile / maskrcnn "
-    "--tuning-records. Resumable: --trials counts the records already there."
+    "Tune the conv2d/matmul kernels of a .pt2 / .onnx model (or of the Mask R-CNN pieces built for "
+    "the photo's padded size: MODEL = maskrcnn) with MetaSchedule, into a tuning database directory "
+    "for compile / maskrcnn --tuning-records. Kernels of symbolic shape are listed, not tuned. "
+    "Resumable: --trials counts the records already there."
 )
 
 
