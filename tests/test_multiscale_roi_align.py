@@ -273,8 +273,8 @@ def test_empty_features_rejected():
 
 
 def _gpu_prim_func(layout, sampling_ratio, bind_threads, shapes, num_rois):
+    from tvm_roialign.schedules.roi_align_gpu import RoIAlignCUDA
     from tvm_roialign.strategies.base import mark_scheduled
-    from tvm_roialign.strategies.cuda import RoIAlignCUDA
 
     if layout == "NHWC":
         shapes = [(n, h, w, c) for n, c, h, w in shapes]

@@ -39,9 +39,9 @@ from tvm import relax, te
 import tvm_roialign
 from tvm_roialign import topi
 from tvm_roialign.ops.roi_align import RoiAlignAttrs
+from tvm_roialign.schedules.roi_align_gpu import RoIAlignCUDA
 from tvm_roialign.strategies import STRATEGIES
 from tvm_roialign.strategies.base import LAYOUT_ATTR, mark_scheduled
-from tvm_roialign.strategies.cuda import RoIAlignCUDA
 from tvm_roialign.testing import (
     build_roi_align_module,
     ps_roi_align_ref,

@@ -14,7 +14,8 @@ from tvm.s_tir.dlight.base.transform import ApplyDefaultSchedule
 
 from tvm_roialign.pipeline import build
 from tvm_roialign.schedules import Conv2DNHWC, CPUDefault, Elementwise, Matmul, cpu_info
-from tvm_roialign.schedules.contraction import pick_lanes, pick_tile
+from tvm_roialign.schedules.base import pick_lanes
+from tvm_roialign.schedules.contraction_tiles import pick_tile
 
 #: float32 results against a float64 reference: relative to the largest output
 RTOL = 2e-5

@@ -133,7 +133,7 @@ def _tuning_pass(tuning_records) -> tvm.transform.Pass:
 
 
 def _has_preproc_block(func) -> bool:
-    from .schedules.contraction import PREPROC_ATTR, walk
+    from .schedules.base import PREPROC_ATTR, walk
 
     found = []
     walk(func.body, tvm.s_tir.SBlock, lambda block: found.append(PREPROC_ATTR in block.annotations))

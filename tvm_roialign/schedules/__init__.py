@@ -1,8 +1,14 @@
-"""Default CPU schedule rules (dlight style: ``ScheduleRule.apply(func, target, tunable)``).
+"""The package's schedule rules (dlight style: ``ScheduleRule.apply(func, target, tunable)``).
 
-Each rule recognizes one kind of fused PrimFunc and returns a schedule, or None to let the next rule
-try. All are :class:`~.base.CPURule` subclasses (llvm targets only, a fresh schedule handed to their
-``schedule(sch, func, target)``). :func:`default_rules` is the ordered list the pipeline applies
+Every rule shares one guard and one set of helpers (:mod:`.base`): ``apply`` returns None for
+anything that is not a TIR PrimFunc and for a target the rule does not serve. RoIAlign's rules
+(:mod:`.roi_align_cpu`, :mod:`.roi_align_gpu`, and the hand-scheduled adaptive-grid kernel
+:mod:`.roi_align_kernel`) are applied by the strategies of :mod:`tvm_roialign.strategies` when an op
+is legalized; the model's CPU rules below by the pipeline.
+
+Each model rule recognizes one kind of fused PrimFunc and returns a schedule, or None to let the next
+rule try. All are :class:`~.base.CPURule` subclasses (llvm targets only, a fresh schedule handed to
+their ``schedule(sch, func, target)``). :func:`default_rules` is the ordered list the pipeline applies
 (first match wins), ending with :class:`CPUDefault`, which schedules anything left. Tiles and vector
 lanes come from the target (:func:`~.target_info.cpu_info`), never from the machine the compiler
 runs on.

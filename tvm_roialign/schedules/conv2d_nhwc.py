@@ -16,58 +16,9 @@ axis with the data) and NCHW convs are not contractions of this form: depthwise 
 
 from __future__ import annotations
 
-import tvm
-from tvm import tirx
-from tvm.s_tir import Schedule
-
-from .base import CPURule, find_block
-from .contraction import (
-    analyze_contraction,
-    choose_tiling,
-    inline_epilogue,
-    is_layout_preproc,
-    schedule_contraction,
-    try_step,
-    unguard_rows,
-    vectorize_writeback,
-    walk,
-)
-from .elementwise import schedule_injective_block, schedule_rest
+from .base import CPURule, find_main_reduction
+from .contraction import analyze_contraction, choose_tiling, schedule_with_epilogue
 from .target_info import cpu_info
-
-
-def _has_condition(stmt) -> bool:
-    found = []
-    walk(
-        stmt.body,
-        tvm.ir.expr.Call,
-        lambda node: found.append(str(getattr(node.op, "name", ""))),
-    )
-    return any(name.endswith("if_then_else") for name in found)
-
-
-def find_main_reduction(sch: Schedule):
-    """The single reduction block of the function (all others spatial), or None."""
-    root = find_block(sch, "root")
-    blocks = sch.get_child_blocks(root) if root is not None else []
-    reductions = [
-        b
-        for b in blocks
-        if any(it.iter_type == tirx.IterVar.CommReduce for it in sch.get(b).iter_vars)
-    ]
-    return reductions[0] if len(reductions) == 1 else None
-
-
-def schedule_producers(sch: Schedule, block, lanes: int) -> None:
-    """Inline plain-copy producers of ``block``; give conditional ones (padding) their own pass."""
-    for producer in sch.get_producers(block):
-        if is_layout_preproc(sch, producer):
-            continue
-        if not _has_condition(sch.get(producer)) and try_step(
-            sch.compute_inline, producer
-        ):
-            continue
-        schedule_injective_block(sch, producer, lanes)
 
 
 class Conv2DNHWC(CPURule):
@@ -91,12 +42,7 @@ class Conv2DNHWC(CPURule):
         tiling = choose_tiling(contraction, cpu_info(target))
         if tiling is None:
             return None
-        _, local = schedule_contraction(sch, contraction, tiling)
-        inline_epilogue(sch, local)
-        vectorize_writeback(sch, local, tiling.lanes)
-        schedule_producers(sch, contraction.block, tiling.lanes)
-        schedule_rest(sch, tiling.lanes)
-        return unguard_rows(sch, contraction)
+        return schedule_with_epilogue(sch, contraction, tiling)
 
 
-__all__ = ["Conv2DNHWC", "find_main_reduction", "schedule_producers"]
+__all__ = ["Conv2DNHWC"]

@@ -12,43 +12,48 @@ The padding stage is its own parallel, vectorized pass, as for :class:`~.conv2d_
 
 from __future__ import annotations
 
-from .base import CPURule, static_int
-from .contraction import inline_epilogue, pick_lanes, vectorize_writeback
-from .conv2d_nhwc import find_main_reduction, schedule_producers
-from .elementwise import schedule_rest
+from .base import (
+    CPURule,
+    find_main_reduction,
+    inline_epilogue,
+    loop_extent,
+    pick_lanes,
+    static_int,
+    vectorize_writeback,
+)
+from .elementwise import schedule_producers, schedule_rest
 from .target_info import cpu_info
 
 
-def _depthwise_extents(sch, block) -> list | None:
-    """The loop extents of a depthwise NHWC conv block (``n, h, w, c, kh, kw, 1``), or None."""
+def _depthwise_conv(sch):
+    """``(block, channels)`` of a depthwise NHWC conv (loops ``n, h, w, c, kh, kw, 1``), or None."""
+    block = find_main_reduction(sch)
+    if block is None:
+        return None
     stmt = sch.get(block)
-    if not stmt.name_hint.startswith("group_conv2d_nhwc") or len(stmt.reads) != 2:
-        return None
     loops = sch.get_loops(block)
-    if len(loops) != 7:
+    if not stmt.name_hint.startswith("group_conv2d_nhwc") or len(stmt.reads) != 2 or len(loops) != 7:
         return None
-    extents = [static_int(sch.get(lp).extent) for lp in loops]
+    extents = [loop_extent(sch, lp) for lp in loops]
     channels = extents[3]
     if channels is None or None in extents[4:] or extents[6] != 1:
         return None
     # one input channel per output channel: the data has as many channels as the output
     if static_int(stmt.reads[0].source.ty.shape[-1]) != channels:
         return None
-    return extents
+    return block, channels
 
 
 class DepthwiseConv2DNHWC(CPURule):
     """Depthwise NHWC conv2d: taps unrolled over one vector of channels (see the module)."""
 
     def schedule(self, sch, func, target):
-        block = find_main_reduction(sch)
-        if block is None:
+        conv = _depthwise_conv(sch)
+        if conv is None:
             return None
-        extents = _depthwise_extents(sch, block)
-        if extents is None:
-            return None
+        block, channels = conv
         dtype = str(sch.get(block).writes[0].source.ty.dtype)
-        lanes = pick_lanes(extents[3], cpu_info(target).lanes(dtype))
+        lanes = pick_lanes(channels, cpu_info(target).lanes(dtype))
         if lanes is None:
             return None
         n, h, w, c, kh, kw, one = sch.get_loops(block)

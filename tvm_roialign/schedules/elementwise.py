@@ -9,13 +9,11 @@ of the vector width runs in parallel without vectors.
 
 from __future__ import annotations
 
+import tvm
 from tvm import tirx
 from tvm.s_tir import Schedule
-from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
 
-from .base import CPURule, static_int
-from .contraction import is_layout_preproc, pick_lanes
+from .base import CPURule, block_infos, is_layout_preproc, loop_extent, pick_lanes, try_step, walk
 from .target_info import cpu_info
 
 #: below this many elements a loop runs serially (a parallel launch costs more than the work)
@@ -31,23 +29,21 @@ def schedule_injective_block(sch: Schedule, block, lanes: int) -> None:
     loops = sch.get_loops(block)
     if not loops or any(_is_parallel(sch, lp) for lp in loops):
         return
-    extents = [static_int(sch.get(lp).extent) for lp in loops]
+    extents = [loop_extent(sch, lp) for lp in loops]
     if None in extents:
         _schedule_symbolic_block(sch, loops, extents, lanes)
         return
-    inner_extent = static_int(sch.get(loops[-1]).extent)
     total = 1
-    for lp in loops:
-        extent = static_int(sch.get(lp).extent)
-        total = total * extent if (extent is not None and total is not None) else None
+    for extent in extents:
+        total *= extent
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    vec = pick_lanes(inner_extent, lanes) if inner_extent is not None else None
+    vec = pick_lanes(extents[-1], lanes)
     if vec is not None:
         outer, inner = sch.split(fused, [None, vec])
         sch.vectorize(inner)
     else:
         outer = fused
-    if total is None or total >= _MIN_PARALLEL:
+    if total >= _MIN_PARALLEL:
         sch.parallel(outer)
 
 
@@ -81,14 +77,31 @@ def schedule_rest(sch: Schedule, lanes: int) -> None:
         schedule_injective_block(sch, block, lanes)
 
 
+def _has_condition(stmt) -> bool:
+    found = []
+    walk(
+        stmt.body,
+        tvm.ir.expr.Call,
+        lambda node: found.append(str(getattr(node.op, "name", ""))),
+    )
+    return any(name.endswith("if_then_else") for name in found)
+
+
+def schedule_producers(sch: Schedule, block, lanes: int) -> None:
+    """Inline plain-copy producers of ``block``; give conditional ones (padding) their own pass."""
+    for producer in sch.get_producers(block):
+        if is_layout_preproc(sch, producer):
+            continue
+        if not _has_condition(sch.get(producer)) and try_step(sch.compute_inline, producer):
+            continue
+        schedule_injective_block(sch, producer, lanes)
+
+
 class Elementwise(CPURule):
     """Parallel, vectorized schedule of functions without reductions."""
 
     def schedule(self, sch, func, target):
-        infos = normalize_prim_func(sch)
-        if infos is None or any(not info.is_injective() for info in infos):
-            return None
-        infos = try_inline_contiguous_spatial(sch, infos)
+        infos = block_infos(sch, injective_only=True)
         if infos is None:
             return None
         lanes = cpu_info(target).lanes()
@@ -97,4 +110,4 @@ class Elementwise(CPURule):
         return sch
 
 
-__all__ = ["Elementwise", "schedule_injective_block", "schedule_rest"]
+__all__ = ["Elementwise", "schedule_injective_block", "schedule_producers", "schedule_rest"]

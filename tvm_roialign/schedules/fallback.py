@@ -19,11 +19,8 @@ from __future__ import annotations
 import contextlib
 
 from tvm.s_tir import Schedule
-from tvm.s_tir.dlight.analysis import normalize_prim_func
-from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
 
-from .base import CPURule, static_int
-from .contraction import pick_lanes
+from .base import CPURule, block_infos, pick_lanes, static_int
 from .target_info import cpu_info
 
 
@@ -46,8 +43,8 @@ def _schedule_reduction(
         return False
     loops = sch.get_loops(info.block_rv)
     s_loops, r_loops = loops[:num_s], loops[num_s:]
-    # a matmul (rows x columns, one reduction) reuses each weight vector over more rows; measured
-    # here: fc6 of the box head 2.5x faster with 8 rows x 32 lanes than 4 x 16, convolutions not
+    # a matmul (rows x columns, one reduction) reuses each weight vector over more rows: a taller,
+    # wider tile
     matmul = kinds == "SSR"
     lanes = _pick_lanes(info.iters[num_s - 1].dom, target, matmul)
     if row_tile is None:
@@ -107,10 +104,7 @@ class CPUDefault(CPURule):
     """Parallel + vectorized default schedule for unscheduled llvm PrimFuncs (see module docstring)."""
 
     def schedule(self, sch, func, target):
-        infos = normalize_prim_func(sch)
-        if infos is None:
-            return None
-        infos = try_inline_contiguous_spatial(sch, infos)
+        infos = block_infos(sch)
         if infos is None:
             return None
         for info in infos:

@@ -12,17 +12,8 @@ then accumulates in the output across chunks, and the epilogue is a separate par
 
 from __future__ import annotations
 
-from .base import CPURule
-from .contraction import (
-    analyze_contraction,
-    choose_tiling,
-    inline_epilogue,
-    schedule_contraction,
-    unguard_rows,
-    vectorize_writeback,
-)
-from .conv2d_nhwc import find_main_reduction, schedule_producers
-from .elementwise import schedule_rest
+from .base import CPURule, find_main_reduction
+from .contraction import analyze_contraction, choose_tiling, schedule_with_epilogue
 from .target_info import cpu_info
 
 
@@ -73,13 +64,7 @@ class Matmul(CPURule):
                 contraction.num_columns // (tiling.cols * tiling.lanes),
                 info.l2_bytes,
             )
-        _, local = schedule_contraction(sch, contraction, tiling)
-        if local is not None:
-            inline_epilogue(sch, local)
-            vectorize_writeback(sch, local, tiling.lanes)
-        schedule_producers(sch, contraction.block, tiling.lanes)
-        schedule_rest(sch, tiling.lanes)
-        return unguard_rows(sch, contraction)
+        return schedule_with_epilogue(sch, contraction, tiling)
 
 
 __all__ = ["Matmul"]

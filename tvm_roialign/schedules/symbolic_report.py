@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import tirx
 
-from .base import static_int
-from .contraction import walk
+from .base import static_int, walk
 
 
 @dataclass

@@ -21,8 +21,7 @@ import math
 
 from tvm.s_tir import Schedule
 
-from .base import CPURule, find_block, static_int
-from .contraction import inline_epilogue, pick_lanes
+from .base import CPURule, find_block, inline_epilogue, loop_extent, pick_lanes, static_int
 from .elementwise import schedule_rest
 from .target_info import cpu_info
 
@@ -45,7 +44,7 @@ def _stage_in_registers(sch: Schedule, block, loop, vec: int) -> None:
 
 def schedule_input_transform(sch: Schedule, block, lanes: int) -> None:
     ef, *tiles, c = sch.get_loops(block)
-    vec = pick_lanes(static_int(sch.get(c).extent), lanes) or 1
+    vec = pick_lanes(loop_extent(sch, c), lanes) or 1
     c_outer, c_inner = sch.split(c, [None, vec])
     sch.reorder(*tiles, c_outer, ef, c_inner)
     # flat tiles run in parallel; tile rows and columns (a symbolic size) run their rows in
@@ -69,7 +68,7 @@ def schedule_output_transform(sch: Schedule, block, lanes: int) -> None:
     n, h, w, k = sch.get_loops(block)
     th, a = sch.split(h, [None, tile])
     tw, b = sch.split(w, [None, tile])
-    vec = pick_lanes(static_int(sch.get(k).extent), lanes) or 1
+    vec = pick_lanes(loop_extent(sch, k), lanes) or 1
     k_outer, k_inner = sch.split(k, [None, vec])
     sch.reorder(n, th, tw, k_outer, a, b, k_inner)
     sch.parallel(sch.fuse(n, th, tw))

@@ -1,12 +1,10 @@
 """What a strategy is: a TE compute plus a schedule rule, chosen from the target.
 
 The schedule rules are dlight ``ScheduleRule`` subclasses (``apply(func, target, tunable) ->
-Schedule | None``): :class:`~.cpu.RoIAlignCPU` and :class:`~.gpu.RoIAlignGPU`. A rule finds the
-blocks ``roi_align_acc`` (the reduction over the sampling grid) and ``roi_align`` (the output) by
-name and returns None when they are not there. Every RoIAlign-like compute of this package
-(``roi_align``, ``multiscale_roi_align``) names its blocks so, with loops ``(K, C, PH, PW)`` in NCHW
-or ``(K, PH, PW, C)`` in NHWC, and records its layout in the PrimFunc attribute
-``roi_align.layout``; one rule then serves all of them.
+Schedule | None``) of :mod:`tvm_roialign.schedules`: ``RoIAlignCPU`` and ``RoIAlignGPU``. They
+recognize a RoIAlign PrimFunc by its blocks and its ``roi_align.layout`` attribute
+(:data:`LAYOUT_ATTR`, set by :meth:`Strategy.build`); an op may set more attributes for them
+(:data:`GATHERED_CHANNELS_ATTR`) through ``func_attrs``.
 """
 
 from __future__ import annotations
@@ -16,70 +14,22 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import te
-from tvm.s_tir import Schedule
 from tvm.s_tir.dlight import ScheduleRule
 
+from ..schedules.roi_align import GATHERED_CHANNELS_ATTR, LAYOUT_ATTR
 from ..topi._sampling import index_dtype_for
 
-ACC_BLOCK = "roi_align_acc"
-OUT_BLOCK = "roi_align"
-#: TE nests a reduction whose extent depends on the roi (adaptive sampling grid) in a block of its own
-NESTED_ACC_BLOCK = ACC_BLOCK + "_l1"
-#: multiscale_roi_align computes each roi's FPN level once, in a block of its own
-LEVEL_BLOCK = "roi_level"
-LAYOUT_ATTR = "roi_align.layout"
-#: PrimFunc attribute of an op whose output channel reads another data channel per bin
-#: (ps_roi_align): a channels-last copy of the map would not make the channel loop contiguous
-GATHERED_CHANNELS_ATTR = "roi_align.gathered_channels"
+__all__ = [
+    "GATHERED_CHANNELS_ATTR",
+    "LAYOUT_ATTR",
+    "OPAQUE",
+    "Strategy",
+    "mark_scheduled",
+    "without_global_symbol",
+]
+
 #: TVM's OpPatternKind kOpaque: FuseOps never fuses a PrimFunc so marked.
 OPAQUE = 8
-
-def new_schedule(func: tvm.tirx.PrimFunc) -> Schedule:
-    """A schedule whose errors are not rendered (RoIAlign's TIR is large to print)."""
-    return Schedule(func, error_render_level="none")
-
-
-def has_block(sch: Schedule, name: str) -> bool:
-    try:
-        sch.get_sblock(name)
-    except Exception:  # noqa: BLE001 - ScheduleError / ValueError: no such block
-        return False
-    return True
-
-
-def find_blocks(sch: Schedule):
-    """``(acc, out)`` block RVs of a RoIAlign PrimFunc, or None when it is not one."""
-    if not (has_block(sch, ACC_BLOCK) and has_block(sch, OUT_BLOCK)):
-        return None
-    return sch.get_sblock(ACC_BLOCK), sch.get_sblock(OUT_BLOCK)
-
-
-def buffer_dtypes(func: tvm.tirx.PrimFunc) -> list[str]:
-    """The dtypes of the buffer parameters of ``func``, in order (data first)."""
-    return [
-        str(param.ty.dtype) for param in func.params if isinstance(param.ty, tvm.tirx.BufferType)
-    ]
-
-
-def layout_of(func: tvm.tirx.PrimFunc) -> str | None:
-    if func.attrs is None or LAYOUT_ATTR not in func.attrs:
-        return None
-    return str(func.attrs[LAYOUT_ATTR])
-
-
-def static_extent(sch: Schedule, loop) -> int | None:
-    extent = sch.get(loop).extent
-    return int(extent) if isinstance(extent, tvm.tirx.IntImm) else None
-
-
-def largest_divisor_lanes(extent: int | None, max_lanes: int) -> int:
-    """The largest power of two <= ``max_lanes`` that divides ``extent`` (1 if none or symbolic)."""
-    if extent is None:
-        return 1
-    lanes = 1
-    while lanes * 2 <= max_lanes and extent % (lanes * 2) == 0:
-        lanes *= 2
-    return lanes
 
 
 def without_global_symbol(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:

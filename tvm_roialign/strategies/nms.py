@@ -17,6 +17,7 @@ from tvm import te
 
 from ..topi.nms import batched_nms
 from .base import mark_scheduled
+from .targets import is_cuda, is_llvm, is_metal
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,9 @@ class NMSStrategy:
 
 
 NMS_STRATEGIES: dict[str, NMSStrategy] = {
-    "llvm": NMSStrategy("llvm", lambda t: t.kind.name == "llvm", False, True),
-    "cuda": NMSStrategy("cuda", lambda t: t.kind.name == "cuda", True, True),
-    "metal": NMSStrategy("metal", lambda t: t.kind.name == "metal", True, False),
+    "llvm": NMSStrategy("llvm", is_llvm, False, True),
+    "cuda": NMSStrategy("cuda", is_cuda, True, True),
+    "metal": NMSStrategy("metal", is_metal, True, False),
 }
 
 

@@ -1,4 +1,4 @@
-"""CPU schedule rule shared by the x86, ARM and generic llvm strategies, and the vector-width policy.
+"""RoIAlign's CPU schedule rule (x86, ARM and generic llvm strategies) and the vector-width policy.
 
 Both layouts compute one bin ``(roi, ph, pw)`` at a time for all channels: the bin's accumulator is
 computed at the bin, its sampling loops are moved outside the channel loop, so that each sample's four
@@ -6,11 +6,11 @@ positions and four weights are computed once and shared across channels (the pre
 torchvision's CPU kernel, without its buffer). Rois x rows of bins are spread over TVM's thread pool.
 
 Vector lanes (:func:`vector_lanes`, one policy for x86 and ARM, also used by the adaptive-grid kernel
-of :mod:`.cpu_kernel`) are counted in *data* elements of one vector register: 2 for float64, 4 for
-float32 and 8 for float16 in a 128-bit register (NEON, SSE), 16 / 32 with AVX-512. float16 data are
-accumulated in float32, so a float16 vector is one full-width load of data widened into two float32
-registers (ARM ``fcvtl``/``fcvtl2``, x86 ``vcvtph2ps``) that take one multiply-add each; counting in
-accumulator elements instead would halve every load.
+of :mod:`.roi_align_kernel`) are counted in *data* elements of one vector register: 2 for float64, 4
+for float32 and 8 for float16 in a 128-bit register (NEON, SSE), 16 / 32 with AVX-512. float16 data
+are accumulated in float32, so a float16 vector is one full-width load of data widened into two
+float32 registers (ARM ``fcvtl``/``fcvtl2``, x86 ``vcvtph2ps``) that take one multiply-add each;
+counting in accumulator elements instead would halve every load.
 """
 
 from __future__ import annotations
@@ -19,27 +19,24 @@ import tvm
 from tvm.s_tir import Schedule
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
-from ..schedules.target_info import cpu_info
-from .base import (
+from .base import buffer_dtypes, find_block, largest_divisor_lanes, loop_extent
+from .roi_align import (
     GATHERED_CHANNELS_ATTR,
     NESTED_ACC_BLOCK,
-    buffer_dtypes,
-    find_blocks,
-    has_block,
-    largest_divisor_lanes,
+    RoIAlignRule,
+    find_roi_blocks,
     layout_of,
-    new_schedule,
-    static_extent,
 )
+from .target_info import cpu_info
 
 __all__ = ["RoIAlignCPU", "vector_bits", "vector_lanes"]
 
 
 def vector_bits(target: tvm.target.Target) -> int:
     """Width of the target's vector registers, from the package's one target-info layer
-    (:func:`tvm_roialign.schedules.target_info.cpu_info`, which the conv/matmul rules use too):
-    NEON's 128 bits on ARM (SVE's width is not known at compile time), 128 / 256 / 512 for SSE /
-    AVX2 / AVX-512 x86 CPUs by their features."""
+    (:func:`~.target_info.cpu_info`, which the conv/matmul rules use too): NEON's 128 bits on ARM
+    (SVE's width is not known at compile time), 128 / 256 / 512 for SSE / AVX2 / AVX-512 x86 CPUs
+    by their features."""
     return cpu_info(target).vector_bits
 
 
@@ -48,7 +45,7 @@ def vector_lanes(target: tvm.target.Target, dtype: str) -> int:
     return cpu_info(target).lanes(str(dtype))
 
 
-class RoIAlignCPU(CPUScheduleRule):
+class RoIAlignCPU(RoIAlignRule, CPUScheduleRule):
     """Parallel over (roi, bin row), channels innermost and vectorized by :func:`vector_lanes`.
 
     ``vectorize=False`` gives the plain schedule of the generic llvm strategy (no vector width is
@@ -58,18 +55,14 @@ class RoIAlignCPU(CPUScheduleRule):
     def __init__(self, vectorize: bool = True):
         self.vectorize = vectorize
 
-    def apply(self, func, target, tunable=False) -> Schedule | None:
+    def schedule(self, sch, func, target) -> Schedule | None:
         layout = layout_of(func)
-        if layout not in ("NCHW", "NHWC"):
-            return None
-        sch = new_schedule(func)
-        if find_blocks(sch) is None:
-            return None
-        if has_block(sch, NESTED_ACC_BLOCK):
+        if find_block(sch, NESTED_ACC_BLOCK) is not None:
             return _schedule_nested(sch, layout)
-        acc = find_blocks(sch)[0]
+        acc, out = find_roi_blocks(sch)
         max_lanes = vector_lanes(target, buffer_dtypes(func)[0]) if self.vectorize else 1
-        lanes = largest_divisor_lanes(_static_channels(sch, layout), max_lanes)
+        lanes = largest_divisor_lanes(loop_extent(sch, sch.get_loops(out)[layout.index("C")]),
+                                      max_lanes)
         gathered = func.attrs is not None and bool(func.attrs.get(GATHERED_CHANNELS_ATTR, False))
         if lanes > 1 and layout == "NCHW" and not gathered:
             _channels_last_copies(sch, acc, lanes)
@@ -85,17 +78,25 @@ class RoIAlignCPU(CPUScheduleRule):
         return sch
 
 
-def _bin_major(sch: Schedule, layout: str):
-    """Common part: returns (acc, fused parallel loop, out channel loop, acc channel loop, the loop
-    to decompose the reduction at)."""
-    acc, out = find_blocks(sch)
+def _bins_at(sch: Schedule, layout: str, block):
+    """Output loops in the order ``(k, ph, pw, c)``, ``k`` and ``ph`` fused; ``block`` computed at
+    the bin (under ``pw``). Returns ``(fused, c)``."""
+    _, out = find_roi_blocks(sch)
     if layout == "NHWC":
         k, ph, pw, c = sch.get_loops(out)
     else:
         k, c, ph, pw = sch.get_loops(out)
         sch.reorder(k, ph, pw, c)
     fused = sch.fuse(k, ph)
-    sch.compute_at(acc, pw, preserve_unit_loops=True)
+    sch.compute_at(block, pw, preserve_unit_loops=True)
+    return fused, c
+
+
+def _bin_major(sch: Schedule, layout: str):
+    """The accumulator at its bin, its sampling loops outside its channel loop. Returns (acc, fused
+    parallel loop, out channel loop, acc channel loop, the loop to decompose the reduction at)."""
+    acc, _ = find_roi_blocks(sch)
+    fused, c = _bins_at(sch, layout, acc)
     # the accumulator's own loops under (fused, pw), unit loops kept: (k, c, ph, pw, iy, ix) in
     # NCHW, (k, ph, pw, c, iy, ix) in NHWC
     acc_loops = sch.get_loops(acc)[2:]
@@ -109,15 +110,7 @@ def _schedule_nested(sch: Schedule, layout: str) -> Schedule:
     """Adaptive grids: the sampling loops depend on the roi, so TE nests them in a block of their
     own (``roi_align_acc_l1``) per output element; they cannot move outside the channel loop. The
     accumulator is computed at its bin and rois x bin rows run in parallel."""
-    _, out = find_blocks(sch)
-    outer = sch.get_sblock(NESTED_ACC_BLOCK)
-    if layout == "NHWC":
-        k, ph, pw, _ = sch.get_loops(out)
-    else:
-        k, c, ph, pw = sch.get_loops(out)
-        sch.reorder(k, ph, pw, c)
-    fused = sch.fuse(k, ph)
-    sch.compute_at(outer, pw, preserve_unit_loops=True)
+    fused, _ = _bins_at(sch, layout, sch.get_sblock(NESTED_ACC_BLOCK))
     sch.parallel(fused)
     return sch
 
@@ -125,13 +118,6 @@ def _schedule_nested(sch: Schedule, layout: str) -> Schedule:
 def _feature_reads(sch: Schedule, block):
     """Indices of the 4-D buffers (feature maps) that ``block`` reads."""
     return [i for i, region in enumerate(sch.get(block).reads) if len(region.region) == 4]
-
-
-def _static_channels(sch: Schedule, layout: str) -> int | None:
-    """The channel count of the output (None when symbolic)."""
-    _, out = find_blocks(sch)
-    loops = sch.get_loops(out)
-    return static_extent(sch, loops[layout.index("C")])
 
 
 def _channels_last_copies(sch: Schedule, acc, lanes: int) -> None:

@@ -1,0 +1,114 @@
+"""The tile cost model of the register-tiled contraction: the register tile and the loop order a
+:class:`~.contraction_analysis.Contraction` gets on a target (:func:`choose_tiling`).
+
+The tile is the largest one the target's register file holds (``rows * cols`` accumulators,
+``cols`` weight vectors and one broadcast), scored by the throughput of one step of the reduction
+(:func:`pick_tile`); column blocks go outermost unless all the weights fit in half of L2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import pick_lanes
+from .contraction_analysis import Contraction, rows_pos, weight_bytes
+from .target_info import CPUInfo
+
+#: largest register tile (accumulators) considered; beyond it the gain is nil and spills start
+_MAX_ACCUMULATORS = 28
+#: independent accumulator chains that keep two multiply-add pipes busy (latency about 4 cycles,
+#: doubled to cover the loads feeding them)
+_LATENCY_CHAINS = 16
+#: bytes per cycle a core streams from L2 while computing (the packed weights of a tile)
+_L2_BYTES_PER_CYCLE = 16
+#: TVM's limit for a buffer on the stack (``runtime::kMaxStackAlloca``; larger ones are heap
+#: workspaces)
+_MAX_STACK_BYTES = 1024
+#: loads a row of the register tile costs when its extent is symbolic: the row index is clamped
+#: (:func:`~.contraction.unguard_rows`) before the broadcast load
+_SYMBOLIC_ROW_LOADS = 2
+#: row extents a symbolic one is assumed to take when a tile is chosen for it: the widths of the
+#: feature maps of an image model at 224 to 480 pixels (stride 2 to 32) and of a batch of rows
+NOMINAL_ROWS = (7, 10, 14, 15, 28, 30, 56, 60, 112, 120)
+
+
+def _tile_use(rows_extent: int | None, rows: int) -> float:
+    """Share of a row tile's work that is not padding, over ``rows_extent`` (None: symbolic, the
+    mean over :data:`NOMINAL_ROWS`)."""
+    extents = NOMINAL_ROWS if rows_extent is None else (rows_extent,)
+    return sum(e / (-(-e // rows) * rows) for e in extents) / len(extents)
+
+
+def pick_tile(
+    rows_extent: int | None,
+    vectors: int,
+    registers: int,
+    vector_bytes: int = 64,
+    max_bytes: int | None = None,
+) -> tuple[int, int]:
+    """``(rows, cols)`` of the register tile.
+
+    ``cols`` divides the number of column vectors; ``rows`` need not divide the innermost row
+    extent (a predicate guards the last tile, whose idle rows count as lost work; for a symbolic
+    extent, None, the loss is averaged over :data:`NOMINAL_ROWS`). The tile
+    needs ``rows * cols`` accumulators, ``cols`` weight vectors and a broadcast register. A step of
+    the reduction issues ``rows * cols`` multiply-adds (two per cycle) and ``rows + cols`` loads
+    (two per cycle), streams ``cols`` weight vectors from L2 (:data:`_L2_BYTES_PER_CYCLE`), and cannot
+    be shorter than the latency of one accumulator chain (:data:`_LATENCY_CHAINS`). The tile with
+    the best throughput under this model wins, then the one with the fewest loads per step. A row of
+    a symbolic extent costs :data:`_SYMBOLIC_ROW_LOADS` loads (its index is clamped, see
+    :func:`~.contraction.unguard_rows`).
+    """
+    best, best_key = (1, 1), None
+    for cols in range(1, min(vectors, 8) + 1):
+        if vectors % cols:
+            continue
+        for rows in range(1, min(rows_extent or 32, 32) + 1):
+            acc = rows * cols
+            if acc + cols + 1 > registers or acc > _MAX_ACCUMULATORS:
+                continue
+            if max_bytes is not None and acc * vector_bytes > max_bytes:
+                continue
+            row_loads = rows * (_SYMBOLIC_ROW_LOADS if rows_extent is None else 1)
+            cycles = max(
+                acc / 2,
+                (row_loads + cols) / 2,
+                _LATENCY_CHAINS / 2,
+                cols * vector_bytes / _L2_BYTES_PER_CYCLE,
+            )
+            # a last, partial tile (rows not dividing the extent) computes padding rows
+            used = _tile_use(rows_extent, rows)
+            key = (round(acc / 2 / cycles * used, 3), -(rows + cols), -rows)
+            if best_key is None or key > best_key:
+                best, best_key = (rows, cols), key
+    return best
+
+
+@dataclass
+class Tiling:
+    lanes: int
+    rows: int
+    cols: int
+    #: chunk of the innermost reduction loop (None: whole)
+    reduce_chunk: int | None = None
+    #: row tiles outside column blocks (the weights stay in L2; ``a`` is read once)
+    rows_outer: bool = False
+
+
+def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
+    lanes = pick_lanes(c.num_columns, info.lanes(c.dtype))
+    if lanes is None:
+        return None
+    rows, cols = pick_tile(
+        c.extents[rows_pos(c)],
+        c.num_columns // lanes,
+        info.vector_registers,
+        lanes * 4,
+        # the accumulator of a symbolic extent must stay under TVM's stack limit (see
+        # contraction._tile_accumulator)
+        _MAX_STACK_BYTES - 1 if None in c.extents else None,
+    )
+    return Tiling(lanes, rows, cols, rows_outer=weight_bytes(c) <= info.l2_bytes // 2)
+
+
+__all__ = ["NOMINAL_ROWS", "Tiling", "choose_tiling", "pick_tile"]
