@@ -8,7 +8,6 @@ Inputs come from an ``.npz`` (``--inputs``), matched to the model's inputs by na
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import zipfile
@@ -36,6 +35,12 @@ def register(subparsers, parents) -> None:
         description=DESCRIPTION,
     )
     p.add_argument("library", help="a library written by `compile` (LIB.json beside it names the inputs)")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="load the library without comparing it with the size and sha256 that compile "
+        "recorded in LIB.json (for a library built elsewhere, or a LIB.json without them)",
+    )
     p.add_argument("--inputs", default=None, help=".npz with one array per model input, by name")
     p.add_argument(
         "--inputs-by-order",
@@ -202,9 +207,7 @@ def _load(args, session=None):
     lib_path = Path(args.library)
     if not lib_path.is_file():
         raise CLIError(f"compiled library {str(lib_path)!r} does not exist")
-    meta_path = Path(f"{lib_path}.json")
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    target = None
+    meta = checked_metadata(args)
     if session is not None:
         return (lib_path, meta, *_load_remote(args, session, lib_path, meta))
     try:
@@ -255,20 +258,32 @@ def _call(vm, inputs, stateful: bool):
     return _flatten(vm["main"](*inputs))
 
 
+def checked_metadata(args) -> dict:
+    """``LIB.json`` of the library, after checking the library against it (unless
+    ``--no-verify``): :func:`tvm_roialign.runtime.artifact_check.check_library`."""
+    from ..runtime.artifact_check import check_library
+
+    try:
+        return check_library(args.library, not args.no_verify, "--no-verify")
+    except (ValueError, FileNotFoundError) as err:
+        raise CLIError(first_line(err)) from None
+
+
 def main(args) -> int:
     import numpy as np
     import tvm
 
     check_library_file(Path(args.library))
-    if args.image is not None or _detector.is_detector_library(args.library):
+    meta = checked_metadata(args)
+    for flag in ("repeat", "number"):
+        if getattr(args, flag) < 1:
+            raise CLIError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if args.image is not None or meta.get("kind") == "detector":
         if args.image is None:
             raise CLIError(
                 f"{args.library!r} is a detector library: it runs on a photo, give --image PHOTO"
             )
         return _detector.run_main(args, _remote(args))
-    for flag in ("repeat", "number"):
-        if getattr(args, flag) < 1:
-            raise CLIError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     if args.print_top is not None and args.print_top < 1:
         raise CLIError(f"--print-top must be at least 1, got {args.print_top}")
     out_path = output_path(args.outputs, "--outputs", (".npz",)) if args.outputs else None
