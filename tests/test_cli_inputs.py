@@ -161,7 +161,7 @@ def test_run_refuses_a_folder_as_library(tmp_path, capsys):
     folder.mkdir()
     code, _, err = run_cli(["run", str(folder)], capsys)
     assert code == 1
-    one_line_error(err, str(folder))
+    one_line_error(err, str(folder), "is a folder")
 
 
 def test_no_verify_loads_a_library_built_elsewhere(model_lib, tmp_path, capsys):
@@ -291,6 +291,9 @@ def test_detector_bad_combinations(detector_lib, model_lib, tmp_path, capsys):
         code, _, err = run_cli(argv, capsys)
         assert code == 1, (argv, err)
         one_line_error(err, *words)
+    code, _, err = run_cli(["run", "--image", str(a), str(detector_lib)], capsys)
+    assert code == 2  # command-line syntax
+    one_line_error(err, "--image", str(detector_lib), "give the library first")
     assert not (tmp_path / "r.png").exists()
 
 

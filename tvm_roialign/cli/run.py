@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import _detector
 from ._common import CLIError, first_line, output_path
-from ._model_file import check_library_file
+from ._model_file import LIBRARY_SUFFIXES, check_library_file
 
 FILL_MODES = ("random", "zeros", "ones")
 
@@ -23,7 +23,9 @@ FILL_MODES = ("random", "zeros", "ones")
 DESCRIPTION = (
     "Run a library written by `compile` on inputs from an .npz (matched by name), or generated ones "
     "(--fill-mode); time it (--print-time, after a warm-up call), profile it per kernel (--profile), "
-    "print a classifier's top values (--print-top)."
+    "print a classifier's top values (--print-top). A detector library runs on --image PHOTO "
+    "[PHOTO ...]. The library is compared with the size and sha256 that compile recorded in "
+    "LIB.json before it is loaded (--no-verify to skip)."
 )
 
 
@@ -34,7 +36,11 @@ def register(subparsers, parents) -> None:
         help="run a compiled library; time (--print-time) or profile (--profile) it",
         description=DESCRIPTION,
     )
-    p.add_argument("library", help="a library written by `compile` (LIB.json beside it names the inputs)")
+    p.add_argument(
+        "library",
+        nargs="?",
+        help="a library written by `compile` (LIB.json beside it names the inputs)",
+    )
     p.add_argument(
         "--no-verify",
         action="store_true",
@@ -58,7 +64,8 @@ def register(subparsers, parents) -> None:
     p.add_argument(
         "--print-time",
         action="store_true",
-        help="time the model: mean/median/max/min/std over --repeat x --number calls after a warm-up",
+        help="time the model: mean/median/max/min/std over --repeat x --number calls after a warm-up "
+        "(a detector: the artifact with its NumPy pre- and post-processing, one call = all photos)",
     )
     p.add_argument("--repeat", type=int, default=1, help="measurements for --print-time and --profile")
     p.add_argument("--number", type=int, default=1, help="calls per measurement (their mean is one result)")
@@ -269,10 +276,24 @@ def checked_metadata(args) -> dict:
         raise CLIError(first_line(err)) from None
 
 
+def _missing_library(args) -> str:
+    """Why the library argument is absent: ``--image`` took it as a photo, or it was not given."""
+    last = args.image[-1] if args.image else None
+    if last is not None and Path(last).suffix.lower() in LIBRARY_SUFFIXES:
+        return (
+            f"--image read {last!r} as a photo and no library is left: give the library first, "
+            f"e.g. run {last} --image {' '.join(args.image[:-1])}"
+        )
+    return "run needs the library to run: run LIB.so [options]"
+
+
 def main(args) -> int:
     import numpy as np
     import tvm
 
+    if args.library is None:  # command-line syntax: status 2, as argparse's own errors
+        print(f"tvm-roialign: error: {_missing_library(args)}", file=sys.stderr)
+        return 2
     check_library_file(Path(args.library))
     meta = checked_metadata(args)
     for flag in ("repeat", "number"):
