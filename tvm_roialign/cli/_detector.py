@@ -13,6 +13,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from . import _photos
 from ._common import CLIError, add_total, first_line, format_times, output_path, tvm_messages
 from ._progress import Progress
 
@@ -90,7 +91,7 @@ def reject_detector_options(args) -> None:
 
 def add_run_arguments(p) -> None:
     group = p.add_argument_group("detectors (a library written by `compile DETECTOR`)")
-    group.add_argument("--image", default=None, help="a photo (any Pillow format): run the detector on it")
+    _photos.add_image_argument(group)
     group.add_argument("--out", default="result.png", help="the annotated picture")
     group.add_argument("--json", default=None, help="the detections (default: --out with .json)")
     group.add_argument("--draw-top", type=int, default=8, help="detections drawn on the picture")
@@ -202,30 +203,33 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
 
 
 def run_main(args, session=None) -> int:
-    """``run --image``: the detector artifact on a photo (on a remote device: ``session``)."""
-    from ..runtime import detect_to_files, read_image, read_metadata
+    """``run --image``: the detector artifact on each photo (on a remote device: ``session``);
+    ``run`` has checked the library."""
+    from ..runtime import Detector, detect_to_files, read_metadata
 
     if args.draw_top < 0:
         raise CLIError(f"--draw-top must be >= 0, got {args.draw_top}")
+    _photos.reject_model_options(args)
     out = output_path(args.out, "--out", (".png", ".jpg", ".jpeg"))
     report = output_path(args.json, "--json", (".json",)) if args.json else out.with_suffix(".json")
+    pairs = _photos.output_pairs(args.image, out, report)
+    photos = _photos.read_photos(args.image)
+    image = args.image[0]
     try:
-        read_image(args.image)
-    except (ValueError, FileNotFoundError) as err:
-        raise CLIError(f"--image: {first_line(err)}") from None
-    try:
+        detector = Detector(args.library, session, verify=False)
         masks = "masks" in (read_metadata(args.library).get("outputs") or ())
-        summary = detect_to_files(
-            args.library, args.image, out, report, top=args.draw_top, session=session
-        )
+        for image, (picture, json_path) in zip(args.image, pairs):
+            summary = detect_to_files(detector, image, picture, json_path, top=args.draw_top)
+            paste = f" ({summary['total_ms']:.0f} ms with the mask paste)" if masks else ""
+            print(
+                f"{summary['num_detections']} detections in {summary['run_ms']:.0f} ms{paste} "
+                f"-> {picture}, {json_path}"
+            )
+        if args.print_time:
+            _photos.print_detector_time(detector, photos, args.number, args.repeat)
     except (ValueError, FileNotFoundError) as err:
         message = first_line(err)
         if message.startswith("a photo of"):  # its padded size is not the artifact's
-            message = f"--image {args.image!r}: {message}"
+            message = f"--image {image!r}: {message}"
         raise CLIError(message) from None
-    paste = f" ({summary['total_ms']:.0f} ms with the mask paste)" if masks else ""
-    print(
-        f"{summary['num_detections']} detections in {summary['run_ms']:.0f} ms{paste} "
-        f"-> {out}, {report}"
-    )
     return 0

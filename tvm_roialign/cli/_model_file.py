@@ -152,8 +152,10 @@ LIBRARY_SUFFIXES = (".so", ".tar", ".dylib")
 
 def check_library_file(path: Path) -> None:
     """That ``path`` is a library made by ``compile`` (one line naming ``run``'s input otherwise)."""
-    if not path.is_file():
+    if not path.exists():
         raise CLIError(f"compiled library {str(path)!r} does not exist")
+    if not path.is_file():
+        raise CLIError(f"compiled library {str(path)!r} is a folder, not a library file")
     if path.suffix.lower() in MODEL_SUFFIXES:
         raise CLIError(
             f"run takes a library made by compile (.so or .tar), and {str(path)!r} is a model "

@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from ..runtime.artifact_check import RECORD_KEY, library_record
 from . import _detector
 from ._common import (
     CLIError,
@@ -304,6 +305,7 @@ def main(args) -> int:
             "served": coverage.served,
             "fell_back": [{"kernel": k, "why": why} for k, why in coverage.fell_back],
         }
+    meta[RECORD_KEY] = library_record(out)
     Path(f"{out}.json").write_text(json.dumps(meta, indent=2))
     extra = f"; wrote {', '.join(dumps)}" if dumps else ""
     print_coverage(coverages)

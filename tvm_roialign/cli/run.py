@@ -8,7 +8,6 @@ Inputs come from an ``.npz`` (``--inputs``), matched to the model's inputs by na
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import zipfile
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from . import _detector
 from ._common import CLIError, first_line, output_path
-from ._model_file import check_library_file
+from ._model_file import LIBRARY_SUFFIXES, check_library_file
 
 FILL_MODES = ("random", "zeros", "ones")
 
@@ -25,7 +24,9 @@ DESCRIPTION = (
     "Run a library written by `compile` on inputs from an .npz (matched by name), or generated ones "
     "(--fill-mode); time it (--print-time, after a warm-up call), profile it per kernel (--profile), "
     "print a classifier's top values (--print-top); with --rpc or --rpc-tracker, on a remote device. "
-    "A detector library (compile DETECTOR) runs on a photo (--image)."
+    "A detector library (compile DETECTOR) runs on photos (--image PHOTO [PHOTO ...]). The library "
+    "is checked against the size and sha256 that compile recorded in LIB.json before it is loaded "
+    "(--no-verify to skip)."
 )
 
 
@@ -36,7 +37,17 @@ def register(subparsers, parents) -> None:
         help="run a compiled library; time (--print-time) or profile (--profile) it",
         description=DESCRIPTION,
     )
-    p.add_argument("library", help="a library written by `compile` (LIB.json beside it names the inputs)")
+    p.add_argument(
+        "library",
+        nargs="?",
+        help="a library written by `compile` (LIB.json beside it names the inputs)",
+    )
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="load the library without comparing it with the size and sha256 that compile "
+        "recorded in LIB.json (for a library built elsewhere, or a LIB.json without them)",
+    )
     p.add_argument("--inputs", default=None, help=".npz with one array per model input, by name")
     p.add_argument(
         "--inputs-by-order",
@@ -54,7 +65,8 @@ def register(subparsers, parents) -> None:
     p.add_argument(
         "--print-time",
         action="store_true",
-        help="time the model: mean/median/max/min/std over --repeat x --number calls after a warm-up",
+        help="time the model: mean/median/max/min/std over --repeat x --number calls after a warm-up "
+        "(a detector: the artifact with its NumPy pre- and post-processing, one call = all photos)",
     )
     p.add_argument("--repeat", type=int, default=1, help="measurements for --print-time and --profile")
     p.add_argument("--number", type=int, default=1, help="calls per measurement (their mean is one result)")
@@ -203,9 +215,7 @@ def _load(args, session=None):
     lib_path = Path(args.library)
     if not lib_path.is_file():
         raise CLIError(f"compiled library {str(lib_path)!r} does not exist")
-    meta_path = Path(f"{lib_path}.json")
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    target = None
+    meta = checked_metadata(args)
     if session is not None:
         return (lib_path, meta, *_load_remote(args, session, lib_path, meta))
     try:
@@ -256,20 +266,46 @@ def _call(vm, inputs, stateful: bool):
     return _flatten(vm["main"](*inputs))
 
 
+def checked_metadata(args) -> dict:
+    """``LIB.json`` of the library, after checking the library against it (unless
+    ``--no-verify``): :func:`tvm_roialign.runtime.artifact_check.check_library`."""
+    from ..runtime.artifact_check import check_library
+
+    try:
+        return check_library(args.library, not args.no_verify, "--no-verify")
+    except (ValueError, FileNotFoundError) as err:
+        raise CLIError(first_line(err)) from None
+
+
+def _missing_library(args) -> str:
+    """Why the library argument is absent: ``--image`` took it as a photo, or it was not given."""
+    last = args.image[-1] if args.image else None
+    if last is not None and Path(last).suffix.lower() in LIBRARY_SUFFIXES:
+        return (
+            f"--image read {last!r} as a photo and no library is left: give the library first, "
+            f"e.g. run {last} --image {' '.join(args.image[:-1])}"
+        )
+    return "run needs the library to run: run LIB.so [options]"
+
+
 def main(args) -> int:
     import numpy as np
     import tvm
 
+    if args.library is None:  # command-line syntax: status 2, as argparse's own errors
+        print(f"tvm-roialign: error: {_missing_library(args)}", file=sys.stderr)
+        return 2
     check_library_file(Path(args.library))
-    if args.image is not None or _detector.is_detector_library(args.library):
+    meta = checked_metadata(args)
+    for flag in ("repeat", "number"):
+        if getattr(args, flag) < 1:
+            raise CLIError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if args.image is not None or meta.get("kind") == "detector":
         if args.image is None:
             raise CLIError(
                 f"{args.library!r} is a detector library: it runs on a photo, give --image PHOTO"
             )
         return _detector.run_main(args, _remote(args))
-    for flag in ("repeat", "number"):
-        if getattr(args, flag) < 1:
-            raise CLIError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     if args.print_top is not None and args.print_top < 1:
         raise CLIError(f"--print-top must be at least 1, got {args.print_top}")
     out_path = output_path(args.outputs, "--outputs", (".npz",)) if args.outputs else None

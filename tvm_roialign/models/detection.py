@@ -34,6 +34,7 @@ import tvm
 from tvm import relax
 
 from ..passes.desired_layouts import desired_layouts
+from ..runtime.artifact_check import RECORD_KEY, library_record
 from ..runtime.detector import METADATA_KIND, read_image
 from ._torchvision import RCNNConfig, build_rcnn, category_names
 from .compare import compare_detections
@@ -364,7 +365,8 @@ class DetectorArtifact:
         from ..linking import export_library
 
         export_library(self.executable, path, self.meta["target"])
-        Path(str(path) + ".json").write_text(json.dumps(self.meta, indent=2))
+        record = {RECORD_KEY: library_record(path)}
+        Path(str(path) + ".json").write_text(json.dumps({**self.meta, **record}, indent=2))
         return path
 
     def vm(self, device=None) -> relax.VirtualMachine:

@@ -6,6 +6,9 @@ with the core install (``apache-tvm``, ``numpy``, ``pillow``) runs a detector ar
     from tvm_roialign.runtime import Detector, read_image
     result = Detector("model.so")(read_image("photo.jpg"))   # boxes, labels, scores, masks
 
+``Detector`` compares the library with the size and sha256 in ``model.so.json`` before loading
+it (:func:`check_library`; ``verify=False`` for a library built elsewhere).
+
 What it still needs: ``tvm`` itself, whose ``import`` loads all of TVM's Python side (the 0.27
 wheel has no runtime-only package; where torch is installed, ``import tvm`` also imports it), and
 the package's ``__init__`` (Python runs it before any subpackage), which registers the ops (about
@@ -13,6 +16,7 @@ the package's ``__init__`` (Python runs it before any subpackage), which registe
 (standard library only).
 """
 
+from .artifact_check import ArtifactError, check_library
 from .bilinear import bilinear_weights, resize_bilinear
 from .detector import (
     METADATA_KIND,
@@ -27,8 +31,10 @@ from .masks import expand_boxes, paste_masks
 
 __all__ = [
     "METADATA_KIND",
+    "ArtifactError",
     "Detector",
     "bilinear_weights",
+    "check_library",
     "detect_to_files",
     "draw_detections",
     "expand_boxes",

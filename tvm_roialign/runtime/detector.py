@@ -20,9 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from ..host import host_machine, is_host_triple, use_usable_cores
+from .artifact_check import check_library
 from .draw import draw_detections
 from .keypoints import heatmaps_to_keypoints
 from .masks import paste_masks
+from .photo import read_image
 from .transform import (
     TransformSettings,
     feature_heights,
@@ -76,21 +78,6 @@ def is_detector(library) -> bool:
     except ValueError:
         return False
     return True
-
-
-def read_image(path) -> np.ndarray:
-    """An RGB photo as ``[H, W, 3]`` uint8 (any format Pillow reads)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as img:
-            return np.asarray(img.convert("RGB"), dtype=np.uint8).copy()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"image {str(path)!r} does not exist") from None
-    except (UnidentifiedImageError, OSError) as err:
-        raise ValueError(
-            f"image {str(path)!r} is not a readable image: {err}"
-        ) from None
 
 
 def _device(target: dict):
@@ -160,9 +147,12 @@ class Detector:
     size takes those. A photo (or batch) of another padded size is refused with the sizes the
     artifact accepts (:attr:`accepted`), never stretched. With a ``tvm.rpc``
     ``session`` the artifact (a library built for that device) runs there, the NumPy steps here.
+    Before loading, the library is compared with the size and SHA-256 its metadata records
+    (:func:`~tvm_roialign.runtime.artifact_check.check_library`); ``verify=False`` loads a
+    library built elsewhere, without that record (``override`` names that switch in messages).
     """
 
-    def __init__(self, library, session=None):
+    def __init__(self, library, session=None, verify: bool = True, override: str = "verify=False"):
         import tvm
         from tvm import relax
 
@@ -172,19 +162,22 @@ class Detector:
                 f"compiled detector {str(library)!r} does not exist"
             )
         self.meta = read_metadata(self.path)
-        if "buckets" not in self.meta or "transform" not in self.meta:
+        missing = [k for k in ("buckets", "transform", "outputs") if k not in self.meta]
+        if missing:
             raise ValueError(
-                f"{str(library)!r} was compiled by an older tvm-roialign (its metadata has no "
-                f"padded sizes or transform settings); compile it again"
+                f"{metadata_path(library).name!r} lacks {', '.join(missing)} (compiled by an "
+                "older tvm-roialign?); compile it again"
             )
         self.session = session
         if session is not None:  # a remote device (tvm.rpc): the NumPy steps stay here
             from ..remote import load_vm
 
             self.device = session.cpu(0)
+            check_library(self.path, verify, override)
             self.vm = load_vm(session, self.path, self.device)
         else:
             self.device = _device(self.meta.get("target", {}))
+            check_library(self.path, verify, override)
             use_usable_cores()
             self.vm = relax.VirtualMachine(
                 tvm.runtime.load_module(str(self.path)), self.device
@@ -335,11 +328,14 @@ def detect_to_files(
     top: int = 8,
     mask_threshold: float = 0.5,
     session=None,
+    verify: bool = True,
 ) -> dict:
     """Run the artifact on a photo (on the remote device of a ``tvm.rpc`` ``session`` if given);
     draw the ``top`` detections into ``out_image`` and write all of them to ``out_json``.
-    Returns the JSON-able summary."""
-    detector = Detector(library, session)
+    ``library``: a path (loaded with ``verify``, see :class:`Detector`) or a loaded
+    :class:`Detector`. Returns the JSON-able summary."""
+    detector = library if isinstance(library, Detector) else Detector(library, session, verify)
+    library = detector.path
     rgb = read_image(image_path)
     result = detector(rgb)
     meta = detector.meta
