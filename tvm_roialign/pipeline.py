@@ -92,7 +92,7 @@ def cpu_pipeline(
 
     prepare = prepare_pipeline(target, **graph_options)
 
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignCPUPipeline")
+    @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.CPUPipeline")
     def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = _current(target)
         with tgt:
@@ -145,7 +145,7 @@ def _split_layout_rewrite_preproc() -> tvm.transform.Pass:
     pass visits every PrimFunc and stops at one whose root holds a single opaque block (an extern
     ``argsort``, the NMS kernel), so those are set aside while it runs and put back after."""
 
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignSplitLayoutRewritePreproc")
+    @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.SplitLayoutRewritePreproc")
     def split(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         aside = {
             gv: func
@@ -209,7 +209,7 @@ def _metal_pipeline(target):
     from tvm.relax.backend.gpu_generic import pipeline as gpu_generic
     from tvm.s_tir import dlight as dl
 
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignMetalPipeline")
+    @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.MetalPipeline")
     def pipeline(mod, _ctx):
         with target:
             seq = tvm.transform.Sequential(

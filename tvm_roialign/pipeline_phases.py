@@ -67,7 +67,9 @@ def _try_pass(inner: tvm.transform.Pass) -> tvm.transform.Pass:
     conversion is an optimization, and TVM's ConvertLayout runs out of memory on some graphs
     (torchvision's vit_b_16)."""
 
-    @tvm.transform.module_pass(opt_level=0, name=f"Try{inner.info.name}")
+    short = inner.info.name.rpartition(".")[2]
+
+    @tvm.transform.module_pass(opt_level=0, name=f"tvm_roialign.Try{short}")
     def attempt(mod, _ctx):
         try:
             return inner(mod)
@@ -99,7 +101,7 @@ def prepare_pipeline(
     """Phases 1-3 of :func:`cpu_pipeline`: what schedules (and tuning records) apply to."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignCPUPrepare")
+    @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.CPUPrepare")
     def prepare(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = _current(target)
         with tgt:

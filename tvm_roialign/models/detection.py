@@ -53,12 +53,8 @@ __all__ = [
 ]
 
 #: Winograd output tile of the detectors' 3x3 convolutions: 0, none (direct convs). A detector's
-#: top-k, NMS and heatmap argmax turn rounding into decisions, and with random weights many sit
-#: near a tie. Winograd rounds otherwise than PyTorch's direct convs, and flipped some: with
-#: F(4x4, 3x3), Keypoint R-CNN on a 160x640 photo batched into 512x512 kept another detection
-#: set than eager; with F(2x2, 3x3) or F(4x4), Faster R-CNN on grace_hopper's top 512 rows did
-#: (22 detections reordered), in static and any-size builds alike, where direct convs agree with
-#: eager. Winograd makes Faster R-CNN about 1.3x faster; exactness first. Classifiers keep F(4x4).
+#: top-k, NMS and heatmap argmax turn rounding into decisions, and Winograd rounds otherwise than
+#: PyTorch's direct convs, which can change the detection set; classifiers keep F(4x4).
 WINOGRAD_TILE = 0
 
 #: Photos that installed packages ship: scikit-image's and matplotlib's.

@@ -54,10 +54,7 @@ _L2_BYTES_PER_CYCLE = 16
 #: workspaces)
 _MAX_STACK_BYTES = 1024
 #: loads a row of the register tile costs when its extent is symbolic: the row index is clamped
-#: (:func:`unguard_rows`) before the broadcast load. Measured (AVX-512, 3x3 conv 256 -> 256, one
-#: image, symbolic size): a 15x1 tile, the best under one load per row, ran 7x7 in 2.6 ms and 28x28
-#: in 15.9 ms; 7x2, the best under two, 0.33 and 9.2 ms, as fast as the static build's tiles
-#: (0.29-0.33 and 8.7-9.4 ms)
+#: (:func:`unguard_rows`) before the broadcast load
 _SYMBOLIC_ROW_LOADS = 2
 #: row extents a symbolic one is assumed to take when a tile is chosen for it: the widths of the
 #: feature maps of an image model at 224 to 480 pixels (stride 2 to 32) and of a batch of rows
