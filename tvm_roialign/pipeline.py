@@ -90,13 +90,15 @@ def cpu_pipeline(
 
     from .passes import FoldLayoutRewrite
 
+    prepare = prepare_pipeline(target, **graph_options) if target is not None else None
+
     @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.CPUPipeline")
     def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        # the named pipeline is built without a target: tvm.compile's is in scope when it runs
+        # the named pipeline is made without a target: tvm.compile's is in scope when it runs
         tgt = target if target is not None else tvm.target.Target.current(allow_none=False)
         with tgt:
             # 1-3. graph rewrites, legalize and fuse, layout-free weights
-            phases = [prepare_pipeline(tgt, **graph_options)]
+            phases = [prepare if prepare is not None else prepare_pipeline(tgt, **graph_options)]
             if tuning_records is not None:
                 # 4. tuned schedules from a MetaSchedule database
                 phases.append(_tuning_pass(tuning_records))
