@@ -80,7 +80,7 @@ def _compile(path: str, target):
 
     t0 = time.perf_counter()
     mod = ConvertLayout(desired_layouts("NHWC", "conv2d,roi_align"))(load_model(Path(path)))
-    executable = build(mod, target, layout=None)
+    executable = build(mod, target, layout=None).executable
     seconds = time.perf_counter() - t0
     return relax.VirtualMachine(executable, tvm.cpu()), seconds
 

@@ -41,7 +41,7 @@ def _nms_vm(num, max_output, iou, trick=4000, target=None):
         with bb.dataflow():
             out = bb.emit_output(make_batched_nms(bb, *args, iou, max_output, trick))
         bb.emit_func_output(out)
-    return relax.VirtualMachine(build(bb.get(), target), tvm.cpu())
+    return relax.VirtualMachine(build(bb.get(), target).executable, tvm.cpu())
 
 
 def run_nms(boxes, scores, idxs, valid, iou, max_output, trick=4000, target=None):
@@ -265,7 +265,7 @@ def test_gpu_builds():
             with bb.dataflow():
                 out = bb.emit_output(make_batched_nms(bb, *args, 0.5, 16))
             bb.emit_func_output(out)
-        executable = build(bb.get(), target)
+        executable = build(bb.get(), target).executable
         found, stack = [], [executable.mod]
         while stack:
             module = stack.pop()

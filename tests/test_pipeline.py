@@ -112,7 +112,7 @@ def net():
 def test_pipeline_matches_torch_and_the_unoptimised_build(net, layout):
     model, x, expected = net
     mod = _import(model, x, layout=layout)
-    (ours,) = _run(build(mod, HOST), x.numpy())
+    (ours,) = _run(build(mod, HOST).executable, x.numpy())
     (plain,) = _run(tvm.compile(mod, target=HOST), x.numpy())
     _close(ours, expected)
     _close(ours, plain)
@@ -129,7 +129,7 @@ def test_pipeline_matches_torch_and_the_unoptimised_build(net, layout):
 )
 def test_pipeline_options_keep_results(net, options):
     model, x, expected = net
-    (ours,) = _run(build(_import(model, x), HOST, **options), x.numpy())
+    (ours,) = _run(build(_import(model, x), HOST, **options).executable, x.numpy())
     _close(ours, expected)
 
 
@@ -314,7 +314,7 @@ def test_winograd_rewrite_structure_and_accuracy(tile):
         .permute(0, 2, 3, 1)
         .numpy()
     )
-    (out,) = _run(build(mod, HOST, winograd=tile), data)
+    (out,) = _run(build(mod, HOST, winograd=tile).executable, data)
     assert out.shape == expected.shape == (2, 11, 9, 64)
     _close(out, expected, rel=1e-5 if tile == 2 else 3e-5)
 

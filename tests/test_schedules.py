@@ -64,7 +64,7 @@ def _torch_conv(x_nchw, weight_oihw, bias, stride, padding, dilation, groups):
 
 
 def _run(mod, *arrays, target=HOST, **options):
-    vm = relax.VirtualMachine(build(mod, target, **options), tvm.cpu())
+    vm = relax.VirtualMachine(build(mod, target, **options).executable, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
     return out.numpy()
 
@@ -402,7 +402,7 @@ def test_symbolic_conv_runs_and_keeps_no_whole_output_local_buffer(rng):
         scheduled = cpu_schedule_pass()(prepare_pipeline(HOST)(bb.get()))
     texts = [f.script() for _gv, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert texts and not any('scope="local"' in text for text in texts)
-    vm = relax.VirtualMachine(build(bb.get(), HOST), tvm.cpu())
+    vm = relax.VirtualMachine(build(bb.get(), HOST).executable, tvm.cpu())
     data = rng.standard_normal((1, 96, 80, 8)).astype("float32")
     got = vm["main"](tvm.runtime.tensor(data)).numpy()
     expected = torch.nn.functional.conv2d(

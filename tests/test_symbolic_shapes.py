@@ -107,7 +107,7 @@ def _close(actual, expected):
 
 
 def _run_shapes(mod, shapes, reference, rng, **options):
-    vm = relax.VirtualMachine(build(mod, HOST, rules=_rules(), **options), tvm.cpu())
+    vm = relax.VirtualMachine(build(mod, HOST, rules=_rules(), **options).executable, tvm.cpu())
     for shape in shapes:
         data = rng.standard_normal(shape).astype("float32")
         _close(vm["main"](tvm.runtime.tensor(data)).numpy(), reference(data))

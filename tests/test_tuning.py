@@ -149,29 +149,28 @@ def test_records_schedule_the_tasks_and_give_the_same_results(tuned, tiny, tol):
         func = applied[name]
         assert func.attrs["tirx.is_scheduled"]
         assert not tvm_ffi.structural_equal(func, default[name]), name  # not the default rules' schedule
-    tuned_out = _run(build(mod, TARGET, tuning_records=records), x)
-    untuned_out = _run(build(mod, TARGET), x)
+    tuned_out = _run(build(mod, TARGET, tuning_records=records).executable, x)
+    untuned_out = _run(build(mod, TARGET).executable, x)
     np.testing.assert_allclose(tuned_out, expected, rtol=tol["float32"], atol=tol["float32"])
     np.testing.assert_allclose(tuned_out, untuned_out, rtol=tol["float32"], atol=tol["float32"])
 
 
 def test_build_returns_the_coverage_of_its_records(tuned, tiny, tol):
-    """``build(..., with_coverage=True)``: the coverage is the build's return value, not a report
-    to the records' callback; without records it is None."""
+    """``build`` returns the coverage of its records in ``Built.coverage`` (the records' report
+    receives the same); without records it is None."""
     _model, _inputs, mod, x, expected = tiny
     reported = []
     records = tuning.load_records(tuned, TARGET, report=reported.append)
-    built = build(mod, TARGET, tuning_records=records, with_coverage=True)
-    assert isinstance(built, Built) and reported == []
+    built = build(mod, TARGET, tuning_records=records)
+    assert isinstance(built, Built) and reported == [built.coverage]
     assert built.coverage.total == 2 and not built.coverage.untuned
     assert str(built.coverage).startswith("tuning records for 2 of 2 conv2d/matmul tasks: ")
     np.testing.assert_allclose(_run(built.executable, x), expected, rtol=tol["float32"], atol=tol["float32"])
-    assert build(mod, TARGET, with_coverage=True).coverage is None
+    assert build(mod, TARGET).coverage is None
     # the phase-4 pass itself: its coverage goes where the pass says
     sink = []
-    built = build(mod, TARGET, tuning_records=tuning.apply_database_pass(records, sink.append),
-                  with_coverage=True)
-    assert built.coverage is None and [c.total for c in sink] == [2] and reported == []
+    built = build(mod, TARGET, tuning_records=tuning.apply_database_pass(records, sink.append))
+    assert built.coverage is None and [c.total for c in sink] == [2] and len(reported) == 1
 
 
 def _copy_mod(mod):
@@ -236,7 +235,7 @@ def test_tune_warns_when_trials_are_too_few(tuned, tiny, workdir, capsys):
 def test_tasks_without_records_fall_back_and_are_reported(tuned, tol):
     mod, x, expected, _ = _relax(6)  # other shapes: other workloads, none in the database
     with pytest.warns(tuning.CoverageWarning, match="tuning records for 0 of 2 conv2d/matmul tasks"):
-        executable = build(mod, TARGET, tuning_records=str(tuned))
+        executable = build(mod, TARGET, tuning_records=str(tuned)).executable
     np.testing.assert_allclose(_run(executable, x), expected, rtol=tol["float32"], atol=tol["float32"])
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from .pipeline_phases import _current, cpu_schedule_pass, prepare_pipeline
+from .pipeline_phases import cpu_schedule_pass, prepare_pipeline
 from .schedules import CPUDefault
 
 #: The name under which :func:`cpu_pipeline` is registered with ``tvm.relax.pipeline``.
@@ -90,14 +90,15 @@ def cpu_pipeline(
 
     from .passes import FoldLayoutRewrite
 
-    prepare = prepare_pipeline(target, **graph_options)
+    prepare = prepare_pipeline(target, **graph_options) if target is not None else None
 
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignCPUPipeline")
+    @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.CPUPipeline")
     def pipeline(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        tgt = _current(target)
+        # the named pipeline is made without a target: tvm.compile's is in scope when it runs
+        tgt = target if target is not None else tvm.target.Target.current(allow_none=False)
         with tgt:
             # 1-3. graph rewrites, legalize and fuse, layout-free weights
-            phases = [prepare]
+            phases = [prepare if prepare is not None else prepare_pipeline(tgt, **graph_options)]
             if tuning_records is not None:
                 # 4. tuned schedules from a MetaSchedule database
                 phases.append(_tuning_pass(tuning_records))
@@ -145,7 +146,7 @@ def _split_layout_rewrite_preproc() -> tvm.transform.Pass:
     pass visits every PrimFunc and stops at one whose root holds a single opaque block (an extern
     ``argsort``, the NMS kernel), so those are set aside while it runs and put back after."""
 
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignSplitLayoutRewritePreproc")
+    @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.SplitLayoutRewritePreproc")
     def split(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         aside = {
             gv: func
@@ -209,7 +210,7 @@ def _metal_pipeline(target):
     from tvm.relax.backend.gpu_generic import pipeline as gpu_generic
     from tvm.s_tir import dlight as dl
 
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignMetalPipeline")
+    @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.MetalPipeline")
     def pipeline(mod, _ctx):
         with target:
             seq = tvm.transform.Sequential(
@@ -234,11 +235,17 @@ def _metal_pipeline(target):
 
 @dataclass(frozen=True)
 class Built:
-    """What :func:`build` returns with ``with_coverage=True``: the executable and the
-    :class:`~tvm_roialign.tuning.Coverage` of its tuning records (None: built without records)."""
+    """What :func:`build` returns.
+
+    ``executable``: the ``tvm.compile`` result. ``coverage``: the
+    :class:`~tvm_roialign.tuning.Coverage` of its tuning records (None: built without records, or
+    with the phase-4 pass given, whose coverage goes where that pass says). ``symbolic``: the
+    :class:`~tvm_roialign.schedules.symbolic_report.SymbolicCoverage` of its kernels of symbolic
+    shape (None: it has none, or it is not an llvm build)."""
 
     executable: Any
     coverage: Any = None
+    symbolic: Any = None
 
 
 def build(
@@ -246,41 +253,44 @@ def build(
     target: tvm.target.Target,
     *,
     tuning_records=None,
-    with_coverage: bool = False,
     **options,
-):
-    """``tvm.compile`` for ``target``: on llvm through :func:`cpu_pipeline` (``tuning_records``
-    and ``options`` are its keyword arguments), on metal without dlight's Matmul rule, elsewhere
-    TVM's default.
+) -> Built:
+    """``tvm.compile`` for ``target`` (a ``tvm.target.Target``: see
+    :func:`tvm_roialign.target.parse_target`): on llvm through :func:`cpu_pipeline`
+    (``tuning_records`` and ``options`` are its keyword arguments), on metal without dlight's
+    Matmul rule, elsewhere TVM's default.
 
     ``tuning_records``: a database directory, its :class:`~tvm_roialign.tuning.TuningRecords`, or
-    the phase-4 pass (:func:`~tvm_roialign.tuning.apply_database_pass`; its coverage then goes
-    where the pass says). Returns the executable; with ``with_coverage=True`` a :class:`Built`,
-    whose ``coverage`` says which tasks the records scheduled (it then does not go to the
-    records' ``report``, which otherwise receives it as before)."""
+    the phase-4 pass (:func:`~tvm_roialign.tuning.apply_database_pass`). The coverage of a
+    directory's or TuningRecords' records is returned in :attr:`Built.coverage` and also goes to
+    the records' ``report`` (by default a warning when some tasks had no record)."""
     kind = target.kind.name
     if kind == "metal":
-        executable = tvm.compile(mod, target=target, relax_pipeline=_metal_pipeline(target))
-    elif kind != "llvm":
-        executable = tvm.compile(mod, target=target)
-    else:
-        return _build_cpu(mod, target, tuning_records, with_coverage, options)
-    return Built(executable) if with_coverage else executable
+        return Built(tvm.compile(mod, target=target, relax_pipeline=_metal_pipeline(target)))
+    if kind != "llvm":
+        return Built(tvm.compile(mod, target=target))
+    return _build_cpu(mod, target, tuning_records, options)
 
 
-def _build_cpu(mod, target, tuning_records, with_coverage: bool, options: dict):
+def _build_cpu(mod, target, tuning_records, options: dict) -> Built:
     coverages: list = []
+    symbolic: list = []
+    records = None
     if tuning_records is not None:
-        if with_coverage and not isinstance(tuning_records, tvm.transform.Pass):
-            from .tuning import apply_database_pass
+        if not isinstance(tuning_records, tvm.transform.Pass):
+            from .tuning import TuningRecords, apply_database_pass
 
-            # the coverage comes back here instead of going to the records' report
-            tuning_records = apply_database_pass(tuning_records, report=coverages.append)
+            records = tuning_records
+            if not isinstance(records, TuningRecords):
+                records = TuningRecords(records)
+            tuning_records = apply_database_pass(records, report=coverages.append)
         options["tuning_records"] = tuning_records
-    executable = tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target, **options))
-    if with_coverage:
-        return Built(executable, coverages[-1] if coverages else None)
-    return executable
+    pipeline = cpu_pipeline(target, symbolic_report=symbolic.append, **options)
+    executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    coverage = coverages[-1] if coverages else None
+    if records is not None and coverage is not None:
+        records.report(coverage)
+    return Built(executable, coverage, symbolic[-1] if symbolic else None)
 
 
 __all__ = [

@@ -25,7 +25,8 @@ def cpu_schedule_pass(rules=None) -> tvm.transform.Pass:
 
 
 def _graph_passes(
-    target,
+    target: tvm.target.Target,
+    *,
     layout: str | None,
     fold_batch_norm: bool,
     pad_channels: bool,
@@ -67,7 +68,9 @@ def _try_pass(inner: tvm.transform.Pass) -> tvm.transform.Pass:
     conversion is an optimization, and TVM's ConvertLayout runs out of memory on some graphs
     (torchvision's vit_b_16)."""
 
-    @tvm.transform.module_pass(opt_level=0, name=f"Try{inner.info.name}")
+    short = inner.info.name.rpartition(".")[2]
+
+    @tvm.transform.module_pass(opt_level=0, name=f"tvm_roialign.Try{short}")
     def attempt(mod, _ctx):
         try:
             return inner(mod)
@@ -83,12 +86,8 @@ def _try_pass(inner: tvm.transform.Pass) -> tvm.transform.Pass:
     return attempt
 
 
-def _current(target):
-    return target if target is not None else tvm.target.Target.current(allow_none=False)
-
-
 def prepare_pipeline(
-    target: tvm.target.Target | None = None,
+    target: tvm.target.Target,
     *,
     layout: str | None = "NHWC",
     fold_batch_norm: bool = True,
@@ -96,21 +95,26 @@ def prepare_pipeline(
     winograd: int = 4,
     reference_side: int = 320,
 ) -> tvm.transform.Pass:
-    """Phases 1-3 of :func:`cpu_pipeline`: what schedules (and tuning records) apply to."""
+    """Phases 1-3 of :func:`~tvm_roialign.pipeline.cpu_pipeline` for the llvm ``target``: what
+    schedules (and tuning records) apply to."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignCPUPrepare")
+    @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.CPUPrepare")
     def prepare(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        tgt = _current(target)
-        with tgt:
+        with target:
             phases = [
                 # 1. graph rewrites on Relax ops
                 *_graph_passes(
-                    tgt, layout, fold_batch_norm, pad_channels, winograd, reference_side
+                    target,
+                    layout=layout,
+                    fold_batch_norm=fold_batch_norm,
+                    pad_channels=pad_channels,
+                    winograd=winograd,
+                    reference_side=reference_side,
                 ),
                 # 2. legalize and fuse
-                *cpu_generic.library_dispatch_passes(tgt),
-                *cpu_generic.legalize_passes(tgt),
+                *cpu_generic.library_dispatch_passes(target),
+                *cpu_generic.legalize_passes(target),
                 # 3. constant weights are layout-free
                 relax.transform.AttachAttrLayoutFreeBuffers(),
             ]

@@ -17,8 +17,8 @@ def add_records_argument(parser) -> None:
 
 def open_records(directory: str | None, target, report=None):
     """The :class:`~tvm_roialign.tuning.TuningRecords` of ``--tuning-records`` (None without it).
-    ``report`` receives the coverage of the builds that do not take it back from
-    ``pipeline.build`` themselves (the Mask R-CNN detector's)."""
+    ``report`` receives the coverage of each build (default: a warning when some tasks had no
+    record); ``pipeline.build`` also returns it, which ``compile`` prints."""
     if not directory:
         return None
     from pathlib import Path

@@ -185,19 +185,14 @@ class _LastRelaxModule:
             self.mod = mod
 
 
-def _build(mod, target, capture_tir: bool, records=None, symbolic_report=None):
-    """The pipeline's build without its own layout conversion: ``--desired-layout`` decided it.
-    ``(executable, the last Relax module or None, the tuning records' coverage or None)``."""
+def _build(mod, target, records):
+    """The pipeline's build without its own layout conversion (``--desired-layout`` decided it):
+    ``(Built, the last Relax module)``; the records' coverage is printed by :func:`main`, not
+    reported by the records."""
     import tvm
 
     from ..pipeline import build
 
-    options = {"tuning_records": records, "layout": None, "with_coverage": True}
-    if symbolic_report is not None and target.kind.name == "llvm":
-        options["symbolic_report"] = symbolic_report
-    if not capture_tir:
-        built = build(mod, target, **options)
-        return built.executable, None, built.coverage
     instrument = tvm.ir.instrument.pass_instrument(_LastRelaxModule)()
     ctx = tvm.transform.PassContext.current()
     with tvm.transform.PassContext(
@@ -207,8 +202,12 @@ def _build(mod, target, capture_tir: bool, records=None, symbolic_report=None):
         config=dict(ctx.config),
         instruments=[*ctx.instruments, instrument],
     ):
-        built = build(mod, target, **options)
-    return built.executable, instrument.mod, built.coverage
+        built = build(mod, target, tuning_records=records, layout=None)
+    return built, instrument.mod
+
+
+def _printed_by_main(_coverage) -> None:
+    """The records' report in ``compile``: :func:`main` prints the coverage the build returns."""
 
 
 def _write_dumps(out: Path, formats, mod, tir_mod, executable) -> list[str]:
@@ -256,20 +255,19 @@ def main(args) -> int:
     _detector.reject_detector_options(args)
     times = {}
     with Progress(args.quiet) as progress, tvm_messages(args.quiet):
-        records = open_records(args.tuning_records, target)
-        symbolic: list = []
+        records = open_records(args.tuning_records, target, report=_printed_by_main)
         mod, layout_name = import_model(args, options, progress, times)
         progress(f"build for {describe(target)}")
         t0 = time.perf_counter()
         try:
             # the built module also gives the kernels' signatures, for run --rpc --profile
-            executable, tir_mod, coverage = _build(
-                mod, target, True, records, symbolic_report=symbolic.append
-            )
+            built, tir_mod = _build(mod, target, records)
         except Exception as err:  # noqa: BLE001
             raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
         times["build_s"] = time.perf_counter() - t0
-        coverages = [coverage] if coverage is not None else []
+        executable = built.executable
+        coverages = [built.coverage] if built.coverage is not None else []
+        symbolic = [built.symbolic] if built.symbolic is not None else []
         progress(f"export {out}")
         t0 = time.perf_counter()
         try:

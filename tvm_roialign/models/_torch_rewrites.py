@@ -4,6 +4,8 @@ detector artifact, :mod:`tvm_roialign.models.detection`)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -97,4 +99,29 @@ def conv_transpose_as_conv(module) -> ConvTranspose2x2 | None:
     return None
 
 
-__all__ = ["ConvTranspose2x2", "ConvTranspose4x4", "conv_transpose_as_conv"]
+#: The transposed convs that :func:`tvm_friendly` rewrites: (head of ``roi_heads``, attribute).
+_TRANSPOSED_CONVS = (("mask_predictor", "conv5_mask"), ("keypoint_predictor", "kps_score_lowres"))
+
+
+@contextlib.contextmanager
+def tvm_friendly(model):
+    """Within the block, the mask predictor's 2x2 / stride-2 ConvTranspose2d runs as a 1x1
+    convolution plus depth-to-space (same sums, a quarter of the work in TVM, and a form
+    ConvertLayout moves to NHWC), and the keypoint predictor's 4x4 / stride-2 one as a 3x3
+    convolution plus depth-to-space; the model is restored on exit."""
+    replaced = []
+    for head_name, attribute in _TRANSPOSED_CONVS:
+        head = getattr(model.roi_heads, head_name, None)
+        original = getattr(head, attribute, None)
+        replacement = conv_transpose_as_conv(original) if original is not None else None
+        if replacement is not None:
+            setattr(head, attribute, replacement)
+            replaced.append((head, attribute, original))
+    try:
+        yield model
+    finally:
+        for head, attribute, original in replaced:
+            setattr(head, attribute, original)
+
+
+__all__ = ["ConvTranspose2x2", "ConvTranspose4x4", "conv_transpose_as_conv", "tvm_friendly"]

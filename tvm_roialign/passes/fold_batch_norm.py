@@ -104,7 +104,7 @@ class _BatchNormFolder(FunctionRewriter):
         )
 
 
-@tvm.transform.module_pass(opt_level=0, name="FoldBatchNorm")
+@tvm.transform.module_pass(opt_level=0, name="tvm_roialign.FoldBatchNorm")
 class FoldBatchNorm:  # pylint: disable=too-few-public-methods
     """Fold inference batch-norms into the constant-weight convolutions before them (see module)."""
 

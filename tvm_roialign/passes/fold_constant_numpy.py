@@ -87,7 +87,7 @@ class _NumPyFolder(ConstantFolder):
             return None
 
 
-@tvm.transform.module_pass(opt_level=0, name="FoldConstantNumPy")
+@tvm.transform.module_pass(opt_level=0, name="tvm_roialign.FoldConstantNumPy")
 class FoldConstantNumPy:  # pylint: disable=too-few-public-methods
     """Evaluate layout and arithmetic ops on constants with NumPy (see module)."""
 

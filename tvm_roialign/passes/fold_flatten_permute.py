@@ -82,7 +82,7 @@ class _FlattenPermuteFolder(FunctionRewriter):
         )
 
 
-@tvm.transform.module_pass(opt_level=0, name="FoldFlattenPermute")
+@tvm.transform.module_pass(opt_level=0, name="tvm_roialign.FoldFlattenPermute")
 class FoldFlattenPermute:  # pylint: disable=too-few-public-methods
     """Move a transpose that feeds ``flatten -> matmul(constant)`` into the constant (see module)."""
 

@@ -142,7 +142,7 @@ class _LayoutRewriteFolder(ConstantFolder):
         return None if value is None else evaluate_layout_rewrite(func, value)
 
 
-@tvm.transform.module_pass(opt_level=0, name="FoldLayoutRewrite")
+@tvm.transform.module_pass(opt_level=0, name="tvm_roialign.FoldLayoutRewrite")
 class FoldLayoutRewrite:  # pylint: disable=too-few-public-methods
     """Replace weight-packing calls on constants by their packed constants (see module)."""
 

@@ -51,7 +51,7 @@ def _axes(call, ndim: int) -> list[int]:
     return [int(a) % ndim for a in axes]
 
 
-@tvm.transform.module_pass(opt_level=0, name="FoldPermuteDims")
+@tvm.transform.module_pass(opt_level=0, name="tvm_roialign.FoldPermuteDims")
 class FoldPermuteDims:  # pylint: disable=too-few-public-methods
     """Remove ``permute_dims`` pairs that cancel (and identity ``permute_dims``); merge the other
     pairs into one ``permute_dims``.

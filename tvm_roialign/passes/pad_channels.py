@@ -1,9 +1,9 @@
 """Pad the output channels of constant-weight conv2d / matmul to a multiple of the vector width.
 
 A convolution with 91 output channels (a class count), 3 (anchors) or 364 (box deltas) cannot be cut
-into whole vectors of 16 (or 8, or 4) channels, so the CPU schedules fall back to scalar code for it
-(the Mask R-CNN mask predictor took 775 ms instead of 26 ms). This pass gives the weight zero filters
-up to the next multiple of ``multiple`` and slices the result back:
+into whole vectors of 16 (or 8, or 4) channels, so the CPU schedules fall back to scalar code for it.
+This pass gives the weight zero filters up to the next multiple of ``multiple`` and slices the
+result back:
 
     conv2d(x, W[O])  ->  strided_slice(conv2d(x, concat(W, 0)[O']), C axis, 0, O)
     matmul(x, W[K, N])  ->  strided_slice(matmul(x, concat(W, 0)[K, N']), last axis, 0, N)
@@ -116,7 +116,7 @@ class _ChannelPadder(FunctionRewriter):
         )
 
 
-@tvm.transform.module_pass(opt_level=0, name="PadChannels")
+@tvm.transform.module_pass(opt_level=0, name="tvm_roialign.PadChannels")
 class PadChannels:  # pylint: disable=too-few-public-methods
     """Pad constant-weight conv2d / matmul output channels to a multiple of ``multiple``."""
 

@@ -87,7 +87,7 @@ def symbolic_report_pass(report) -> tvm.transform.Pass:
     """A pass that leaves the module as it is and calls ``report(SymbolicCoverage)`` when the
     module has kernels of symbolic shape."""
 
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignSymbolicReport")
+    @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.SymbolicReport")
     def analyze(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         coverage = symbolic_coverage(mod)
         if coverage.total:

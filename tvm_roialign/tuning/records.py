@@ -286,7 +286,7 @@ def apply_database_pass(records, report: Callable | None = None) -> tvm.transfor
         records = TuningRecords(records)
     report = report or records.report
 
-    @tvm.transform.module_pass(opt_level=0, name="TVMRoiAlignApplyTuningRecords")
+    @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.ApplyTuningRecords")
     def apply(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = tvm.target.Target.current(allow_none=False)
         records.check(target)

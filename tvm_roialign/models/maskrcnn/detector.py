@@ -200,7 +200,7 @@ class TVMMaskRCNN:
             # layout=None: relax_modules converted the layout
             executable = build(
                 mod, self.target, tuning_records=records, layout=None, **graph_options(self.model)
-            )
+            ).executable
             compile_s = time.perf_counter() - t0
             pieces[name] = Piece(name, imported, mod, executable, self.device, import_s, compile_s)
         self.pieces[key] = pieces

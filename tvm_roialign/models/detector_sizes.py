@@ -1,0 +1,79 @@
+"""Which padded image sizes a detector artifact serves and its functions' names, and the
+pipeline's Winograd options for detectors (parts of :mod:`tvm_roialign.models.detection`)."""
+
+from __future__ import annotations
+
+#: Winograd output tile of the detectors' 3x3 convolutions: 0, none (direct convs). A detector's
+#: top-k, NMS and heatmap argmax turn rounding into decisions, and Winograd rounds otherwise than
+#: PyTorch's direct convs, which can change the detection set; classifiers keep F(4x4).
+WINOGRAD_TILE = 0
+
+#: The photo sizes whose padded sizes a default artifact serves: square, 4:3 and 3:2, landscape
+#: and portrait (with the package's 512 / 512 resize: 512x512, 384x512, 512x384, 352x512,
+#: 512x352; five builds in one artifact).
+DEFAULT_PHOTO_SIZES = ((512, 512), (384, 512), (512, 384), (400, 600), (600, 400))
+
+#: ``image_sizes`` of one function for every photo (symbolic height and width).
+ANY = "any"
+
+#: The artifact's function for any padded size.
+ANY_FUNCTION = "detect"
+
+
+def function_name(padded) -> str:
+    """The artifact's function for one padded size: ``detect_<Hp>x<Wp>``."""
+    return f"detect_{int(padded[0])}x{int(padded[1])}"
+
+
+def bucket_sizes(transform, image_sizes=None) -> list[tuple[int, int]]:
+    """The padded sizes an artifact of a model with ``transform`` (its
+    ``GeneralizedRCNNTransform``) is built for: those of the photo sizes ``image_sizes`` (one
+    ``(H, W)`` or a list; None: :data:`DEFAULT_PHOTO_SIZES`), or ``"all"``: every padded size a
+    photo can get (:func:`~tvm_roialign.runtime.transform.all_padded_sizes`)."""
+    from ..runtime.transform import all_padded_sizes, padded_size, resized_size
+
+    low, high, divisible = int(transform.min_size[-1]), int(transform.max_size), int(
+        transform.size_divisible
+    )
+    if isinstance(image_sizes, str):
+        if image_sizes != "all":
+            raise ValueError(f"image_sizes must be (H, W), a list of them or 'all', got {image_sizes!r}")
+        return all_padded_sizes(low, high, divisible)
+    if image_sizes is None:
+        image_sizes = DEFAULT_PHOTO_SIZES
+    elif len(image_sizes) == 2 and all(isinstance(v, int) for v in image_sizes):
+        image_sizes = [image_sizes]
+    sizes = []
+    for size in image_sizes:
+        height, width = (int(v) for v in size)
+        if height < 1 or width < 1:
+            raise ValueError(f"image sizes must be positive (H, W), got {tuple(size)}")
+        padded = padded_size([resized_size((height, width), low, high)], divisible)
+        if padded not in sizes:
+            sizes.append(padded)
+    return sizes
+
+
+def graph_options(model) -> dict:
+    """The pipeline's Winograd options for a detector (``compile DETECTOR``, the ``maskrcnn``
+    pieces and their tuning tasks alike): :data:`WINOGRAD_TILE`, and the side at which a
+    symbolic-size conv is judged worth it, a photo's padded longer side under ``model``'s
+    transform (the pipeline's default without one)."""
+    from ..runtime.transform import TransformSettings
+
+    options = {"winograd": WINOGRAD_TILE}
+    transform = getattr(model, "transform", None)
+    if transform is not None:
+        options["reference_side"] = TransformSettings.of(transform).longest_padded_side()
+    return options
+
+
+__all__ = [
+    "ANY",
+    "ANY_FUNCTION",
+    "DEFAULT_PHOTO_SIZES",
+    "WINOGRAD_TILE",
+    "bucket_sizes",
+    "function_name",
+    "graph_options",
+]
