@@ -138,9 +138,10 @@ class KernelConstants:
     i_zero: tirx.PrimExpr
     i_one: tirx.PrimExpr
     init: tirx.PrimExpr  # the reduction's identity
+    target: object = None  # what the geometry's products are fenced for (topi's exact_product)
 
     @classmethod
-    def of(cls, data, rois, pooled_size, mode, layout, lanes, channel_block, family):
+    def of(cls, data, rois, pooled_size, mode, layout, lanes, channel_block, family, target=None):
         dtype = str(data.dtype)
         acc = accumulate_dtype(dtype)
         num_batch, in_channels, height, width = data_dims(data.shape, layout)
@@ -179,6 +180,7 @@ class KernelConstants:
             zero=zero, one=tirx.const(1.0, acc), half=tirx.const(0.5, acc),
             minus_one=tirx.const(-1.0, acc), i_zero=const(0), i_one=const(1),
             init=zero if mode == "avg" else tirx.min_value(acc),
+            target=target,
         )
 
 
@@ -201,7 +203,7 @@ class _RoiReader:
         if self.family is not None:
             return self.family.geometry(roi, self.num_batch, acc, idx)
         return roi_geometry(roi, self.num_batch, self.pooled_size, self.spatial_scale, 0,
-                            self.aligned, acc, idx, self.half_pixel)
+                            self.aligned, acc, idx, self.half_pixel, self.c.target)
 
     def fields(self, buf, k):
         geo = self.geometry(buf, k)
@@ -239,8 +241,8 @@ def _turn(c: KernelConstants, yy, xx, cos_t, sin_t, centre_h, centre_w):
     for a rotated roi (each product rounded once, as topi's sample_point), else itself."""
     if not c.rotated:
         return yy, xx
-    y = exact_product(yy, cos_t) - exact_product(xx, sin_t) + centre_h
-    x = exact_product(yy, sin_t) + exact_product(xx, cos_t) + centre_w
+    y = exact_product(yy, cos_t, c.target) - exact_product(xx, sin_t, c.target) + centre_h
+    x = exact_product(yy, sin_t, c.target) + exact_product(xx, cos_t, c.target) + centre_w
     return y, x
 
 
@@ -349,9 +351,9 @@ def _pool_row(c, reader, feat, rois_buf, out, cb, row):
     grid_w_f = _to_acc(c, grid_w)
     nonempty = T.And(grid_h > c.i_zero, grid_w > c.i_zero)
     count = _to_acc(c, T.max(grid_h * grid_w, c.i_one))
-    y_base = start_h + exact_product(_to_acc(c, ph), bin_h)
+    y_base = start_h + exact_product(_to_acc(c, ph), bin_h, c.target)
     for pw in range(c.pooled_w):
-        x_base = start_w + exact_product(_to_acc(c, pw), bin_w)
+        x_base = start_w + exact_product(_to_acc(c, pw), bin_w, c.target)
         acc_buf = T.alloc_buffer((c.block,), c.acc, scope="local")
         for co in range(c.block_vectors):
             for ci in T.vectorized(c.lanes):
@@ -378,6 +380,7 @@ def roi_align_adaptive_cpu(
     channel_block: int | None = None,
     half_pixel: bool = False,
     family: FamilyKernel | None = None,
+    target=None,
 ) -> tirx.PrimFunc:
     """The scheduled PrimFunc ``(data, rois, out)`` of RoIAlign with an adaptive grid.
 
@@ -400,13 +403,16 @@ def roi_align_adaptive_cpu(
         The RoI family's geometry and channel mapping (rotated or position-sensitive RoIAlign);
         None for RoIAlign (``spatial_scale``, ``aligned`` and ``half_pixel`` then give the
         geometry). ``C`` is then the *output* channel count.
+    target : tvm.target.Target, optional
+        What the geometry's products are fenced for (None: plain products).
 
     Returns
     -------
     tirx.PrimFunc
         Parameters ``data``, ``rois``, ``out`` (``[K, C, PH, PW]`` or ``[K, PH, PW, C]``).
     """
-    c = KernelConstants.of(data, rois, pooled_size, mode, layout, lanes, channel_block, family)
+    c = KernelConstants.of(data, rois, pooled_size, mode, layout, lanes, channel_block, family,
+                           target)
     num_batch = data_dims(data.shape, layout)[0]
     reader = _RoiReader(c, num_batch, pooled_size, spatial_scale, aligned, half_pixel, family)
 
@@ -430,7 +436,7 @@ def roi_align_adaptive_cpu(
     return kernel
 
 
-def _family_of(data, rois, attrs):
+def _family_of(data, rois, attrs, target=None):
     """``(pooled, spatial_scale, mode, FamilyKernel or None)`` of the op ``attrs`` belong to
     (RoIAlign, rotated or position-sensitive RoIAlign, told apart by their fields); ValueError /
     TypeError as the op's TE compute raises them."""
@@ -443,7 +449,8 @@ def _family_of(data, rois, attrs):
 
         def geometry(roi, _num_batch, acc, idx):
             return rotated_roi_geometry(roi, num_batch, pooled, spatial_scale, 0, attrs.aligned,
-                                        angle_scale(attrs.angle_unit), attrs.clockwise, acc, idx)
+                                        angle_scale(attrs.angle_unit), attrs.clockwise, acc, idx,
+                                        target)
 
         channels = data_dims(data.shape, layout)[1]
         if not is_static(channels):
@@ -456,7 +463,8 @@ def _family_of(data, rois, attrs):
             raise ValueError("symbolic channels")
 
         def geometry(roi, _num_batch, acc, idx):
-            return roi_geometry(roi, num_batch, pooled, spatial_scale, 0, True, acc, idx, True)
+            return roi_geometry(roi, num_batch, pooled, spatial_scale, 0, True, acc, idx, True,
+                                target)
 
         return pooled, spatial_scale, "avg", FamilyKernel(geometry, channels,
                                                           position_sensitive=True)
@@ -481,7 +489,7 @@ def cpu_adaptive_kernel(te_inputs, attrs, target):
     data, rois = te_inputs
     layout = str(attrs.layout)
     try:
-        pooled, spatial_scale, mode, family = _family_of(data, rois, attrs)
+        pooled, spatial_scale, mode, family = _family_of(data, rois, attrs, target)
     except (ValueError, TypeError):
         return None
     channels = data_dims(data.shape, layout)[1] if family is None else family.out_channels
@@ -501,6 +509,7 @@ def cpu_adaptive_kernel(te_inputs, attrs, target):
         channel_block_for(int(channels), lanes, acc),
         bool(getattr(attrs, "half_pixel", False)),
         family,
+        target,
     )
     return te.extern_primfunc(
         [data, rois], func, name="roi_align_adaptive", tag=f"roi_align_{layout.lower()}"
