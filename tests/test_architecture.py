@@ -1,9 +1,10 @@
-"""The house's structure: no import cycle between the package's modules, lazy imports included.
+"""The house's structure: no import cycle between the package's modules (files), lazy imports
+included; no file over 450 lines; no function over 80 lines.
 
-The graph is read from the source (every ``import`` and ``from ... import``, also inside functions),
-so an import placed in a function to dodge a cycle at load time still counts: it is the same
-dependency. ``from . import name`` counts as an edge to the submodule ``name`` where there is one,
-else to the package.
+The module graph is read from the source (every ``import`` and ``from ... import``, top-level and
+inside functions), so an import placed in a function to dodge a cycle at load time still counts: it
+is the same dependency. ``from . import name`` counts as an edge to the submodule ``name`` where
+there is one, else to the package (its ``__init__``).
 """
 
 from __future__ import annotations
@@ -40,20 +41,25 @@ def _targets(module: str, is_package: bool, node, mods) -> list[str]:
     return [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
 
 
+def module_deps(module: str, is_package: bool, tree: ast.AST, mods) -> set[str]:
+    """The modules of ``mods`` that ``tree`` (the source of ``module``) imports, anywhere in it."""
+    deps = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for dep in _targets(module, is_package, node, mods):
+                while dep and dep not in mods:
+                    dep = dep.rpartition(".")[0]
+                if dep and dep != module:
+                    deps.add(dep)
+    return deps
+
+
 def import_graph() -> dict[str, set[str]]:
     mods = _modules()
-    graph = {}
-    for module, (path, is_package) in mods.items():
-        deps = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                for dep in _targets(module, is_package, node, mods):
-                    while dep and dep not in mods:
-                        dep = dep.rpartition(".")[0]
-                    if dep and dep != module:
-                        deps.add(dep)
-        graph[module] = deps
-    return graph
+    return {
+        module: module_deps(module, is_package, ast.parse(path.read_text(), str(path)), mods)
+        for module, (path, is_package) in mods.items()
+    }
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -102,9 +108,47 @@ def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_cycle_in_the_package():
+def test_imports_inside_functions_are_edges_between_modules():
+    pkg = f"{PACKAGE}.pkg"
+    mods = {pkg: None, f"{pkg}.a": None, f"{pkg}.b": None, f"{pkg}.c": None}
+    source = "from .b import name\n\ndef later():\n    from . import c\n    import os\n"
+    assert module_deps(f"{pkg}.a", False, ast.parse(source), mods) == {f"{pkg}.b", f"{pkg}.c"}
+    assert module_deps(f"{pkg}.b", False, ast.parse("from . import x\n"), mods) == {pkg}
+
+
+def test_no_import_cycle_between_modules():
     found = cycles(import_graph())
-    assert not found, f"import cycles (lazy imports included): {found}"
+    assert not found, f"import cycles between modules (lazy imports included): {found}"
+
+
+def test_the_computes_take_the_target_as_an_argument():
+    """Only the computes' entry point (``topi._args.resolve_target``) reads the current target; the
+    TE math gets it passed down."""
+    readers = [
+        str(path.relative_to(ROOT.parent))
+        for path in sorted((ROOT / "topi").rglob("*.py"))
+        if "Target.current" in path.read_text()
+    ]
+    assert readers == [f"{PACKAGE}/topi/_args.py"]
+
+
+#: The longest a file of the package may be, in lines.
+MAX_FILE_LINES = 450
+
+
+def long_files(limit: int = MAX_FILE_LINES) -> list[str]:
+    """``path (N lines)`` of every file of the package over ``limit`` lines."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > limit:
+            found.append(f"{path.relative_to(ROOT.parent)} ({lines} lines)")
+    return found
+
+
+def test_no_file_over_450_lines():
+    found = long_files()
+    assert not found, "split these along their seams:\n" + "\n".join(found)
 
 
 #: The longest a function of the package may be, in lines (``end_lineno - lineno + 1``, decorators

@@ -101,7 +101,7 @@ def cpu_pipeline(
             phases = [prepare if prepare is not None else prepare_pipeline(tgt, **graph_options)]
             if tuning_records is not None:
                 # 4. tuned schedules from a MetaSchedule database
-                phases.append(_tuning_pass(tuning_records))
+                phases.append(_tuning_pass(tuning_records, tgt))
             # 5. default schedule rules (skip tirx.is_scheduled functions)
             phases.append(cpu_schedule_pass(rules))
             if symbolic_report is not None:
@@ -124,13 +124,13 @@ def cpu_pipeline(
     return pipeline
 
 
-def _tuning_pass(tuning_records) -> tvm.transform.Pass:
+def _tuning_pass(tuning_records, target) -> tvm.transform.Pass:
     """Phase 4: ``tuning_records`` if it is the pass already, else its records' pass."""
     if isinstance(tuning_records, tvm.transform.Pass):
         return tuning_records
     from .tuning import apply_database_pass
 
-    return apply_database_pass(tuning_records)
+    return apply_database_pass(tuning_records, target=target)
 
 
 def _has_preproc_block(func) -> bool:
@@ -283,7 +283,7 @@ def _build_cpu(mod, target, tuning_records, options: dict) -> Built:
             records = tuning_records
             if not isinstance(records, TuningRecords):
                 records = TuningRecords(records)
-            tuning_records = apply_database_pass(records, report=coverages.append)
+            tuning_records = apply_database_pass(records, report=coverages.append, target=target)
         options["tuning_records"] = tuning_records
     pipeline = cpu_pipeline(target, symbolic_report=symbolic.append, **options)
     executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)

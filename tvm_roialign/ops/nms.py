@@ -1,23 +1,12 @@
 """``relax.vision.batched_nms``: torchvision's batched NMS with a static maximum and a valid count.
 
-Calling convention
-------------------
-``call.args = (boxes [N, 4] float32, idxs [N] int, valid [N] bool, order [N] int)``; ``order`` is
-the boxes sorted by score, descending, ties by index (``relax.op.argsort`` of the scores, invalid
-boxes masked to ``-inf``, which :func:`make_batched_nms` builds). ``call.attrs`` is an
-``ir.DictAttrs`` with ``iou_threshold`` (float), ``max_output`` (int) and
-``offset_trick_max_numel`` (torchvision's CPU switch between its two paths, 4000; ``-1``: always
-per class). Output: a tuple ``(keep [max_output] int64, count [1] int64)``: the indices of the kept
-boxes in decreasing score order, ``-1`` after the ``count``-th (see :mod:`tvm_roialign.topi.nms`
-for the exact semantics).
-
-Stock TVM's ``relax.vision.non_max_suppression`` / ``all_class_non_max_suppression`` are not
-torchvision's: they suppress at ``iou >= threshold`` (torchvision: ``>``), have no per-level or
-per-class greedy pass over all classes with one output cap (they cap per class), and neither takes
-torchvision's coordinate-offset path, so they keep different boxes at the boundaries.
-
-:func:`register` registers the op (global ``ir.RegisterOp``) with ``FInferType``, ``FPurity`` and
-``FLegalize`` (the target's strategy, :mod:`tvm_roialign.strategies.nms`).
+``call.args = (boxes [N, 4] float32, idxs [N] int, valid [N] bool, order [N] int)``, ``order`` the
+boxes by score, descending (:func:`make_batched_nms` sorts them); ``call.attrs``: ``ir.DictAttrs``
+with ``iou_threshold``, ``max_output`` and ``offset_trick_max_numel`` (4000; ``-1``: always per
+class). Output ``(keep [max_output] int64, count [1] int64)``; semantics in
+:mod:`tvm_roialign.topi.nms`. Stock TVM's NMS ops suppress at ``iou >= threshold`` and cap per
+class, so they keep other boxes than torchvision. :func:`register` registers the op with
+``FInferType``, ``FPurity`` and ``FLegalize`` (the strategy of the call's target).
 """
 
 from __future__ import annotations
@@ -27,10 +16,9 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax, te
 
-from .. import _registry
 from ..strategies.nms import select_nms_strategy
 from ..topi.nms import OFFSET_TRICK_MAX_NUMEL, check_batched_nms_args
-from .roi_align import FreshDims, tensor_info
+from ._legalize import FreshDims, add_prim_func, call_target, register_op, tensor_info
 
 OP_NAME = "relax.vision.batched_nms"
 
@@ -103,11 +91,9 @@ def infer_struct_info(call, _ctx=None):
 
 
 def legalize(bb: relax.BlockBuilder, call):
-    """``call_tir`` of the greedy pass built by the current target's strategy."""
+    """``call_tir`` of the greedy pass built by the strategy of the call's target."""
     attrs, infos = _check(call)
-    target = tvm.target.Target.current(allow_none=True) or tvm.target.Target(
-        {"kind": "llvm"}
-    )
+    target = call_target(call)
     strategy = select_nms_strategy(target)
     fresh = FreshDims()
     names = ("boxes", "idxs", "valid", "order")
@@ -119,16 +105,13 @@ def legalize(bb: relax.BlockBuilder, call):
     func = strategy.build(
         inputs, attrs.iou_threshold, attrs.max_output, attrs.offset_trick_max_numel
     )
-    gvar = bb.add_func(func, "batched_nms")
+    gvar = add_prim_func(bb, call, func, "batched_nms", target)
     return relax.call_tir(gvar, list(call.args), list(call.ty.fields))
 
 
 def register() -> None:
     """Register the op and its attributes (idempotent)."""
-    _registry.get_or_register_op(OP_NAME)
-    _registry.set_op_attr(OP_NAME, "FInferType", infer_struct_info)
-    _registry.set_op_attr(OP_NAME, "FPurity", True)
-    _registry.set_op_attr(OP_NAME, "FLegalize", legalize)
+    register_op(OP_NAME, infer_struct_info, legalize)
 
 
 def make_batched_nms_call(

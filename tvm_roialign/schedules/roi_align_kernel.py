@@ -67,7 +67,7 @@ class _RoiReader:
         if self.family is not None:
             return self.family.geometry(roi, self.num_batch, acc, idx)
         return roi_geometry(roi, self.num_batch, self.pooled_size, self.spatial_scale, 0,
-                            self.aligned, acc, idx, self.half_pixel)
+                            self.aligned, acc, idx, self.half_pixel, self.c.target)
 
     def fields(self, buf, k):
         geo = self.geometry(buf, k)
@@ -105,8 +105,8 @@ def _turn(c: KernelConstants, yy, xx, cos_t, sin_t, centre_h, centre_w):
     for a rotated roi (each product rounded once, as topi's sample_point), else itself."""
     if not c.rotated:
         return yy, xx
-    y = exact_product(yy, cos_t) - exact_product(xx, sin_t) + centre_h
-    x = exact_product(yy, sin_t) + exact_product(xx, cos_t) + centre_w
+    y = exact_product(yy, cos_t, c.target) - exact_product(xx, sin_t, c.target) + centre_h
+    x = exact_product(yy, sin_t, c.target) + exact_product(xx, cos_t, c.target) + centre_w
     return y, x
 
 
@@ -210,9 +210,9 @@ def _pool_row(c, reader, feat, rois_buf, out, cb, row):
     grid_w_f = _to_acc(c, grid_w)
     nonempty = T.And(grid_h > c.i_zero, grid_w > c.i_zero)
     count = _to_acc(c, T.max(grid_h * grid_w, c.i_one))
-    y_base = start_h + exact_product(_to_acc(c, ph), bin_h)
+    y_base = start_h + exact_product(_to_acc(c, ph), bin_h, c.target)
     for pw in range(c.pooled_w):
-        x_base = start_w + exact_product(_to_acc(c, pw), bin_w)
+        x_base = start_w + exact_product(_to_acc(c, pw), bin_w, c.target)
         acc_buf = T.alloc_buffer((c.block,), c.acc, scope="local")
         for co in range(c.block_vectors):
             for ci in T.vectorized(c.lanes):
@@ -239,6 +239,7 @@ def roi_align_adaptive_cpu(
     channel_block: int | None = None,
     half_pixel: bool = False,
     family: FamilyKernel | None = None,
+    target=None,
 ) -> tirx.PrimFunc:
     """The scheduled PrimFunc ``(data, rois, out)`` of RoIAlign with an adaptive grid.
 
@@ -261,13 +262,17 @@ def roi_align_adaptive_cpu(
         The RoI family's geometry and channel mapping (rotated or position-sensitive RoIAlign);
         None for RoIAlign (``spatial_scale``, ``aligned`` and ``half_pixel`` then give the
         geometry). ``C`` is then the *output* channel count.
+    target : tvm.target.Target, optional
+        What the geometry's products are fenced for (None: plain products).
 
     Returns
     -------
     tirx.PrimFunc
         Parameters ``data``, ``rois``, ``out`` (``[K, C, PH, PW]`` or ``[K, PH, PW, C]``).
     """
-    c = KernelConstants.of(data, rois, pooled_size, mode, layout, lanes, channel_block, family)
+    c = KernelConstants.of(
+        data, rois, pooled_size, mode, layout, lanes, channel_block, family, target
+    )
     num_batch = data_dims(data.shape, layout)[0]
     reader = _RoiReader(c, num_batch, pooled_size, spatial_scale, aligned, half_pixel, family)
 

@@ -77,9 +77,10 @@ class KernelConstants:
     i_zero: tirx.PrimExpr
     i_one: tirx.PrimExpr
     init: tirx.PrimExpr  # the reduction's identity
+    target: object = None  # what the geometry's products are fenced for (topi's exact_product)
 
     @classmethod
-    def of(cls, data, rois, pooled_size, mode, layout, lanes, channel_block, family):
+    def of(cls, data, rois, pooled_size, mode, layout, lanes, channel_block, family, target=None):
         dtype = str(data.dtype)
         acc = accumulate_dtype(dtype)
         num_batch, in_channels, height, width = data_dims(data.shape, layout)
@@ -111,4 +112,5 @@ class KernelConstants:
             zero=zero, one=tirx.const(1.0, acc), half=tirx.const(0.5, acc),
             i_zero=const(0), i_one=const(1),
             init=zero if mode == "avg" else tirx.min_value(acc),
+            target=target,
         )

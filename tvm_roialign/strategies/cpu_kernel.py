@@ -32,7 +32,7 @@ from ..topi.roi_align_rotated import angle_scale, check_roi_align_rotated_args
 __all__ = ["cpu_adaptive_kernel"]
 
 
-def _family_of(data, rois, attrs):
+def _family_of(data, rois, attrs, target=None):
     """``(pooled, spatial_scale, mode, FamilyKernel or None)`` of the op ``attrs`` belong to
     (RoIAlign, rotated or position-sensitive RoIAlign, told apart by their fields); ValueError /
     TypeError as the op's TE compute raises them."""
@@ -45,7 +45,8 @@ def _family_of(data, rois, attrs):
 
         def geometry(roi, _num_batch, acc, idx):
             return rotated_roi_geometry(roi, num_batch, pooled, spatial_scale, 0, attrs.aligned,
-                                        angle_scale(attrs.angle_unit), attrs.clockwise, acc, idx)
+                                        angle_scale(attrs.angle_unit), attrs.clockwise, acc, idx,
+                                        target)
 
         channels = data_dims(data.shape, layout)[1]
         if not is_static(channels):
@@ -58,7 +59,8 @@ def _family_of(data, rois, attrs):
             raise ValueError("symbolic channels")
 
         def geometry(roi, _num_batch, acc, idx):
-            return roi_geometry(roi, num_batch, pooled, spatial_scale, 0, True, acc, idx, True)
+            return roi_geometry(roi, num_batch, pooled, spatial_scale, 0, True, acc, idx, True,
+                                target)
 
         return pooled, spatial_scale, "avg", FamilyKernel(geometry, channels,
                                                           position_sensitive=True)
@@ -83,7 +85,7 @@ def cpu_adaptive_kernel(te_inputs, attrs, target):
     data, rois = te_inputs
     layout = str(attrs.layout)
     try:
-        pooled, spatial_scale, mode, family = _family_of(data, rois, attrs)
+        pooled, spatial_scale, mode, family = _family_of(data, rois, attrs, target)
     except (ValueError, TypeError):
         return None
     channels = data_dims(data.shape, layout)[1] if family is None else family.out_channels
@@ -103,6 +105,7 @@ def cpu_adaptive_kernel(te_inputs, attrs, target):
         channel_block_for(int(channels), lanes, acc),
         bool(getattr(attrs, "half_pixel", False)),
         family,
+        target,
     )
     return te.extern_primfunc(
         [data, rois], func, name="roi_align_adaptive", tag=f"roi_align_{layout.lower()}"

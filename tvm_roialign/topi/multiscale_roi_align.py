@@ -1,49 +1,14 @@
-"""Multi-level (FPN) RoIAlign compute definitions (TE) for NCHW and NHWC.
+"""Multi-level (FPN) RoIAlign compute (TE), NCHW and NHWC (torchvision's ``MultiScaleRoIAlign``).
 
-The contract
-------------
-Inputs
-    features : ``L`` feature maps, level ``l`` of shape ``[N, C, H_l, W_l]`` (``layout="NCHW"``) or
-        ``[N, H_l, W_l, C]`` (``layout="NHWC"``); all of one dtype (float16, float32 or float64) and
-        the same ``N`` and ``C``.
-    rois : ``[K, 5]`` rows of ``(batch_index, x1, y1, x2, y2)`` in input-image pixels, dtype of the
-        features.
-Output
-    ``[K, C, PH, PW]`` (NCHW) or ``[K, PH, PW, C]`` (NHWC), dtype of the features.
+Each roi is pooled from the one level torchvision's ``LevelMapper`` picks, computed in the kernel
+in the accumulate dtype; that level is then pooled as :mod:`.roi_align` with its own
+``spatial_scale``. Semantics in docs/semantics.md.
 
-Each roi is pooled from one level only, chosen inside the kernel as torchvision's ``LevelMapper``
-(``torchvision.ops.poolers``) does, in the accumulate dtype (float32 for float16/float32 data,
-float64 for float64)::
-
-    k = floor(canonical_level + log2(sqrt((x2 - x1) * (y2 - y1)) / canonical_scale) + 1e-6)
-    k = min(max(k, k_min), k_max)            # torch.clamp(min=k_min, max=k_max)
-    level = int(k) - k_min                   # index into ``features``
-
-with ``k_min = int(-log2(spatial_scales[0]))`` and ``k_max = int(-log2(spatial_scales[-1]))``
-(float32 ``log2``, truncated toward zero, as torchvision's ``_setup_scales``). A roi whose level is
-NaN (negative area) or falls outside ``[0, L)`` gives a row of zeros, as in torchvision, where no
-level selects it. With a single level, every roi is pooled from it (torchvision calls ``roi_align``
-directly then).
-
-The chosen level is then pooled exactly as :func:`tvm_roialign.topi.roi_align` with that level's
-``spatial_scale`` (same sampling grid, bilinear rule, averaging and safety guarantees; see that
-module's docstring). ``aligned`` and ``half_pixel`` mean what they mean there: ``aligned`` drops the
->= 1 clamp of the roi size, ``half_pixel`` subtracts 0.5 after scaling (``x * spatial_scale_l -
-0.5``); torchvision's ``aligned=True`` is both.
-
-Only the chosen level is read and sampled: the level is computed once per sample (a Let; LLVM
-hoists it out of the channel loop), and the sample is an ``if_then_else`` chain over the levels
-whose branch ``l`` is RoIAlign's own sample code with level ``l``'s constants (scale, height,
-width). ``if_then_else`` evaluates only the taken branch, and every branch's indices are clamped to
-its own map, so no memory outside a feature map is read. (Selecting the scale, height and width by
-the level inside one shared sample would put ``Select``s on the level into every index and weight;
-TVM's arithmetic analyzer substitutes Let-bound values, and compiling that took ~100x longer.)
-With an adaptive grid the loop extents are the chosen level's grid (a ``Select`` over the levels'
-grids on the level expression, since an extent cannot refer to a Let variable).
-
-The reduction block is named ``roi_align_acc`` and the output block ``roi_align``, with the loop
-order of RoIAlign (NCHW: K, C, PH, PW; NHWC: K, PH, PW, C), so that the RoIAlign schedule rules of
-:mod:`tvm_roialign.strategies` apply unchanged.
+Only the chosen level is read: each level's sample is RoIAlign's own code with that level's
+constants, chained with the lazy ``if_then_else`` on the level (a Let), and every branch's indices
+are clamped to its own map. With an adaptive grid the loop extents are the chosen level's grid (a
+``Select`` on the level, since an extent cannot refer to a Let variable). The blocks and loop order
+are RoIAlign's, so that its schedule rules apply.
 """
 
 from __future__ import annotations
@@ -54,22 +19,25 @@ import math
 import numpy as np
 from tvm import te, tirx
 
-from ._sampling import (
+from ._args import (
     FLOAT_DTYPES,
-    LAYOUTS,
     accumulate_dtype,
-    accumulate_then_finalize,
-    bilinear_coeffs,
-    channel_reader,
+    by_layout,
     check_layout_and_mode,
     check_rois_shape,
     data_dims,
     data_form,
-    finalize,
     index_dtype_for,
     is_static,
     normalize_pooled_size,
     output_shape,
+    resolve_target,
+)
+from ._sampling import (
+    accumulate_then_finalize,
+    bilinear_coeffs,
+    channel_reader,
+    finalize,
     reduce_samples,
     roi_geometry,
     sample_point,
@@ -90,10 +58,7 @@ LEVEL_EPS = 1e-6
 
 
 def level_range(spatial_scales) -> tuple[int, int]:
-    """``(k_min, k_max)`` from the first and last scale, as torchvision's ``_setup_scales``.
-
-    ``k = int(-log2(float32(scale)))`` (truncation toward zero).
-    """
+    """``(k_min, k_max)``: ``int(-log2(float32(scale)))`` of the first and last scale."""
     with np.errstate(all="ignore"):
         k_min = -float(np.log2(np.float32(spatial_scales[0])))
         k_max = -float(np.log2(np.float32(spatial_scales[-1])))
@@ -112,10 +77,8 @@ def check_multiscale_roi_align_args(
     canonical_scale=224,
     canonical_level=4,
 ):
-    """Validate multi-level RoIAlign arguments; raise ValueError / TypeError naming the argument.
-
-    ``feature_shapes`` may contain ``None`` dimensions (unknown). Returns ``(PH, PW)``.
-    """
+    """ValueError / TypeError naming the argument (``None`` dimensions: unknown); returns
+    ``(PH, PW)``."""
     check_layout_and_mode(layout, mode)
     num_levels = len(feature_shapes)
     if num_levels == 0:
@@ -163,11 +126,7 @@ def check_multiscale_roi_align_args(
 def _level_of(
     roi, num_levels, k_min, k_max, canonical_scale, canonical_level, acc, idx
 ):
-    """``(level, level_ok)`` of one roi: torchvision's LevelMapper (see the module docstring).
-
-    ``level`` indexes the features (any value when ``level_ok`` is false: NaN level, or a level
-    that no feature map has).
-    """
+    """``(level, level_ok)`` of one roi (``level`` is any value when not ``level_ok``)."""
     if num_levels == 1:
         return tirx.const(0, idx), tirx.const(True, "bool")
     width = roi(3) - roi(1)
@@ -193,7 +152,7 @@ def _level_of(
 
 
 def _multiscale_roi_align(features, rois, pooled_size, spatial_scales, sampling_ratio, aligned,
-                          layout, canonical_scale, canonical_level, mode, half_pixel):
+                          layout, canonical_scale, canonical_level, mode, half_pixel, target):
     features = list(features)
     pooled = check_multiscale_roi_align_args(
         [f.shape for f in features],
@@ -210,6 +169,7 @@ def _multiscale_roi_align(features, rois, pooled_size, spatial_scales, sampling_
     levels = _Levels(
         features, rois, pooled, [float(s) for s in spatial_scales], int(sampling_ratio),
         bool(aligned), layout, canonical_scale, canonical_level, mode, bool(half_pixel),
+        resolve_target(target),
     )
     return accumulate_then_finalize(
         levels.out_shape, layout, levels.body, levels.final, f"multiscale_roi_align_{layout.lower()}"
@@ -221,10 +181,10 @@ class _Levels:
     RoIAlign geometry, its sampling grid, and the accumulation and finalization of one output."""
 
     def __init__(self, features, rois, pooled, scales, sampling_ratio, aligned, layout,
-                 canonical_scale, canonical_level, mode, half_pixel):
+                 canonical_scale, canonical_level, mode, half_pixel, target):
         self.features, self.rois, self.pooled, self.scales = features, rois, pooled, scales
         self.sampling_ratio, self.aligned, self.half_pixel = sampling_ratio, aligned, half_pixel
-        self.layout, self.mode = layout, mode
+        self.layout, self.mode, self.target = layout, mode, target
         self.canonical_scale, self.canonical_level = canonical_scale, canonical_level
         self.num_levels = len(features)
         self.k_min, self.k_max = level_range(scales)
@@ -235,9 +195,7 @@ class _Levels:
         self.out_shape = output_shape(num_rois, channels, pooled, layout)
         self.acc = accumulate_dtype(self.dtype)
         self.idx = index_dtype_for(*[f.shape for f in features], self.out_shape)
-        # The level of each roi is computed once, in a stage of its own (``roi_level``: the level,
-        # or -1 when there is none): computed inside the samples it would be evaluated again for
-        # every channel vector, and ``log2`` is an opaque library call that LLVM does not hoist.
+        # each roi's level (-1: none) in a stage of its own, computed once rather than per channel
         if self.num_levels > 1:
             self.level_table = te.compute(
                 (num_rois,),
@@ -280,6 +238,7 @@ class _Levels:
             self.acc,
             self.idx,
             self.half_pixel,
+            self.target,
         )
 
     def select_level(self, level, values):
@@ -317,8 +276,7 @@ class _Levels:
 
     def body(self, k, c, ph, pw):
         def value(iy, ix):
-            # The level is bound once (a Let; TIR wants SSA, so fresh variables per binding) and
-            # only the chosen level's sample is evaluated (if_then_else is lazy).
+            # the level bound once (fresh Let variables), only the chosen level's sample evaluated
             level_expr, ok_expr = self.level_of(k)
             if self.num_levels == 1:
                 return self.sample(k, c, ph, pw, 0, iy, ix, ok_expr)
@@ -339,65 +297,33 @@ class _Levels:
 
 def multiscale_roi_align_nchw(features, rois, pooled_size, spatial_scales, sampling_ratio=2,
                               aligned=False, canonical_scale=224, canonical_level=4, mode="avg",
-                              half_pixel=False):
-    """Multi-level RoIAlign on NCHW feature maps (torchvision's ``MultiScaleRoIAlign``).
+                              half_pixel=False, *, target=None):
+    """Multi-level RoIAlign of ``L`` maps ``[N, C, H_l, W_l]`` (one float dtype, same ``N``, ``C``)
+    and ``rois [K, 5]`` -> ``[K, C, PH, PW]``.
 
-    Parameters
-    ----------
-    features : list of te.Tensor
-        ``L`` maps ``[N, C, H_l, W_l]``, one float dtype, same ``N`` and ``C``.
-    rois : te.Tensor
-        ``[K, 5]`` of ``(batch_index, x1, y1, x2, y2)`` in input-image pixels, features' dtype.
-    pooled_size : int or (int, int)
-        Output ``(PH, PW)``, positive.
-    spatial_scales : list of float
-        Feature-map pixels per input-image pixel, one per level (``2 ** -k`` in an FPN).
-    sampling_ratio : int
-        Samples per bin side; ``<= 0`` is adaptive.
-    aligned : bool
-        Stock TVM's meaning, as :func:`tvm_roialign.topi.roi_align`: no >= 1 clamp of the roi size.
-    canonical_scale, canonical_level : int
-        ``s0`` and ``k0`` of the FPN level formula (224 and 4 in torchvision).
-    mode : str
-        ``"avg"`` (torchvision); ``"max"`` and ``"onnx_max"`` as in RoIAlign.
-    half_pixel : bool
-        Subtract 0.5 after scaling, per level. torchvision's ``aligned=True`` is
-        ``aligned=True, half_pixel=True``.
-
-    Returns
-    -------
-    te.Tensor
-        ``[K, C, PH, PW]`` of the features' dtype; blocks ``roi_align_acc`` and ``roi_align``.
-
-    Raises
-    ------
-    ValueError, TypeError
-        On an empty list, a wrong rank, levels that disagree on ``N``/``C``/dtype, rois not
-        ``[K, 5]``, one scale per level missing or non-positive, a non-positive pooled size.
+    ``spatial_scales``: one per level; ``canonical_scale``, ``canonical_level``: the level
+    formula's ``s0`` and ``k0``; ``aligned``, ``half_pixel``, ``mode`` as RoIAlign's; ``target``:
+    what the products are fenced for (default: the current target). ValueError / TypeError naming
+    a bad argument.
     """
     return _multiscale_roi_align(features, rois, pooled_size, spatial_scales, sampling_ratio,
                                  aligned, "NCHW", canonical_scale, canonical_level, mode,
-                                 half_pixel)
+                                 half_pixel, target)
 
 
 def multiscale_roi_align_nhwc(features, rois, pooled_size, spatial_scales, sampling_ratio=2,
                               aligned=False, canonical_scale=224, canonical_level=4, mode="avg",
-                              half_pixel=False):
-    """Multi-level RoIAlign on NHWC maps ``[N, H_l, W_l, C]`` -> ``[K, PH, PW, C]``.
-
-    Arguments, semantics and errors as :func:`multiscale_roi_align_nchw`.
-    """
+                              half_pixel=False, *, target=None):
+    """:func:`multiscale_roi_align_nchw` on maps ``[N, H_l, W_l, C]`` -> ``[K, PH, PW, C]``."""
     return _multiscale_roi_align(features, rois, pooled_size, spatial_scales, sampling_ratio,
                                  aligned, "NHWC", canonical_scale, canonical_level, mode,
-                                 half_pixel)
+                                 half_pixel, target)
 
 
 def multiscale_roi_align(features, rois, pooled_size, spatial_scales, sampling_ratio=2,
                          aligned=False, layout="NCHW", canonical_scale=224, canonical_level=4,
-                         mode="avg", half_pixel=False):
-    """Dispatcher over ``layout`` (``"NCHW"`` or ``"NHWC"``); raises ValueError otherwise."""
-    impls = {"NCHW": multiscale_roi_align_nchw, "NHWC": multiscale_roi_align_nhwc}
-    if layout not in impls:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    return impls[layout](features, rois, pooled_size, spatial_scales, sampling_ratio, aligned,
-                         canonical_scale, canonical_level, mode, half_pixel)
+                         mode="avg", half_pixel=False, *, target=None):
+    """:func:`multiscale_roi_align_nchw` or :func:`multiscale_roi_align_nhwc` by ``layout``."""
+    compute = by_layout(layout, multiscale_roi_align_nchw, multiscale_roi_align_nhwc)
+    return compute(features, rois, pooled_size, spatial_scales, sampling_ratio, aligned,
+                   canonical_scale, canonical_level, mode, half_pixel, target=target)

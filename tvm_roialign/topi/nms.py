@@ -1,42 +1,15 @@
-"""Greedy batched NMS with torchvision's semantics, a static maximum and a valid count.
+"""Greedy batched NMS with torchvision's CPU semantics, a static maximum and a valid count
+(semantics in docs/semantics.md).
 
-The contract (what ``torchvision.ops.batched_nms`` computes on CPU, in a static form)
--------------------------------------------------------------------------------------
-Inputs
-    boxes : ``[N, 4]`` float32 ``(x1, y1, x2, y2)``.
-    idxs : ``[N]`` integer class (or FPN level) of each box; boxes of different classes never
-        suppress each other.
-    valid : ``[N]`` bool; invalid boxes take no part (torchvision's data-dependent filtering -
-        ``remove_small_boxes``, score thresholds - becomes this mask).
-    order : ``[N]`` integer, the boxes sorted by score, descending, ties by index (a stable
-        argsort; invalid boxes may sit anywhere, they are skipped).
-Outputs
-    keep : ``[max_output]`` int64, the indices of the kept boxes in decreasing score order,
-        ``-1`` after the last one (torchvision: ``batched_nms(...)[:max_output]``).
-    count : ``[1]`` int64, the number of kept boxes.
-
-How torchvision computes it, and how this kernel reproduces it exactly:
-
-* ``batched_nms`` has two paths on CPU. With more than ``offset_trick_max_numel`` (4000) box
-  coordinates (``boxes.numel()`` of the valid boxes) it runs ``nms`` per class on the raw
-  coordinates ("vanilla"); otherwise it shifts every box by ``idx * (max_coordinate + 1)`` and runs
-  one ``nms`` over all of them ("coordinate trick"), which rounds the IoUs differently. The kernel
-  counts the valid boxes and takes the same path (``offset_trick_max_numel < 0``: always vanilla).
-* ``nms``: boxes in stable descending score order; a box is kept unless a kept box of the same
-  class (trick: any kept box; the offsets keep classes apart) has
-  ``inter / (area_kept + area - inter) > iou_threshold`` with ``w = max(0, min(x2) - max(x1))``,
-  ``inter = w * h``, ``area = (x2 - x1) * (y2 - y1)``, all in float32, the comparison in float64
-  (torchvision's threshold is a double).
-* Per-class NMS followed by a sort of the kept boxes by score is the same as one greedy pass over
-  all boxes in score order in which a box is only compared with kept boxes of its class; the
-  first ``max_output`` kept boxes are then ``keep[:max_output]``, so the pass stops there.
-
-Products that feed an addition (``w * h`` before ``area + area - inter``, ``idx * (max + 1)``
-before ``x + offset``) are formed in float64 and rounded to float32 once: the same value as a
-float32 multiply, and one that LLVM cannot contract into a fused multiply-add on targets with FMA,
-so the decisions stay torchvision's on every CPU. The threshold test ``iou > t`` (``t`` a double)
-is made in float32 against the largest float32 not above ``t``, which decides every float32 ``iou``
-the same way.
+``boxes [N, 4]`` float32, ``idxs [N]`` classes (boxes of different classes never suppress each
+other), ``valid [N]`` bool (invalid boxes take no part), ``order [N]`` the boxes by score,
+descending, ties by index -> ``keep [max_output]`` int64 (kept indices in score order, ``-1`` after
+the last) and ``count [1]`` int64. The pass takes torchvision's path: per class on the raw
+coordinates above ``offset_trick_max_numel`` valid coordinates, else one pass over boxes shifted by
+``idx * (max_coordinate + 1)``; a box is kept unless a kept box has ``iou > iou_threshold``, and
+the pass stops at ``max_output`` kept boxes. Products that feed an addition are formed in float64
+and rounded to float32 once (never contracted into an FMA), and ``iou > t`` is tested in float32
+against the largest float32 not above ``t``.
 """
 
 from __future__ import annotations

@@ -276,21 +276,23 @@ def load_records(work_dir, target=None, report=None, on_mismatch="error", apply=
     return TuningRecords(work_dir, target, report, on_mismatch, apply)
 
 
-def apply_database_pass(records, report: Callable | None = None) -> tvm.transform.Pass:
+def apply_database_pass(
+    records, report: Callable | None = None, target: tvm.target.Target | None = None
+) -> tvm.transform.Pass:
     """Phase 4 of the build pipeline: the functions that ``records`` (a directory or
     :class:`TuningRecords`) cover get their best record's schedule and ``tirx.is_scheduled``;
     the :class:`Coverage` goes to ``report`` (default: ``records.report``;
-    :func:`tvm_roialign.pipeline.build` gives its own and returns the coverage). Runs under the
-    build's target."""
+    :func:`tvm_roialign.pipeline.build` gives its own and returns the coverage). ``target``: the
+    build's target (default: the current target when the pass runs)."""
     if not isinstance(records, TuningRecords):
         records = TuningRecords(records)
     report = report or records.report
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.ApplyTuningRecords")
     def apply(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        target = tvm.target.Target.current(allow_none=False)
-        records.check(target)
-        coverage, chosen = records.select(mod, target)
+        build_target = target if target is not None else tvm.target.Target.current(allow_none=False)
+        records.check(build_target)
+        coverage, chosen = records.select(mod, build_target)
         if chosen:
             # only the records that beat the default rules: MetaScheduleApplyDatabase applies
             # whatever the current database holds
