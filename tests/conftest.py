@@ -20,6 +20,8 @@ import tvm
 
 import tvm_roialign  # noqa: F401  (registers on import)
 
+pytest_plugins = ["_hygiene"]
+
 #: Every numeric comparison of the suite, by the dtype of the values compared: ``rtol = atol =
 #: TOLERANCE[dtype]``. float16: one rounding of an output of magnitude ~1 (accumulation is float32);
 #: float32: float32 rounding of the value sums (the geometry is exact, see test_exactness.py);
