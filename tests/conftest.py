@@ -9,6 +9,7 @@ none. The targets the tests build for are named once in ``tests/_targets.py``.
 
 import functools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +20,8 @@ import pytest
 import tvm
 
 import tvm_roialign  # noqa: F401  (registers on import)
+
+pytest_plugins = ["_hygiene"]
 
 #: Every numeric comparison of the suite, by the dtype of the values compared: ``rtol = atol =
 #: TOLERANCE[dtype]``. float16: one rounding of an output of magnitude ~1 (accumulation is float32);
@@ -101,8 +104,10 @@ class RPCServers:
 
     def _start(self, module: str, *args: str) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # a process group of its own: the server serves each session in a child process, which
+        # close() ends with it
         self._procs.append(subprocess.Popen([sys.executable, "-m", module, *args], stdout=self._file,
-                                            stderr=subprocess.STDOUT, env=env))
+                                            stderr=subprocess.STDOUT, env=env, start_new_session=True))
 
     def _wait(self, ready, what: str) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -130,7 +135,10 @@ class RPCServers:
 
     def close(self) -> None:
         for proc in reversed(self._procs):
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait(timeout=30)
         self._file.close()
 

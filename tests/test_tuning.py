@@ -11,6 +11,7 @@ timed.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 
@@ -298,9 +299,16 @@ def test_tasks_list_and_a_selection(tuned, tiny, workdir, capsys):
     assert "MFLOP" in out and float(rows[names.index(next(n for n in names if "conv2d" in n))][2]) > 0
     db = _copy(tuned, workdir, "db_select")
     code, out, err = run_cli(
-        ["tune", str(tiny[0]), "-o", str(db), "--trials", str(TRIALS + 1), "--tasks", "1"], capsys
+        ["tune", str(tiny[0]), "-o", str(db), "--trials", str(TRIALS + 1), "--tasks", "1"],
+        capsys,
+        quiet=False,
     )
     assert code == 0, err
+    # the search's progress, one plain line per measured batch off a terminal: the task's full
+    # name, trials done of the run's budget (one), its best time so far, an ETA
+    best = r"(best \d+\.\d+ ms|no valid candidate yet)"
+    progress = re.compile(rf"{re.escape(names[1])}: 1/1 trials, {best}, ETA \d+s")
+    assert progress.search(err), err
     assert _records(db) == 2 * TRIALS + 1
     per_task = {}
     for record in tuning.open_database(db).get_all_tuning_records():

@@ -167,6 +167,7 @@ def main(args) -> int:
         MissingTuningDependency,
         TuningRecordsMismatch,
         check_target,
+        close_runner,
         require_dependencies,
         tune,
     )
@@ -228,6 +229,9 @@ def main(args) -> int:
             raise CLIError(str(err)) from None
         except Exception as err:  # noqa: BLE001 - MetaSchedule raises many kinds
             raise CLIError(f"tuning failed: {first_line(err)}") from None
+        finally:
+            if runner != "local":
+                close_runner(runner)  # its measurement workers end with the command
     _print_result(result, describe(target), time.perf_counter() - t0)
     return 0
 
@@ -247,7 +251,8 @@ def _print_result(result, target_text: str, seconds: float) -> None:
 
     table = Table(title=f"tuning records in {result.work_dir} ({target_text})")
     for name in ("task", "calls", "trials", "best ms", "default rules ms", "checked ms", "applied"):
-        table.add_column(name, justify="left" if name == "task" else "right")
+        # a task's name is never cut: it is what --tasks lists and the logs are named after
+        table.add_column(name, justify="left" if name == "task" else "right", overflow="fold")
     applied = 0
     for task in sorted(result.tasks, key=lambda t: (-t["trials"], t["name"])):
         best, default = task["best_s"], task.get("default_s")
@@ -263,7 +268,10 @@ def _print_result(result, target_text: str, seconds: float) -> None:
             _checked(task.get("check")),
             "yes" if wins else "no",
         )
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a log or a pipe: one row per task, as wide as its name needs
+        console.width = max(console.width, 100 + max((len(t["name"]) for t in result.tasks), default=0))
+    console.print(table)
     print(
         f"{applied} of {len(result.tasks)} tasks beat the default rules' schedule (measured on the same "
         "runner): compile --tuning-records applies those records only"

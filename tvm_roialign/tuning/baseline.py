@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
 from pathlib import Path
 
 import tvm
@@ -83,12 +85,16 @@ def _measure(mods, target, builder, runner) -> list[float | None]:
         else:
             logger.warning("baseline: a build failed: %s", result.error_msg.strip()[-300:])
     means: list[float | None] = [None] * len(mods)
-    for i, future in zip(where, runner.run(inputs) if inputs else []):
-        result = future.result()
-        if result.error_msg is None:
-            means[i] = _mean(result.run_secs)
-        else:
-            logger.warning("baseline: a run failed: %s", str(result.error_msg).strip()[-300:])
+    try:
+        for i, future in zip(where, runner.run(inputs) if inputs else []):
+            result = future.result()
+            if result.error_msg is None:
+                means[i] = _mean(result.run_secs)
+            else:
+                logger.warning("baseline: a run failed: %s", str(result.error_msg).strip()[-300:])
+    finally:
+        for each in inputs:  # each build's own temporary directory
+            shutil.rmtree(os.path.dirname(str(each.artifact_path)), ignore_errors=True)
     return means
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import os
@@ -17,9 +16,9 @@ import tvm_ffi
 
 from .baseline import check_records, measure_baselines, workload_key
 from .records import RECORD_FILE, check_metadata, open_database, read_metadata, write_metadata
+from .search_loop import COST_MODEL_FILE, SearchRun, SearchStatus, meta_schedule_console
 from .tasks import DEFAULT_OPS, Task, as_target, extract_tasks, select
 
-COST_MODEL_FILE = "cost_model.tar"
 #: A batch's build workers each start a Python with TVM: seconds on a busy machine.
 BUILD_TIMEOUT_S = 120
 _EXTRA = "tune"
@@ -40,41 +39,6 @@ def require_dependencies(packages: Iterable[str] = ("xgboost", "psutil", "cloudp
                 f'tuning needs the Python package {name!r}: pip install "tvm-roialign[{_EXTRA}]"',
                 name=name,
             ) from None
-
-
-_MS_LOGGER = "tvm.s_tir.meta_schedule"
-
-
-@contextlib.contextmanager
-def _meta_schedule_console(level: int):
-    """MetaSchedule's console level (its files in ``work_dir/logs`` get everything) for one search;
-    the caller's level is restored afterwards."""
-    root = logging.getLogger(_MS_LOGGER)
-    before = root.level
-    root.setLevel(level)
-    try:
-        yield
-    finally:
-        root.setLevel(before)
-
-
-def _task_loggers(ms, work_dir, names):
-    """MetaSchedule's per-task loggers under ``work_dir/logs``.
-
-    MetaSchedule's ``dictConfig`` re-lists the handlers already on its logger by name, and a handler
-    without a name (pytest's log capture since 9.2, or a user's own) makes it fail
-    (``'NoneType' object has no attribute 'format'``) on the second search of a process. Those
-    handlers are set aside while it configures, then put back.
-    """
-    root = logging.getLogger(_MS_LOGGER)
-    unnamed = [h for h in root.handlers if h.get_name() is None]
-    for handler in unnamed:
-        root.removeHandler(handler)
-    try:
-        return ms.logging.get_loggers_from_work_dir(str(work_dir), names)
-    finally:
-        for handler in unnamed:
-            root.addHandler(handler)
 
 
 def rpc_runner(tracker: str, key: str, timeout_s: int = 30, number: int = 3, repeat: int = 1):
@@ -193,8 +157,11 @@ def tune(
     count goes on. ``max_trials_global`` caps this run (default: what the tasks still need; the
     gradient task scheduler spends it where it gains most). ``tasks``: the indices of the tasks to
     tune, in :func:`~.tasks.extract_tasks`' order (default: all of them). ``runner``: ``"local"`` or a
-    MetaSchedule ``Runner`` (:func:`rpc_runner`). ``progress(str)`` gets a line per measured
-    batch; MetaSchedule's own log goes to ``work_dir/logs`` (and with ``verbose`` to stdout).
+    MetaSchedule ``Runner`` (:func:`rpc_runner`; one passed in is the caller's to end with
+    :func:`close_runner`, the local one ends here). ``progress(str)`` gets a line per measured batch
+    (trials done of this run's, the task's best time, an ETA), or where it has a ``search_status``
+    method the :class:`~.search_loop.SearchStatus` itself. MetaSchedule's own log goes to
+    ``work_dir/logs`` (and with ``verbose`` to stdout).
     ``pipeline_options`` are those the model will be built with (``fold_batch_norm``,
     ``pad_channels``, ``winograd``): they shape the tasks.
 
@@ -220,24 +187,46 @@ def tune(
     database = open_database(work_dir)
     before = _trials_so_far(database, found.tasks)
     todo = [(t, int(trials_per_task) - b) for t, b in zip(found.tasks, before) if b < trials_per_task]
-    trials_run, search_s = 0, 0.0
-    builder = _builder(ms, target)
-    runner = ms.runner.LocalRunner() if runner == "local" else runner
-    # the bar each record must beat at build time, on the runner the candidates are measured on
-    baselines = measure_baselines(found.tasks, target, builder, runner, work_dir, progress)
-    if todo:
-        budget = sum(n for _, n in todo)
-        if max_trials_global is not None:
-            budget = min(budget, int(max_trials_global))
-        search = _Search(ms, todo, target, work_dir, progress)
-        t0 = time.perf_counter()
-        with _meta_schedule_console(logging.INFO if verbose else logging.WARNING):
-            trials_run = search.run(database, budget, builder, runner, num_trials_per_iter, seed)
-        search_s = time.perf_counter() - t0
-    # the records that beat their baseline, measured again against it in interleaved pairs
-    baselines = check_records(found.tasks, database, target, builder, runner, work_dir, progress)
+    own_runner = runner == "local"
+    runner = ms.runner.LocalRunner() if own_runner else runner
+    try:
+        trials_run, search_s, baselines = _search(
+            ms, found.tasks, todo, target, work_dir, database, runner, progress,
+            max_trials_global=max_trials_global, per_iter=num_trials_per_iter, seed=seed, verbose=verbose,
+        )
+    finally:
+        if own_runner:
+            close_runner(runner)
     tasks = _task_summaries(database, found.tasks, before, baselines)
     return TuneResult(work_dir, tasks, found.symbolic, trials_run, search_s)
+
+
+def _search(ms, tasks, todo, target, work_dir, database, runner, progress, **how):
+    """Baselines, search, check: (trials run, seconds searching, the checked baselines)."""
+    trials_run, search_s = 0, 0.0
+    builder = _builder(ms, target)
+    # the bar each record must beat at build time, on the runner the candidates are measured on
+    measure_baselines(tasks, target, builder, runner, work_dir, progress)
+    if todo:
+        budget = sum(n for _, n in todo)
+        if how["max_trials_global"] is not None:
+            budget = min(budget, int(how["max_trials_global"]))
+        search = SearchRun(ms, todo, target, work_dir, progress)
+        t0 = time.perf_counter()
+        with meta_schedule_console(logging.INFO if how["verbose"] else logging.WARNING):
+            trials_run = search.run(database, budget, builder, runner, how["per_iter"], how["seed"])
+        search_s = time.perf_counter() - t0
+    # the records that beat their baseline, measured again against it in interleaved pairs
+    baselines = check_records(tasks, database, target, builder, runner, work_dir, progress)
+    return trials_run, search_s, baselines
+
+
+def close_runner(runner) -> None:
+    """End the measurement workers of a MetaSchedule runner (``LocalRunner`` and ``RPCRunner``
+    keep a process pool for their lifetime; the builder's pool ends with each batch)."""
+    pool = getattr(runner, "pool", None)
+    if pool is not None:
+        pool.shutdown(wait=True)
 
 
 def _prepare_work_dir(mods, target, work_dir: Path, ops: tuple, pipeline_options: dict, tasks=None):
@@ -312,131 +301,15 @@ def _all_ops(previous: dict | None, ops: tuple) -> tuple:
     return tuple(dict.fromkeys([*(previous or {}).get("ops", []), *ops]))
 
 
-def _import_tensor_intrinsics() -> None:
-    """Import ``tvm.s_tir.tensor_intrin`` (``TuneContext`` does, once per process) fast.
-
-    Each of its ~500 ``@T.prim_func`` calls ``inspect.stack()``, which looks up the module of every
-    frame; the frames of importlib's frozen modules are not in ``inspect``'s file-to-module cache,
-    so each of their lookups walks all of ``sys.modules`` (thousands of modules with torch
-    loaded): 52 s instead of 9 s on a busy 2-core machine. Their entries (the values the walk
-    would find) go into the cache first."""
-    import inspect
-    import sys
-
-    if "tvm.s_tir.tensor_intrin" in sys.modules:
-        return
-    for name in ("importlib._bootstrap", "importlib._bootstrap_external"):
-        inspect.modulesbyfile.setdefault(os.path.normcase(os.path.abspath(f"<frozen {name}>")), name)
-    importlib.import_module("tvm.s_tir.tensor_intrin")
-
-
-class _Search:
-    """One run of MetaSchedule's task scheduler over ``todo`` ([(task, trials still to do)])."""
-
-    def __init__(self, ms, todo, target, work_dir: Path, progress):
-        self.ms, self.todo, self.target, self.work_dir = ms, todo, target, work_dir
-        self.progress = progress
-        self.names = [t.name for t, _ in todo]
-        self.best: dict[int, float] = {}
-        self.trials = 0
-
-    def run(self, database, budget: int, builder, runner, per_iter: int, seed) -> int:
-        ms = self.ms
-        most = max(n for _, n in self.todo)
-        cost_model = self._cost_model(int(self.target.attrs["num-cores"]))
-        try:
-            ms.tune_tasks(
-                tasks=self._contexts(most, seed),
-                task_weights=[float(t.weight) for t, _ in self.todo],
-                work_dir=str(self.work_dir),
-                max_trials_global=budget,
-                max_trials_per_task=most,
-                num_trials_per_iter=min(per_iter, most),
-                builder=builder,
-                runner=runner,
-                database=database,
-                cost_model=cost_model,
-                measure_callbacks=[*ms.measure_callback.MeasureCallback.create("default"), self._callback()],
-            )
-        finally:
-            if cost_model.data:
-                with warnings.catch_warnings():  # xgboost: "Saving model in the UBJSON format..."
-                    warnings.simplefilter("ignore", UserWarning)
-                    cost_model.save(str(self.work_dir / COST_MODEL_FILE))
-        return self.trials
-
-    def _contexts(self, most: int, seed) -> list:
-        ms = self.ms
-        _import_tensor_intrinsics()
-        # MetaSchedule's population of 512 for a handful of trials is search time wasted
-        population = min(512, max(32, 8 * most))
-        loggers = _task_loggers(ms, self.work_dir, self.names)
-        contexts = []
-        for (task, _), task_logger, rand in zip(
-            self.todo, loggers, ms.utils.fork_seed(seed, n=len(self.todo))
-        ):
-            strategy = ms.search_strategy.EvolutionarySearch(
-                population_size=population, init_min_unmeasured=min(50, population // 2)
-            )
-            contexts.append(
-                ms.TuneContext(
-                    mod=task.mod,
-                    target=self.target,
-                    space_generator="post-order-apply",
-                    search_strategy=strategy,
-                    task_name=task.name,
-                    logger=task_logger,
-                    rand_state=rand,
-                    num_threads="physical",
-                ).clone()
-            )
-        return contexts
-
-    def _cost_model(self, cores: int):
-        model = self.ms.cost_model.XGBModel(num_tuning_cores=cores, tree_method="auto")
-        path = self.work_dir / COST_MODEL_FILE
-        if path.is_file():
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", UserWarning)
-                    model.load(str(path))
-            except Exception as err:  # noqa: BLE001 - stale or broken: a new model learns again
-                logger.warning("cannot load %s (%s); starting a new cost model", path, err)
-        return model
-
-    def _callback(self):
-        from tvm.ir.utils import derived_object
-        from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
-
-        search = self
-
-        @derived_object
-        class _Report(PyMeasureCallback):
-            def apply(self, _scheduler, task_id, candidates, _builds, results):
-                search.batch(int(task_id), len(candidates), results)
-
-        return _Report()
-
-    def batch(self, task_id: int, count: int, results) -> None:
-        self.trials += count
-        for res in results:
-            if res.run_secs is not None and res.error_msg is None:
-                secs = [float(s) for s in res.run_secs]
-                mean = sum(secs) / len(secs)
-                self.best[task_id] = min(self.best.get(task_id, mean), mean)
-        if self.progress is not None:
-            best = self.best.get(task_id)
-            shown = f"best {best * 1e3:.3f} ms" if best is not None else "no valid candidate yet"
-            self.progress(f"{self.names[task_id]}: {count} trials measured, {shown}")
-
-
 __all__ = [
     "BUILD_TIMEOUT_S",
     "COST_MODEL_FILE",
     "MissingTuningDependency",
+    "SearchStatus",
     "TuneResult",
     "build_candidate",
     "check_target",
+    "close_runner",
     "export_candidate",
     "require_dependencies",
     "rpc_runner",
