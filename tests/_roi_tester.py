@@ -17,6 +17,7 @@ import functools
 from typing import NamedTuple
 
 import numpy as np
+import pytest
 import tvm
 from _targets import AARCH64, CUDA, NATIVE
 from _targets import GENERIC as HOST
@@ -234,8 +235,6 @@ class RoIOpTester:
                 metafunc.parametrize(argument, [self.param(c) for c in cases])
 
     def param(self, case):
-        import pytest
-
         marks = [pytest.mark.cuda] if case.path == "cuda" else []
         return pytest.param(case, id=case.id(), marks=marks)
 
