@@ -1,4 +1,4 @@
-"""The one table of degenerate RoIAlign boxes of the suite (tests/test_paths.py runs it through every
+"""The one table of degenerate RoIAlign boxes of the suite (tests/test_roi_family.py runs it through every
 path against the reference; tests/test_cpu_kernel.py through the CPU kernel against the TE compute)."""
 
 import numpy as np

@@ -156,3 +156,50 @@ def rpc_server(tmp_path_factory):
     servers = RPCServers(tmp_path_factory.mktemp("rpc") / "rpc.log")
     yield servers
     servers.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# The command line's tiny models and the library compiled from one (tests/test_cli_*.py), made
+# once per session
+
+
+@pytest.fixture(scope="session")
+def cli_workdir(tmp_path_factory):
+    """The folder of the command-line tests' models, inputs and outputs."""
+    return tmp_path_factory.mktemp("cli")
+
+
+@pytest.fixture(scope="session")
+def pt2_model(cli_workdir):
+    """(tiny.pt2, inputs.npz with the program's input names, PyTorch's output)."""
+    from _cli_models import write_pt2_model
+
+    return write_pt2_model(cli_workdir)
+
+
+@pytest.fixture(scope="session")
+def onnx_model(cli_workdir):
+    """(tiny.onnx: conv + RoiAlign with a symbolic roi count, inputs.npz, onnxruntime's output)."""
+    pytest.importorskip("onnx")
+    from _cli_models import write_roi_onnx_model
+
+    return write_roi_onnx_model(cli_workdir)
+
+
+@pytest.fixture(scope="session")
+def gather_model(cli_workdir):
+    """An ONNX Gather + Relu (its build makes TVM print a C++ warning)."""
+    pytest.importorskip("onnx")
+    from _cli_models import write_gather_model
+
+    return write_gather_model(cli_workdir)
+
+
+@pytest.fixture(scope="session")
+def pt2_lib(pt2_model, cli_workdir):
+    """The tiny .pt2 model compiled with every default (native target, NHWC)."""
+    from tvm_roialign import cli
+
+    lib = cli_workdir / "tiny_default.so"
+    assert cli.main(["-q", "compile", str(pt2_model[0]), "-o", str(lib)]) == 0
+    return lib

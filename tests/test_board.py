@@ -22,9 +22,11 @@ torchvision = pytest.importorskip("torchvision")
 
 import tvm
 from _board import KEY_ENV, TARGET, TRACKER_ENV, board_address, require_cross_linker
+from _cli import run_cli
+from _detections import assert_matches_eager
 
 import tvm_roialign
-from tvm_roialign import cli, remote
+from tvm_roialign import remote
 from tvm_roialign.linking import export_library
 from tvm_roialign.testing import single_op_module
 
@@ -140,11 +142,13 @@ def test_resnet18_on_the_board_vs_eager(board, tmp_path, capsys):
     torch.export.save(torch.export.export(model, (x,)), str(tmp_path / "r18.pt2"))
     np.savez(tmp_path / "in.npz", x=x.numpy())
     lib = tmp_path / "r18.so"
-    assert cli.main(["compile", str(tmp_path / "r18.pt2"), "--target", "aarch64", "-o", str(lib)]) == 0
-    assert "cross-linked r18.so" in capsys.readouterr().err
+    argv = ["compile", str(tmp_path / "r18.pt2"), "--target", "aarch64", "-o", str(lib)]
+    code, _, err = run_cli(argv, capsys, quiet=False)
+    assert code == 0 and "cross-linked r18.so" in err, err
     argv = ["run", str(lib), "--rpc", address, "--inputs", str(tmp_path / "in.npz")]
-    assert cli.main([*argv, "--outputs", str(tmp_path / "out.npz"), "--print-time"]) == 0
-    out = capsys.readouterr().out
+    code, out, err = run_cli([*argv, "--outputs", str(tmp_path / "out.npz"), "--print-time"], capsys,
+                             quiet=False)
+    assert code == 0, err
     assert "remote cpu" in out and "Execution time summary" in out
     with torch.no_grad():
         want = model(x).numpy()
@@ -162,15 +166,17 @@ def test_tune_through_the_board_tracker(tmp_path, capsys):
     db = tmp_path / "db"
     target = "llvm -mtriple=aarch64-linux-gnu -num-cores=1"
     argv = ["tune", str(tmp_path / "t.pt2"), "-o", str(db), "--trials", "1", "--target", target]
-    assert cli.main([*argv, "--rpc-tracker", tracker, "--rpc-key", key, "--ops", "matmul"]) == 0
-    out = capsys.readouterr().out
+    code, out, err = run_cli([*argv, "--rpc-tracker", tracker, "--rpc-key", key, "--ops", "matmul"],
+                             capsys, quiet=False)
+    assert code == 0, err
     assert "beat the default rules' schedule" in out
     baselines = json.loads((db / "tvm_roialign_baselines.json").read_text())["tasks"]
     assert baselines and all(b["default_s"] > 0 for b in baselines.values())  # measured on the board
     lib = tmp_path / "t.so"
     argv = ["compile", str(tmp_path / "t.pt2"), "--target", target, "-o", str(lib)]
-    assert cli.main([*argv, "--tuning-records", str(db)]) == 0
-    assert "tuning records for 1 of 1 matmul tasks: " in capsys.readouterr().out
+    code, out, err = run_cli([*argv, "--tuning-records", str(db)], capsys, quiet=False)
+    assert code == 0, err
+    assert "tuning records for 1 of 1 matmul tasks: " in out
 
 
 def test_tiny_faster_rcnn_standalone_on_the_board(tmp_path, capsys):
@@ -191,15 +197,16 @@ def test_tiny_faster_rcnn_standalone_on_the_board(tmp_path, capsys):
     program, _ = export_detector(model, padded)
     torch.export.save(program, tmp_path / "tiny.pt2")
     library = tmp_path / "tiny_arm.so"
-    argv = ["-q", "compile", str(tmp_path / "tiny.pt2"), "--target", "aarch64", "-o", str(library)]
-    assert cli.main(argv) == 0
+    argv = ["compile", str(tmp_path / "tiny.pt2"), "--target", "aarch64", "-o", str(library)]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
     from PIL import Image
 
     Image.fromarray(rgb).save(tmp_path / "coffee.png")
     out = tmp_path / "result.png"
-    argv = ["-q", "run", str(library), "--image", str(tmp_path / "coffee.png"), "--out", str(out)]
-    argv += ["--rpc", address]
-    assert cli.main(argv) == 0, capsys.readouterr().err
+    argv = ["run", str(library), "--image", str(tmp_path / "coffee.png"), "--out", str(out)]
+    code, _, err = run_cli([*argv, "--rpc", address], capsys)
+    assert code == 0, err
     report = json.loads(out.with_suffix(".json").read_text())
     ours = {
         "boxes": np.array([d["box"] for d in report["detections"]], np.float32).reshape(-1, 4),
@@ -208,4 +215,5 @@ def test_tiny_faster_rcnn_standalone_on_the_board(tmp_path, capsys):
     }
     result = det.compare(ours, ref)
     assert result["passed"], result
+    assert_matches_eager(ours, ref)
     assert result["num_detections_tvm"] == len(ref["boxes"]) == 20

@@ -4,7 +4,7 @@ It is used by the x86 and ARM strategies when ``sampling_ratio <= 0``; these tes
 legalized PrimFunc is that kernel (not the TE compute), that it equals the TE compute bit for bit
 on the generic llvm target, its vector width and channel blocks, and symbolic sizes. Its numerics
 against torchvision and the float64 reference (every mode and dtype, degenerate boxes) are the
-``x86-kernel`` and ``arm-on-host`` paths of ``test_paths.py``.
+``x86-kernel`` and ``arm-on-host`` paths of ``test_roi_family.py``.
 
 Channels: 12 (vectorized by 4 lanes in 3 groups on x86, whatever its width) and 3 (scalar).
 """

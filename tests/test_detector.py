@@ -33,9 +33,10 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
+from _cli import run_cli
+from _detections import assert_matches_eager
 from _tiny_rcnn import tiny_keypoint_rcnn, tiny_rcnn
 
-from tvm_roialign import cli
 from tvm_roialign.frontend.detection import export_detector
 from tvm_roialign.frontend.static_rcnn import StaticGeneralizedRCNN
 from tvm_roialign.models import detection as det
@@ -61,8 +62,10 @@ def photo(name: str) -> np.ndarray:
 
 
 def assert_equal_detections(ours: dict, ref: dict, expect_count: int | None = None):
+    """By the package's comparison, and again in plain NumPy against eager's output."""
     result = det.compare(ours, ref)
     assert result["passed"], result
+    assert_matches_eager(ours, ref)
     if expect_count is not None:
         assert result["num_detections_tvm"] == expect_count
     return result
@@ -208,20 +211,17 @@ def test_users_own_detector_from_pt2(tmp_path, capfd):
     torch.export.save(program, tmp_path / "tiny.pt2")
     library = tmp_path / "tiny.so"
     for flag, value in (("--weights", "w.pth"), ("--input-size", "64x64"), ("--seed", "1")):
-        argv = ["-q", "compile", str(tmp_path / "tiny.pt2"), flag, value, "-o", str(library)]
-        assert cli.main(argv) == 1
-        err = capfd.readouterr().err
+        argv = ["compile", str(tmp_path / "tiny.pt2"), flag, value, "-o", str(library)]
+        code, _, err = run_cli(argv, capfd)
+        assert code == 1, err
         assert err.startswith(f"tvm-roialign: error: {flag} only applies to a detector name"), err
-    assert (
-        cli.main(["-q", "compile", str(tmp_path / "tiny.pt2"), "-o", str(library)]) == 0
-    )
-    captured = capfd.readouterr()
-    assert captured.err == "", captured.err  # -q: no progress and no TVM warnings
+    code, out, err = run_cli(["compile", str(tmp_path / "tiny.pt2"), "-o", str(library)], capfd)
+    assert code == 0 and err == "", err  # -q: no progress and no TVM warnings
     assert re.search(
         r"-> .*tiny\.so \(\+ tiny\.so\.json\) in [\d.]+ s \(import [\d.]+ s, build [\d.]+ s, "
         r"export [\d.]+ s\)$",
-        captured.out.strip(),
-    ), captured.out
+        out.strip(),
+    ), out
     meta = json.loads((tmp_path / "tiny.so.json").read_text())
     assert meta["kind"] == "detector" and meta["model"] == "tiny"
     assert meta["outputs"] == ["boxes", "scores", "labels", "num_detections"]

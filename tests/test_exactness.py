@@ -19,6 +19,7 @@ import pytest
 import torch
 import torchvision
 import tvm
+from _roi_tester import PRIM_PATHS
 from _targets import AARCH64, CUDA
 from _targets import GENERIC as HOST
 from _targets import NATIVE as FMA_HOST
@@ -27,9 +28,6 @@ from tvm import relax, te
 import tvm_roialign
 from tvm_roialign import topi
 from tvm_roialign.ops.roi_align import RoiAlignAttrs
-from tvm_roialign.schedules.roi_align_gpu import RoIAlignCUDA
-from tvm_roialign.strategies import STRATEGIES
-from tvm_roialign.strategies.base import LAYOUT_ATTR, mark_scheduled
 from tvm_roialign.testing import (
     build_roi_align_module,
     compile_and_run,
@@ -368,8 +366,15 @@ def _non_finite_rois(num_batch=2):
 SHAPES = {"NCHW": [(2, 16, 12, 14), (2, 16, 6, 7)], "NHWC": [(2, 12, 14, 16), (2, 6, 7, 16)]}
 
 
+#: the code paths that compute RoIAlign (tests/_roi_tester.py's registry), as ``(name, path, maps)``
+#: of the single-map op and the fused multi-level op
+_GUARDED_PATHS = (("x86", "x86-kernel", 1), ("generic_llvm", "generic-llvm", 1),
+                  ("multiscale_x86", "x86-te", 2), ("gpu_unbound", "gpu-unbound", 1),
+                  ("multiscale_gpu_unbound", "gpu-unbound", 2))
+
+
 def _path_funcs(layout, sampling_ratio, aligned, mode):
-    """``{path: (PrimFunc, number of feature maps)}``: every code path that computes RoIAlign."""
+    """``{name: (PrimFunc, number of feature maps)}``: every code path that computes RoIAlign."""
     rois_t = te.placeholder((16, 5), "float32", "rois")
     maps = [te.placeholder(s, "float32", f"data{i}") for i, s in enumerate(SHAPES[layout])]
     attrs = RoiAlignAttrs((3, 2), 0.5, sampling_ratio, aligned, layout, mode, aligned)
@@ -381,16 +386,11 @@ def _path_funcs(layout, sampling_ratio, aligned, mode):
         return topi.multiscale_roi_align([d0, d1], r, (3, 2), [0.5, 0.25], sampling_ratio,
                                          aligned, layout, mode=mode, half_pixel=aligned)
 
-    funcs = {
-        "x86": (STRATEGIES["x86"].build(single, [maps[0], rois_t], HOST, layout, attrs), 1),
-        "generic_llvm": (STRATEGIES["llvm"].build(single, [maps[0], rois_t], HOST, layout), 1),
-        "multiscale_x86": (STRATEGIES["x86"].build(multi, [*maps, rois_t], HOST, layout), 2),
-    }
-    for name, compute, count in (("gpu_unbound", single, 1), ("multiscale_gpu_unbound", multi, 2)):
-        inputs = [*maps[:count], rois_t]
-        func = te.create_prim_func([*inputs, compute(*inputs)]).with_attr(LAYOUT_ATTR, layout)
-        sch = RoIAlignCUDA(bind_threads=False).apply(func, CUDA)
-        funcs[name] = (mark_scheduled(sch.mod["main"]), count)
+    funcs = {}
+    for name, path, count in _GUARDED_PATHS:
+        func, _ = PRIM_PATHS[path](single if count == 1 else multi, [*maps[:count], rois_t],
+                                   layout, attrs if count == 1 else None)
+        funcs[name] = (func, count)
     return funcs
 
 

@@ -1,6 +1,6 @@
 """RoIAlign on a CUDA GPU against torchvision's CUDA kernel (skipped without a CUDA device).
 
-The shared cases on CUDA are the ``cuda`` path of ``test_paths.py``. Here: one case with more than
+The shared cases on CUDA are the ``cuda`` path of ``test_roi_family.py``. Here: one case with more than
 ``2**31`` output elements (172 000 rois x 256 channels x 7 x 7, float16, 4.3 GB), compared with
 torchvision's CUDA kernel in float32 on the same float16-valued inputs (ours accumulates float16 in
 float32; torchvision's float16 kernel rounds coordinates to float16) chunk by chunk (each chunk

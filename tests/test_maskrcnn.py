@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
 import tvm
+from _detections import assert_matches_eager
 from tvm import relax
 
 from tvm_roialign import bench
@@ -140,6 +141,7 @@ def test_detector_matches_torchvision(detector, model, image):
     assert ours["masks"].shape[-2:] == image.shape[-2:]
     cmp = mr.compare_detections(ours, ref)
     assert cmp["passed"], cmp  # at least one detection, labels, boxes, scores, masks
+    assert_matches_eager(ours, ref)
 
 
 def test_one_build_serves_two_photo_sizes(detector, model, image):
@@ -157,6 +159,7 @@ def test_one_build_serves_two_photo_sizes(detector, model, image):
             (ref,) = model([photo])
         cmp = mr.compare_detections(ours, ref)
         assert cmp["num_detections_tvm"] > 0 and passed(cmp), cmp
+        assert_matches_eager(ours, ref)
     assert list(detector.pieces) == ["any"]  # one build served both sizes
 
 

@@ -1,6 +1,6 @@
 """``relax.vision.ps_roi_align``'s types, argument errors and registration. Its numerics (against
 torchvision's ``ps_roi_align`` and the float64 reference, every layout, grid, dtype and CPU path,
-degenerate boxes, a fuzz) are tests/test_paths.py's ``TestPSRoIAlign``.
+degenerate boxes, a fuzz) are tests/test_roi_family.py's ``TestPSRoIAlign``.
 """
 
 from __future__ import annotations

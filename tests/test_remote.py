@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from _cli import one_line_error, run_cli
 from _targets import CLI_AARCH64, CLI_NATIVE
 
-from tvm_roialign import cli, linking
+from tvm_roialign import linking
 
 
 class _Tiny(torch.nn.Module):
@@ -46,14 +46,9 @@ def model(workdir):
     return workdir / "tiny.pt2", workdir / "in.npz", expected
 
 
-@pytest.fixture(scope="module")
-def server(rpc_server):
-    """``python -m tvm.exec.rpc_server`` on loopback: its address."""
-    return rpc_server()
-
-
-def test_run_rpc_outputs_time_and_profile_on_the_server(model, server, workdir, capsys, tol):
+def test_run_rpc_outputs_time_and_profile_on_the_server(model, workdir, capsys, tol, rpc_server):
     path, inputs, expected = model
+    server = rpc_server()  # python -m tvm.exec.rpc_server on loopback: its address
     lib = workdir / "tiny.so"
     assert run_cli(["compile", str(path), "-o", str(lib)], capsys)[0] == 0
     out_npz = workdir / "out.npz"
@@ -108,16 +103,16 @@ def test_compile_cross_so_or_tar(model, workdir, capsys, monkeypatch):
     path, _, _ = model
     lib = workdir / "arm.so"
     if linking.cross_linker("aarch64-linux-gnu"):
-        code = cli.main(["compile", str(path), "--target", "aarch64", "-o", str(lib)])
-        captured = capsys.readouterr()
-        assert code == 0, captured.err
-        assert "note: cross-linked arm.so for aarch64-linux-gnu" in captured.err
+        code, _, err = run_cli(["compile", str(path), "--target", "aarch64", "-o", str(lib)], capsys,
+                               quiet=False)
+        assert code == 0, err
+        assert "note: cross-linked arm.so for aarch64-linux-gnu" in err
         header = lib.read_bytes()[:20]
         assert header[:4] == b"\x7fELF" and int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64
     monkeypatch.setattr(linking, "cross_linker", lambda triple: None)
-    code = cli.main(["compile", str(path), "--target", "aarch64", "-o", str(workdir / "arm2.so")])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    assert "wrote arm2.tar (object files) instead of arm2.so" in captured.err
+    code, _, err = run_cli(["compile", str(path), "--target", "aarch64", "-o",
+                            str(workdir / "arm2.so")], capsys, quiet=False)
+    assert code == 0, err
+    assert "wrote arm2.tar (object files) instead of arm2.so" in err
     assert (workdir / "arm2.tar").is_file() and (workdir / "arm2.tar.json").is_file()
     assert not (workdir / "arm2.so").exists()

@@ -1,6 +1,6 @@
 """``relax.vision.roi_align`` as an op: registration (reversible, ``stock_tvm()``), struct info,
-attributes, argument errors, index width. Numerics on every code path: ``test_paths.py``;
-exactness: ``test_exactness.py``; fuzz: ``test_fuzz.py``.
+attributes, argument errors, index width. Numerics on every code path and a fuzz: ``test_roi_family.py``;
+exactness: ``test_exactness.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``relax.vision.roi_align_rotated``'s types, argument errors and registration. Its numerics (against
 OpenVINO's ``ROIAlignRotated`` and the float64 reference in detectron2's and mmcv's conventions, every
-layout, grid, dtype and CPU path, degenerate boxes, a fuzz) are tests/test_paths.py's
+layout, grid, dtype and CPU path, degenerate boxes, a fuzz) are tests/test_roi_family.py's
 ``TestRoIAlignRotated``.
 """
 

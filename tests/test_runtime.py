@@ -27,6 +27,8 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 import torch.nn.functional as F
+from _cli import run_cli
+from _detections import assert_matches_eager
 from _tiny_rcnn import tiny_rcnn
 from PIL import Image
 from torchvision.models.detection.roi_heads import paste_masks_in_image
@@ -189,8 +191,10 @@ def artifact(tmp_path_factory):
 def test_runner_matches_torchvision(artifact, tmp_path):
     library, photo, model, rgb = artifact
     ref = det.torch_detections(model, rgb)  # the independent reference: torchvision eager
-    result = det.compare(Detector(library)(rgb), ref)
+    ours = Detector(library)(rgb)
+    result = det.compare(ours, ref)
     assert result["passed"], result  # the package's one criterion, at least one detection
+    assert_matches_eager(ours, ref)  # and in plain NumPy
     # score threshold 0 (every candidate counts): eager fills the model's cap
     cap = model.roi_heads.detections_per_img
     assert result["num_detections_tvm"] == len(ref["boxes"]) == cap, result
@@ -221,8 +225,10 @@ def test_runner_keeps_the_aspect_ratio(artifact, photo_name, crop, padded):
     result = Detector(library)(rgb)
     assert result["padded"] == padded
     assert result["masks"].shape[1:] == rgb.shape[:2]
-    comparison = det.compare(result, det.torch_detections(model, rgb))
+    ref = det.torch_detections(model, rgb)
+    comparison = det.compare(result, ref)
     assert comparison["passed"], comparison
+    assert_matches_eager(result, ref)
 
 
 def test_runner_batch_is_eagers_batched_call(artifact):
@@ -246,6 +252,7 @@ def test_runner_batch_is_eagers_batched_call(artifact):
         ref["masks"] = ref["masks"][:, 0]
         comparison = det.compare(ours, ref)
         assert comparison["passed"], comparison
+        assert_matches_eager(ours, ref)
     raw = detector.raw(batch)
     cap = model.roi_heads.detections_per_img  # rows per image: the model's cap, zero-padded
     assert raw["boxes"].shape == (2, cap, 4) and raw["masks"].shape[:2] == (2, cap)
@@ -291,15 +298,13 @@ def test_runner_errors(artifact, tmp_path):
 def test_cli_run_on_a_detector(artifact, tmp_path, capsys, monkeypatch):
     """``run`` of a detector library: --image is needed and named in its errors; the mask paste
     time is printed only for a model with masks."""
-    from tvm_roialign import cli, runtime
+    from tvm_roialign import runtime
 
     library, photo, model, rgb = artifact
     expected = len(det.torch_detections(model, rgb)["boxes"])  # eager's count on the photo
 
     def run(*argv):
-        code = cli.main(["-q", "run", str(library), *argv])
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
+        return run_cli(["run", str(library), *argv], capsys)
 
     code, _, err = run("--print-time", "--repeat", "2")
     assert code == 1 and err.count("\n") == 1, err
@@ -502,8 +507,10 @@ def test_any_size_artifact_equals_eager_on_every_photo(any_artifact, name, padde
     rgb = _photo(name)
     result = Detector(library)(rgb)
     assert result["padded"] == padded
-    comparison = det.compare(result, det.torch_detections(model, rgb))
+    ref = det.torch_detections(model, rgb)
+    comparison = det.compare(result, ref)
     assert comparison["passed"], comparison
+    assert_matches_eager(result, ref)
     assert comparison["num_detections_tvm"] == model.roi_heads.detections_per_img
 
 
@@ -522,6 +529,7 @@ def test_any_size_artifact_batch_of_three(any_artifact):
         ref["masks"] = ref["masks"][:, 0]
         comparison = det.compare(ours, ref)
         assert comparison["passed"], comparison
+        assert_matches_eager(ours, ref)
 
 
 def test_any_size_artifact_refuses_what_it_cannot_serve(any_artifact):

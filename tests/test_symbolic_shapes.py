@@ -9,6 +9,7 @@ import pytest
 import torch
 import tvm
 import tvm_ffi
+from _cli import run_cli
 from _targets import NATIVE as HOST
 from tvm import relax
 
@@ -353,7 +354,6 @@ class _TinyCNN(torch.nn.Module):
 def test_dynamic_onnx_cnn_compiles_once_and_matches_eager_at_two_shapes(tmp_path, capsys):
     """``tvm-roialign compile`` of an ONNX model with dynamic batch, height and width: one library,
     equal to eager at two shapes, and its summary line says which kernels the rules served."""
-    from tvm_roialign import cli
 
     torch.manual_seed(0)
     model = _TinyCNN().eval()
@@ -368,8 +368,8 @@ def test_dynamic_onnx_cnn_compiles_once_and_matches_eager_at_two_shapes(tmp_path
         dynamic_axes={"x": {0: "n", 2: "h", 3: "w"}},
     )
     lib = tmp_path / "tiny_dyn.so"
-    assert cli.main(["--quiet", "compile", str(path), "-o", str(lib)]) == 0
-    out = capsys.readouterr().out
+    code, out, err = run_cli(["compile", str(path), "-o", str(lib)], capsys)
+    assert code == 0, err
     (line,) = [text for text in out.splitlines() if text.startswith("symbolic shapes:")]
     # the input's NCHW -> NHWC transpose (3 channels) is scalar and falls back; every conv,
     # strided ones included, is tiled

@@ -1,5 +1,5 @@
 """ARM, CUDA and Metal strategies, checked without the hardware (their numerics, run on the host:
-the ``arm-on-host`` and ``gpu-unbound`` paths of ``test_paths.py``).
+the ``arm-on-host`` and ``gpu-unbound`` paths of ``test_roi_family.py``).
 
 * ARM: aarch64 code generation succeeds for both layouts and all dtypes, with vector fused
   multiply-adds.

@@ -226,11 +226,11 @@ def test_records_slower_than_the_default_rules_are_not_applied(tuned, tiny, work
 
 def test_tune_warns_when_trials_are_too_few(tuned, tiny, workdir, capsys):
     db = _copy(tuned, workdir, "db_warn")  # nothing left to run: the warning is what is checked
-    code = cli.main(["tune", str(tiny[0]), "-o", str(db), "--trials", str(TRIALS)])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    assert "too few to expect a gain" in captured.err
-    assert "beat the default rules' schedule" in captured.out
+    code, out, err = run_cli(["tune", str(tiny[0]), "-o", str(db), "--trials", str(TRIALS)], capsys,
+                             quiet=False)
+    assert code == 0, err
+    assert "too few to expect a gain" in err
+    assert "beat the default rules' schedule" in out
 
 
 def test_tasks_without_records_fall_back_and_are_reported(tuned, tol):
