@@ -35,7 +35,7 @@ from tvm import relax
 
 from ..passes.desired_layouts import desired_layouts
 from ..runtime.detector import METADATA_KIND, read_image
-from ._torchvision import RCNNConfig, build_rcnn, category_names
+from ._torchvision import RCNNConfig, build_rcnn, detector_names
 from .compare import compare_detections
 
 __all__ = [
@@ -113,16 +113,6 @@ def build_torch_detector(name: str, config: DetectorConfig | None = None):
         )
     config = config or DetectorConfig()
     return build_rcnn(name, config, **config.extra)
-
-
-def _categories(model) -> list[str] | None:
-    """COCO category names when the model has torchvision's 91 COCO classes."""
-    names = category_names()
-    if names is None:  # metadata moved: numbers instead of names
-        return None
-    predictor = getattr(model.roi_heads.box_predictor, "cls_score", None)
-    classes = getattr(predictor, "out_features", None)
-    return names if classes == len(names) else None
 
 
 #: The transposed convs that :func:`_tvm_friendly` rewrites: (head of ``roi_heads``, attribute).
@@ -284,7 +274,7 @@ def import_detector(
             "max_detections": static.num_detections,
             "proposals": static.num_proposals,
             "score_threshold": float(model.roi_heads.score_thresh),
-            "categories": _categories(model),
+            **detector_names(model),
             "offset_trick_max_numel": int(offset_trick_max_numel),
         }
     mod = tvm.IRModule(
