@@ -29,6 +29,9 @@ from tvm_roialign.runtime import Detector
 
 ALL_DETECTORS = bool(os.environ.get("TVM_ROIALIGN_ALL_DETECTORS"))
 
+#: The two photo sizes each artifact runs, and their padded sizes.
+PHOTOS = {"astronaut": (512, 512), "coffee": (352, 512)}
+
 #: Names covered by tests/test_detector.py.
 ELSEWHERE = ("maskrcnn_resnet50_fpn", "fasterrcnn_resnet50_fpn", "keypointrcnn_resnet50_fpn")
 #: Names compiled here by default.
@@ -37,26 +40,26 @@ HERE = ("fasterrcnn_mobilenet_v3_large_fpn",)
 OPT_IN = ("maskrcnn_resnet50_fpn_v2", "fasterrcnn_resnet50_fpn_v2")
 
 
-
 def _with_signal(model):
     """``model`` with features worth comparing. With seeded random weights the MobileNetV3
-    backbone's activations fade through its BatchNorms (running variance 1) to ~1e-8, every
+    backbone's activations fade through its BatchNorms (running variance 1) to ~1e-8: every
     proposal gets the same scores, and a comparison would order ties, not detections. Its
-    BatchNorm statistics are therefore taken from one photo (chelsea, not a compared one), and
-    the class logits scaled by 0.2 so that the scores spread over 0.1-0.8, clear of the 0.05
-    threshold."""
-    photo = torch.from_numpy(det.sample_photo("chelsea")).permute(2, 0, 1).float() / 255
+    BatchNorm statistics are therefore taken from the two compared photos (features of about
+    unit spread on both), and its class logits scaled by 12 so that the scores spread over
+    0.07-0.95, clear of the 0.05 threshold, with 100 detections on each photo."""
     norms = [m for m in model.backbone.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     with torch.no_grad():
-        images, _ = model.transform([photo])
         for norm in norms:
             norm.reset_running_stats()
-            norm.momentum = None  # a plain average over the one batch
+            norm.momentum = None  # a plain average over the batches
             norm.train()
-        model.backbone(images.tensors)
+        for name in PHOTOS:
+            photo = torch.from_numpy(det.sample_photo(name)).permute(2, 0, 1).float() / 255
+            images, _ = model.transform([photo])
+            model.backbone(images.tensors)
         for norm in norms:
             norm.eval()
-        model.roi_heads.box_predictor.cls_score.weight.mul_(0.2)
+        model.roi_heads.box_predictor.cls_score.weight.mul_(12.0)
     return model
 
 
@@ -90,7 +93,7 @@ def default_artifact(request, tmp_path_factory):
     return model, Detector(library)
 
 
-@pytest.mark.parametrize("photo_name", ["astronaut", "coffee"])
+@pytest.mark.parametrize("photo_name", list(PHOTOS))
 def test_default_artifact_equals_eager(default_artifact, photo_name):
     """The artifact's detections on the photo at its own size are eager torchvision's (same
     labels, boxes within 1e-2 px, scores within 1e-4: :func:`det.compare`)."""
@@ -99,6 +102,6 @@ def test_default_artifact_equals_eager(default_artifact, photo_name):
     ref = det.torch_detections(model, rgb)
     assert len(ref["boxes"]) == model.roi_heads.detections_per_img
     ours = detector(rgb)
-    assert ours["padded"] == {"astronaut": (512, 512), "coffee": (352, 512)}[photo_name]
+    assert ours["padded"] == PHOTOS[photo_name]
     result = det.compare(ours, ref)
     assert result["passed"], result
