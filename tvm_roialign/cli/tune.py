@@ -24,11 +24,8 @@ from .maskrcnn import check_layout, model_inputs
 
 MASKRCNN = "maskrcnn"
 
-#: Fewer trials per task than this rarely find a schedule faster than the default rules here
-#: (MetaSchedule's first trials are random samples of its design space). Measured on resnet18's
-#: four tasks where the default rules are weakest for their FLOPs: at 4 trials none beat them, at
-#: 48 one of four (by 25%, no gain on the whole model); 64 is a lower bound, not a measured
-#: break-even (README, Tuning).
+#: Trials per task below which `tune` warns that MetaSchedule's first, random samples rarely beat
+#: the default rules (docs/tuning.md).
 TRIALS_TO_EXPECT_A_GAIN = 64
 
 DESCRIPTION = (

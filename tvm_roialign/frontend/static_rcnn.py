@@ -168,9 +168,14 @@ class StaticGeneralizedRCNN(torch.nn.Module):
 
     def pooler_feature_heights(self) -> list[list[int]]:
         """Per pooler of the heads, the heights of the feature maps it pools from (what
-        torchvision infers its scales from, with the batch's largest resized height)."""
+        torchvision infers its scales from, with the batch's largest resized height): the maps
+        the backbone returns whose names the pooler lists, in the backbone's order, as the pooler
+        filters them (a backbone may return fewer levels than the pooler names)."""
         heights = self.feature_heights
-        return [[heights[n] for n in pooler.featmap_names] for pooler in self._poolers()]
+        return [
+            [h for n, h in heights.items() if n in pooler.featmap_names]
+            for pooler in self._poolers()
+        ]
 
     def min_height(self) -> int:
         """The smallest largest-resized-height of a batch for which torchvision's poolers infer

@@ -124,4 +124,29 @@ def category_names() -> list[str] | None:
         return None
 
 
-__all__ = ["RCNNConfig", "build_rcnn", "category_names", "load_state_dict"]
+def _out_features(module, attribute: str) -> int | None:
+    return getattr(getattr(module, attribute, None), "out_features", None)
+
+
+def detector_names(model) -> dict:
+    """The names a detector's metadata carries: ``categories`` (index = label; COCO's 91 for a
+    model with 91 classes, background and person for a two-class Keypoint R-CNN, else None),
+    and for a head of COCO's 17 person keypoints ``keypoint_names`` and ``keypoint_skeleton``
+    (pairs of keypoint indices)."""
+    from ..runtime.keypoints import COCO_KEYPOINT_NAMES, COCO_PERSON_CATEGORIES, COCO_SKELETON
+
+    heads = model.roi_heads
+    classes = _out_features(heads.box_predictor, "cls_score")
+    keypoint_predictor = getattr(heads, "keypoint_predictor", None)
+    num_keypoints = getattr(keypoint_predictor, "out_channels", None)
+    names = category_names()
+    if keypoint_predictor is not None and classes == len(COCO_PERSON_CATEGORIES):
+        names = list(COCO_PERSON_CATEGORIES)
+    out: dict = {"categories": names if names is not None and classes == len(names) else None}
+    if num_keypoints == len(COCO_KEYPOINT_NAMES):
+        out["keypoint_names"] = list(COCO_KEYPOINT_NAMES)
+        out["keypoint_skeleton"] = [list(pair) for pair in COCO_SKELETON]
+    return out
+
+
+__all__ = ["RCNNConfig", "build_rcnn", "category_names", "detector_names", "load_state_dict"]

@@ -8,8 +8,8 @@ import tvm
 from tvm import relax
 
 from ..passes.desired_layouts import desired_layouts
+from ._torchvision import detector_names
 from .detector_sizes import ANY, ANY_FUNCTION, bucket_sizes, function_name
-from .detector_zoo import coco_categories
 
 
 def _import_one(model, padded, *, offset_trick_max_numel, float64):
@@ -97,7 +97,7 @@ def import_detector(
             "max_detections": static.num_detections,
             "proposals": static.num_proposals,
             "score_threshold": float(model.roi_heads.score_thresh),
-            "categories": coco_categories(model),
+            **detector_names(model),
             "offset_trick_max_numel": int(offset_trick_max_numel),
         }
     mod = tvm.IRModule(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._torchvision import RCNNConfig, build_rcnn, category_names
+from ._torchvision import RCNNConfig, build_rcnn
 
 #: Model names :func:`build_torch_detector` knows (torchvision builders).
 DETECTORS = (
@@ -51,16 +51,6 @@ def build_torch_detector(name: str, config: DetectorConfig | None = None):
     return build_rcnn(name, config, **config.extra)
 
 
-def coco_categories(model) -> list[str] | None:
-    """COCO category names when the model has torchvision's 91 COCO classes."""
-    names = category_names()
-    if names is None:  # metadata moved: numbers instead of names
-        return None
-    predictor = getattr(model.roi_heads.box_predictor, "cls_score", None)
-    classes = getattr(predictor, "out_features", None)
-    return names if classes == len(names) else None
-
-
 def load_program(path: Path):
     """The ``torch.export`` program in ``path`` (a ``.pt2``), with tvm-roialign's ops registered."""
     import torch
@@ -80,4 +70,4 @@ def load_program(path: Path):
         ) from None
 
 
-__all__ = ["DETECTORS", "DetectorConfig", "build_torch_detector", "coco_categories", "load_program"]
+__all__ = ["DETECTORS", "DetectorConfig", "build_torch_detector", "load_program"]

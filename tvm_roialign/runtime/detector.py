@@ -187,6 +187,8 @@ class Detector:
         self.any_size = self.meta.get("any_size")
         self.outputs = list(self.meta["outputs"])
         self.names = self.meta.get("categories")
+        self.keypoint_names = self.meta.get("keypoint_names")
+        self.skeleton = [tuple(pair) for pair in self.meta.get("keypoint_skeleton") or ()]
 
     @property
     def accepted(self) -> str:
@@ -319,6 +321,31 @@ class Detector:
         names = self.names
         return names[label] if names and 0 <= label < len(names) else str(label)
 
+    def keypoint_name(self, index: int) -> str:
+        names = self.keypoint_names
+        return names[index] if names and 0 <= index < len(names) else str(index)
+
+    def describe(self, result: dict, i: int, mask_threshold: float = 0.5) -> dict:
+        """Detection ``i`` of ``result`` (from :meth:`__call__`) as JSON-able values: label,
+        category name, score, box, and the mask's pixel count or each keypoint (name, x, y,
+        score) where the model has them."""
+        entry = {
+            "label": int(result["labels"][i]),
+            "name": self.name_of(int(result["labels"][i])),
+            "score": float(result["scores"][i]),
+            "box": [float(v) for v in result["boxes"][i]],
+        }
+        if "masks" in result:
+            entry["mask_pixels"] = int((result["masks"][i] > mask_threshold).sum())
+        if "keypoints" in result:
+            entry["keypoints"] = [
+                {"name": self.keypoint_name(k), "x": float(x), "y": float(y), "score": float(score)}
+                for k, ((x, y, _), score) in enumerate(
+                    zip(result["keypoints"][i], result["keypoints_scores"][i])
+                )
+            ]
+        return entry
+
 
 def detect_to_files(
     library,
@@ -351,20 +378,7 @@ def detect_to_files(
         "total_ms": result["total_s"] * 1e3,
         "num_detections": len(result["boxes"]),
         "detections": [
-            {
-                "label": int(label),
-                "name": detector.name_of(int(label)),
-                "score": float(score),
-                "box": [float(v) for v in box],
-                **(
-                    {"mask_pixels": int((result["masks"][i] > mask_threshold).sum())}
-                    if "masks" in result
-                    else {}
-                ),
-            }
-            for i, (box, label, score) in enumerate(
-                zip(result["boxes"], result["labels"], result["scores"])
-            )
+            detector.describe(result, i, mask_threshold) for i in range(len(result["boxes"]))
         ],
     }
     if out_image is not None:
@@ -374,9 +388,9 @@ def detect_to_files(
             f"{meta.get('model') or Path(library).name}: {summary['num_detections']} "
             f"detections, {summary['run_ms']:.0f} ms ({where or '?'})"
         )
-        draw_detections(rgb, result, detector.names, top, mask_threshold, caption).save(
-            out_image
-        )
+        draw_detections(
+            rgb, result, detector.names, top, mask_threshold, caption, skeleton=detector.skeleton
+        ).save(out_image)
     if out_json is not None:
         Path(out_json).write_text(json.dumps(summary, indent=2))
     return summary

@@ -1,5 +1,5 @@
-"""Drawing detections with Pillow and NumPy (no PyTorch): masks, boxes, labels that do not overlap,
-a caption strip below the photo.
+"""Drawing detections with Pillow and NumPy (no PyTorch): masks (blended and outlined), boxes,
+keypoints joined by their skeleton, labels that do not overlap, a caption strip below the photo.
 
 Masks of a model with random weights are checkerboards (the mask predictor's stride-2 transposed
 convolution with untrained weights alternates high and low logits), and thresholding them draws a
@@ -14,7 +14,24 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["PALETTE", "draw_detections", "draw_labels_and_caption", "mask_regions"]
+__all__ = [
+    "KEYPOINT_COLOR",
+    "MASK_ALPHA",
+    "PALETTE",
+    "draw_detections",
+    "draw_keypoints",
+    "draw_labels_and_caption",
+    "mask_outlines",
+    "mask_regions",
+    "paint_masks",
+    "place_labels",
+]
+
+#: How much of a mask's colour covers the photo inside the mask (its border is drawn solid).
+MASK_ALPHA = 0.6
+
+#: The fill of keypoint dots (not a colour of :data:`PALETTE`).
+KEYPOINT_COLOR = (255, 255, 0)
 
 #: Colour per drawn detection (distinct, readable under white text).
 PALETTE = [
@@ -81,20 +98,42 @@ def _overlaps(a, b) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
-def _place_labels(draw, boxes, texts, font, width, height, pad):
-    """One rectangle per label: above its box, else inside its top, else further down, not
-    overlapping an earlier label; the first candidate when all overlap."""
-    placed = []
-    for (x1, y1, _x2, y2), text in zip(boxes, texts):
-        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
-        w, h = right - left + 2 * pad, bottom - top + 2 * pad
+def _free_top(x, size, start, placed, height):
+    """The first top at or below ``start`` where a ``size = (w, h)`` rectangle at ``x`` overlaps
+    no rectangle of ``placed`` and fits in ``height``; None when there is none."""
+    w, h = size
+    y = start
+    while y + h <= height:
+        blocking = [p for p in placed if _overlaps((x, y, x + w, y + h), p)]
+        if not blocking:
+            return y
+        y = max(p[3] for p in blocking)
+    return None
+
+
+def place_labels(boxes, sizes, width: int, height: int) -> list[tuple[int, int, int, int]]:
+    """One rectangle ``(left, top, right, bottom)`` per label of ``sizes[i] = (w, h)`` pixels for
+    ``boxes[i] = (x1, y1, x2, y2)``, in order, inside ``width x height``: above the box, else
+    inside its top, else below it, each moved down past the labels placed before it until it
+    overlaps none; then from the picture's top, then in other columns. Only when the picture
+    has no free place left does a label overlap another (at its first candidate)."""
+    placed: list[tuple[int, int, int, int]] = []
+    for (x1, y1, _x2, y2), (w, h) in zip(boxes, sizes):
+        w, h = int(w), int(h)
         x = min(max(0, int(x1)), max(0, width - w))
-        candidates = [int(y1) - h, int(y1)]
-        candidates += list(range(int(y1) + h, int(y2) - h + 1, h))
-        candidates += [int(y2), int(y2) + h]
-        rects = [(x, min(max(0, y), height - h), x + w, min(max(0, y), height - h) + h) for y in candidates]
-        free = [r for r in rects if not any(_overlaps(r, p) for p in placed)]
-        placed.append(free[0] if free else rects[0])
+        tops = [min(max(0, y), max(0, height - h)) for y in (int(y1) - h, int(y1), int(y2))]
+        unmoved = [(x, t) for t in tops if _free_top(x, (w, h), t, placed, t + h) is not None]
+        columns = sorted(
+            {min(max(0, c), max(0, width - w)) for p in placed for c in (p[2], p[0] - w)} - {x}
+        )
+        found = unmoved[0] if unmoved else None
+        for column, start in [(x, t) for t in (*tops, 0)] + [(c, 0) for c in columns]:
+            if found:
+                break
+            top = _free_top(column, (w, h), start, placed, height)
+            found = None if top is None else (column, top)
+        column, top = found or (x, tops[0])
+        placed.append((column, top, column + w, top + h))
     return placed
 
 
@@ -115,13 +154,59 @@ def draw_labels_and_caption(picture: np.ndarray, boxes, texts, caption: str | No
     )
     canvas.paste(Image.fromarray(picture), (0, 0))
     draw = ImageDraw.Draw(canvas)
-    rects = _place_labels(draw, [list(map(float, b)) for b in boxes], texts, font, width, height, pad)
+    sizes = []
+    for text in texts:
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+        sizes.append((right - left + 2 * pad, bottom - top + 2 * pad))
+    rects = place_labels([list(map(float, b)) for b in boxes], sizes, width, height)
     for i, (rect, text) in enumerate(zip(rects, texts)):
         draw.rectangle(rect, fill=PALETTE[i % len(PALETTE)])
         draw.text((rect[0] + pad, rect[1] + pad), text, fill=(255, 255, 255), font=font, anchor="lt")
     for i, text in enumerate(lines):
         draw.text((2 * pad, height + pad + i * line_h), text, fill=(235, 235, 235), font=font, anchor="lt")
     return canvas
+
+
+def mask_outlines(regions, thickness: int) -> np.ndarray:
+    """The border of each boolean region ``[N, H, W]``: its pixels within ``thickness`` pixels
+    (4-neighbour steps) of a pixel outside it or of the picture's edge."""
+    regions = np.asarray(regions, dtype=bool)
+    inner = regions.copy()
+    for _ in range(max(1, int(thickness))):
+        padded = np.pad(inner, ((0, 0), (1, 1), (1, 1)))
+        inner = (
+            padded[:, 1:-1, 1:-1] & padded[:, :-2, 1:-1] & padded[:, 2:, 1:-1]
+            & padded[:, 1:-1, :-2] & padded[:, 1:-1, 2:]
+        )
+    return regions & ~inner
+
+
+def paint_masks(picture: np.ndarray, regions, alpha: float, thickness: int) -> np.ndarray:
+    """``picture [H, W, 3]`` with each region ``i`` blended with ``PALETTE[i]`` by ``alpha`` and
+    outlined in that colour (``thickness`` pixels), as uint8."""
+    out = np.asarray(picture, dtype=np.float32).copy()
+    regions = np.asarray(regions, dtype=bool)
+    for i, (region, outline) in enumerate(zip(regions, mask_outlines(regions, thickness))):
+        color = np.asarray(PALETTE[i % len(PALETTE)], np.float32)
+        out[region] = (1 - alpha) * out[region] + alpha * color
+        out[outline] = color
+    return out.round().clip(0, 255).astype(np.uint8)
+
+
+def draw_keypoints(draw, keypoints, skeleton=None, radius: int = 3, line: int = 2) -> None:
+    """``keypoints [n, K, 2+]`` (x, y in pixels) of ``n`` detections on a ``PIL.ImageDraw``: the
+    ``skeleton`` pairs ``(a, b)`` of keypoint indices as lines in ``PALETTE[i]``, then each
+    keypoint as a dot of ``KEYPOINT_COLOR`` with a dark rim."""
+    for i, points in enumerate(np.asarray(keypoints, dtype=np.float32)):
+        color = PALETTE[i % len(PALETTE)]
+        for a, b in skeleton or ():
+            draw.line([tuple(points[a, :2]), tuple(points[b, :2])], fill=color, width=line)
+        for x, y in points[:, :2].tolist():
+            draw.ellipse(
+                [x - radius, y - radius, x + radius, y + radius],
+                fill=KEYPOINT_COLOR,
+                outline=(0, 0, 0),
+            )
 
 
 def draw_detections(
@@ -131,30 +216,34 @@ def draw_detections(
     top: int = 8,
     mask_threshold: float = 0.5,
     caption: str | None = None,
-    alpha: float = 0.45,
+    alpha: float = MASK_ALPHA,
+    skeleton=None,
 ):
     """A ``PIL.Image`` of ``rgb [H, W, 3]`` uint8 with the ``top`` best detections.
 
     ``detections`` holds ``boxes [n, 4]``, ``labels [n]``, ``scores [n]`` and optionally
-    ``masks [n, H, W]`` (probabilities; drawn as :func:`mask_regions`, ``alpha``-blended);
-    ``names`` maps a label to its category name; ``caption`` goes in a strip below the photo.
+    ``masks [n, H, W]`` (probabilities; drawn as :func:`mask_regions`, ``alpha``-blended and
+    outlined) and ``keypoints [n, K, 3]`` (dots, joined by the ``skeleton`` pairs of keypoint
+    indices); ``names`` maps a label to its category name; ``caption`` goes in a strip below
+    the photo.
     """
     from PIL import Image, ImageDraw
 
-    picture = np.asarray(rgb, dtype=np.float32).copy()
+    picture = np.asarray(rgb, dtype=np.uint8)
     height, width = picture.shape[:2]
     count = min(int(top), len(detections["boxes"]))
     boxes = np.asarray(detections["boxes"][:count], dtype=np.float32)
+    line = max(2, round(min(height, width) / 256))
     masks = detections.get("masks")
     if masks is not None and count:
-        for i, region in enumerate(mask_regions(masks[:count], boxes, mask_threshold)):
-            color = np.asarray(PALETTE[i % len(PALETTE)], np.float32)
-            picture[region] = (1 - alpha) * picture[region] + alpha * color
-    image = Image.fromarray(picture.round().clip(0, 255).astype(np.uint8))
+        picture = paint_masks(picture, mask_regions(masks[:count], boxes, mask_threshold), alpha, line)
+    image = Image.fromarray(picture)
     draw = ImageDraw.Draw(image)
-    line = max(2, round(min(height, width) / 256))
     for i, (x1, y1, x2, y2) in enumerate(boxes.tolist()):
         draw.rectangle([x1, y1, x2, y2], outline=PALETTE[i % len(PALETTE)], width=line)
+    keypoints = detections.get("keypoints")
+    if keypoints is not None and count:
+        draw_keypoints(draw, keypoints[:count], skeleton, radius=line + 1, line=line)
     texts = []
     for i in range(count):
         label = int(detections["labels"][i])

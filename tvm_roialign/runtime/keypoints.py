@@ -12,7 +12,46 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["bicubic_weights", "heatmaps_to_keypoints", "resize_bicubic"]
+__all__ = [
+    "COCO_KEYPOINT_NAMES",
+    "COCO_PERSON_CATEGORIES",
+    "COCO_SKELETON",
+    "bicubic_weights",
+    "heatmaps_to_keypoints",
+    "resize_bicubic",
+]
+
+#: The 17 keypoints of a COCO person, in the order of COCO's annotations (index = keypoint).
+COCO_KEYPOINT_NAMES = (
+    "nose",
+    "left_eye",
+    "right_eye",
+    "left_ear",
+    "right_ear",
+    "left_shoulder",
+    "right_shoulder",
+    "left_elbow",
+    "right_elbow",
+    "left_wrist",
+    "right_wrist",
+    "left_hip",
+    "right_hip",
+    "left_knee",
+    "right_knee",
+    "left_ankle",
+    "right_ankle",
+)
+
+#: COCO's person skeleton: pairs of indices of :data:`COCO_KEYPOINT_NAMES` joined by a limb.
+COCO_SKELETON = (
+    (15, 13), (13, 11), (16, 14), (14, 12), (11, 12),  # legs and hips
+    (5, 11), (6, 12), (5, 6),  # torso
+    (5, 7), (6, 8), (7, 9), (8, 10),  # arms
+    (1, 2), (0, 1), (0, 2), (1, 3), (2, 4), (3, 5), (4, 6),  # head to shoulders
+)
+
+#: The labels of a person-keypoint detector (two classes: background and person).
+COCO_PERSON_CATEGORIES = ("__background__", "person")
 
 _A = np.float32(-0.75)
 

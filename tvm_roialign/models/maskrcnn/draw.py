@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ...runtime.draw import PALETTE, draw_labels_and_caption, mask_regions
+from ...runtime.draw import MASK_ALPHA, PALETTE, draw_labels_and_caption, mask_outlines, mask_regions
 from .torch_model import category_names
 
 
@@ -18,11 +18,11 @@ def draw_detections(
     top: int = 8,
     mask_threshold: float = 0.5,
     caption: str | None = None,
-    alpha: float = 0.45,
+    alpha: float = MASK_ALPHA,
 ) -> None:
     """Save ``image`` ``[3, H, W]`` (floats in [0, 1]) with its ``top`` best detections.
 
-    Masks (``alpha``-blended regions, see :func:`tvm_roialign.runtime.draw.mask_regions`) and
+    Masks (``alpha``-blended and outlined regions, :func:`~tvm_roialign.runtime.draw.mask_regions`) and
     boxes are drawn by ``torchvision.utils``; each label (``name score``) sits on a filled tag of
     its box's colour, placed so that tags do not overlap; ``caption`` (e.g.
     :meth:`MaskRCNNReport.caption`) is written in a strip below the photo.
@@ -37,8 +37,10 @@ def draw_detections(
     boxes = detections["boxes"][:n].float()
     if n:
         regions = mask_regions(detections["masks"][:n, 0].float().numpy(), boxes.numpy(), mask_threshold)
-        picture = draw_segmentation_masks(picture, torch.from_numpy(regions), alpha=alpha, colors=colors)
         line = max(2, round(min(height, width) / 256))
+        picture = draw_segmentation_masks(picture, torch.from_numpy(regions), alpha=alpha, colors=colors)
+        outlines = torch.from_numpy(mask_outlines(regions, line))
+        picture = draw_segmentation_masks(picture, outlines, alpha=1.0, colors=colors)
         picture = draw_bounding_boxes(picture, boxes, colors=colors, width=line)
     texts = []
     for i in range(n):
