@@ -13,8 +13,29 @@ torch = pytest.importorskip("torch")
 from _cli import one_line_error, run_cli
 
 
-def test_maskrcnn_reduced(cli_workdir, capsys):
-    """The main-job command on a reduced configuration: picture, report and agreement."""
+def _schema_keys(obj, prefix=""):
+    """Every key of the report, nested ones as ``parent.key`` (pieces as ``pieces.<piece>.key``)."""
+    for key, value in obj.items():
+        name = f"{prefix}{key}"
+        yield name
+        if isinstance(value, dict) and key not in ("per_piece", "per_head", "target"):
+            sub = f"{name}.<piece>." if key == "pieces" else f"{name}."
+            yield from _schema_keys(next(iter(value.values())) if key == "pieces" else value, sub)
+
+
+def test_maskrcnn_reduced(cli_workdir, capsys, monkeypatch):
+    """The main-job command on a reduced configuration: picture, caption, report (every field in
+    its schema) and agreement."""
+    from tvm_roialign.models import maskrcnn as mr
+
+    captions = []
+    draw = mr.draw_detections
+
+    def recording_draw(*args, caption=None, **kwargs):
+        captions.append(caption)
+        return draw(*args, caption=caption, **kwargs)
+
+    monkeypatch.setattr(mr, "draw_detections", recording_draw)
     (cli_workdir / "mask").mkdir()
     out = cli_workdir / "mask" / "result.png"
     argv = ["maskrcnn", "--out", str(out), "--min-size", "128", "--proposals", "40", "--detections", "8"]
@@ -25,7 +46,14 @@ def test_maskrcnn_reduced(cli_workdir, capsys):
     with Image.open(out) as picture:
         assert picture.width == 512 and picture.height > 512  # the caption strip below the photo
     report = json.loads(out.with_suffix(".json").read_text())
+    schema = report.pop("schema")
+    assert all(isinstance(text, str) and text for text in schema.values())
+    assert set(_schema_keys(report)) <= set(schema), set(_schema_keys(report)) - set(schema)
+    assert "detections" not in report
     cmp = report["comparison"]
+    [caption] = captions
+    assert caption.startswith("TVM llvm") and "random weights (seed 3)" in caption
+    assert f"; PASS against PyTorch eager ({cmp['num_detections_tvm']} detections)" in caption
     assert cmp["passed"] and cmp["num_detections_tvm"] == cmp["num_detections_torch"] > 0
     assert cmp["same_labels"] and cmp["max_box_diff"] <= 1e-2 and cmp["mask_pixel_agreement"] >= 0.999
     assert report["config"]["target"]["mcpu"]  # the default target is this machine's CPU

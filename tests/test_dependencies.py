@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata as md
 import json
 import re
@@ -67,8 +68,13 @@ def _closure(names) -> set[str]:
     return seen
 
 
+@functools.cache
+def _packages_distributions() -> dict[str, list[str]]:
+    return md.packages_distributions()
+
+
 def _distributions(module: str) -> set[str]:
-    return {d.lower().replace("_", "-") for d in md.packages_distributions().get(module, [])}
+    return {d.lower().replace("_", "-") for d in _packages_distributions().get(module, [])}
 
 
 def _imported_top_levels(path: Path) -> set[str]:

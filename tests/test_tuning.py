@@ -34,6 +34,8 @@ from tvm_roialign.pipeline import Built, build, cpu_schedule_pass
 
 TRIALS = 2
 TARGET = CLI_NATIVE
+#: one xdist worker runs this module (`--dist loadgroup`), so the module's tuning run is made once
+pytestmark = pytest.mark.xdist_group("tuning")
 
 
 class _Tiny(torch.nn.Module):
