@@ -34,6 +34,7 @@ def _graph_passes(
     reference_side: int,
 ) -> list:
     from .passes import (
+        BoundConstantTakes,
         ConvertLayout,
         FoldBatchNorm,
         FoldConstantNumPy,
@@ -43,7 +44,7 @@ def _graph_passes(
     )
     from .schedules import cpu_info
 
-    passes = []
+    passes = [BoundConstantTakes()]
     if layout is not None:
         # the convolutions, and RoIAlign so that no transpose sits between them
         passes.append(_try_pass(ConvertLayout(desired_layouts(layout))))

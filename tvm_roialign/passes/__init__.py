@@ -3,15 +3,19 @@
 * :mod:`.layout`: ``FRelaxInferLayout`` for ``relax.vision.roi_align`` (and RoIAlign-like ops,
   :func:`~.layout.infer_layout_roi_align_like`), registered on import of the package;
 * :class:`ConvertLayout` (:mod:`.convert_layout`): Relay-style ``ConvertLayout`` (Relay op names,
-  ``"default"``, no conversion to layouts without legalization) followed by the two folds;
+  ``"default"``, no conversion to layouts without legalization) after
+  :class:`NormalizeSqueezeAxes` (:mod:`.normalize_squeeze_axes`) and followed by the two folds;
 * :class:`FoldPermuteDims` (:mod:`.fold_permute_dims`): ``permute_dims`` pairs that cancel or merge;
 * :class:`FoldFlattenPermute` (:mod:`.fold_flatten_permute`): a transpose feeding flatten + dense
   moves into the dense weight;
+* :class:`BoundConstantTakes` (:mod:`.bound_constant_takes`): gathers of constant in-bounds
+  indices in mode ``"clip"`` (no out-of-bounds warning from TVM);
 * :func:`desired_layouts` (:mod:`.desired_layouts`): the ConvertLayout dictionary for a whole model
   in NHWC (or NCHW).
 """
 
 from . import layout
+from .bound_constant_takes import BoundConstantTakes
 from .convert_layout import ConvertLayout
 from .desired_layouts import LAYOUT_OPS, desired_layouts
 from .fold_batch_norm import FoldBatchNorm
@@ -20,17 +24,20 @@ from .fold_flatten_permute import FoldFlattenPermute
 from .fold_layout_rewrite import FoldLayoutRewrite
 from .fold_permute_dims import FoldPermuteDims
 from .layout import register
+from .normalize_squeeze_axes import NormalizeSqueezeAxes
 from .pad_channels import PadChannels
 from .winograd import WinogradConv2D
 
 __all__ = [
     "LAYOUT_OPS",
+    "BoundConstantTakes",
     "ConvertLayout",
     "FoldBatchNorm",
     "FoldConstantNumPy",
     "FoldFlattenPermute",
     "FoldLayoutRewrite",
     "FoldPermuteDims",
+    "NormalizeSqueezeAxes",
     "PadChannels",
     "WinogradConv2D",
     "desired_layouts",

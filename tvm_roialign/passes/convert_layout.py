@@ -30,6 +30,7 @@ from .._registry import op_exists
 from .fold_flatten_permute import FoldFlattenPermute
 from .fold_permute_dims import FoldPermuteDims
 from .layout import ROI_ALIGN_LIKE_OPS, desired_target
+from .normalize_squeeze_axes import NormalizeSqueezeAxes
 
 _DEFAULT = "default"
 
@@ -186,6 +187,7 @@ class ConvertLayout:  # pylint: disable=too-few-public-methods
         return resolve_layouts(call, self.desired_layouts)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
+        mod = NormalizeSqueezeAxes()(mod)
         converted = relax.transform.ConvertLayout({}, self._layout_cb)(mod)
         return FoldFlattenPermute()(FoldPermuteDims()(converted))
 
