@@ -309,7 +309,7 @@ def test_tasks_list_and_a_selection(tuned, tiny, workdir, capsys):
     # the search's progress, one plain line per measured batch off a terminal: the task's full
     # name, trials done of the run's budget (one), its best time so far, an ETA
     best = r"(best \d+\.\d+ ms|no valid candidate yet)"
-    progress = re.compile(rf"{re.escape(names[1])}: 1/1 trials, {best}, ETA \d+s")
+    progress = re.compile(rf"{re.escape(names[1])}: {best}; 1/1 trials of the run, ETA \d+s")
     assert progress.search(err), err
     assert _records(db) == 2 * TRIALS + 1
     per_task = {}

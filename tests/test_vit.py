@@ -55,6 +55,24 @@ def test_only_constant_indices_inside_the_axis_are_clipped(indices, mode):
     assert take.attrs.mode == mode
 
 
+def test_onnx_gathers_of_a_constant_index_are_clipped():
+    """TVM's ONNX importer writes ``Gather(x, c)`` as ``take(x, where(c < 0, c + n, c))``."""
+
+    def gather(x, index):
+        c = relax.const(np.array([index]), "int64")
+        bb = relax.BlockBuilder.current()
+        normalized = bb.emit(relax.op.where(bb.emit(relax.op.less(c, relax.const(0, "int64"))),
+                                            bb.emit(relax.op.add(c, relax.const(4, "int64"))), c))
+        return relax.op.take(x, normalized, axis=0)
+
+    for index, mode in ((3, "clip"), (-1, "fast")):
+        mod = BoundConstantTakes()(_module((4, 3), lambda x, i=index: gather(x, i)))
+        take = mod["main"].body.blocks[0].bindings[-1].value
+        assert take.attrs.mode == mode
+        x = np.arange(12, dtype="float32").reshape(4, 3)
+        np.testing.assert_array_equal(_run(mod, x), x[[index]])
+
+
 class _ViT(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -50,7 +50,8 @@ def _graph_passes(
         passes.append(_try_pass(ConvertLayout(desired_layouts(layout))))
     # weights in a converted layout (permute_dims of a constant) become constants: NumPy folds
     # layout and arithmetic ops on constants without compiling them, FoldConstant the rest
-    passes += [FoldConstantNumPy(), relax.transform.FoldConstant()]
+    # gathers of constant in-bounds indices, before and after constant folding computes them
+    passes += [FoldConstantNumPy(), relax.transform.FoldConstant(), BoundConstantTakes()]
     if fold_batch_norm:
         passes.append(FoldBatchNorm())
     passes += [

@@ -14,8 +14,8 @@ import zipfile
 from pathlib import Path
 
 from . import _photos
-from ._common import CLIError, add_total, first_line, format_times, output_path, tvm_messages
-from ._progress import Progress
+from ._common import CLIError, add_total, first_line, format_times, output_path
+from ._progress import progress_session
 
 #: What marks a .pt2 as a detector exported in the static form (its NMS custom op).
 _DETECTOR_OP = b"tvm_roialign.batched_nms"
@@ -169,7 +169,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
         raise CLIError(f"--weights {args.weights!r} does not exist")
     seed = DEFAULT_SEED if args.seed is None else args.seed
     times = {}
-    with Progress(args.quiet) as progress, tvm_messages(args.quiet):
+    with progress_session(args.quiet) as progress:
         model = args.model
         if name is not None:
             progress(f"build torchvision {name}")

@@ -3,7 +3,10 @@ for a schedule search a progress bar (trials done of the run's, best time per ta
 
 from __future__ import annotations
 
+import contextlib
 import time
+
+from ._common import tvm_messages
 
 
 class Progress:
@@ -75,3 +78,13 @@ class Progress:
         self._end_bar()
         if self.status is not None:
             self.status.__exit__(*exc)
+
+
+@contextlib.contextmanager
+def progress_session(quiet: bool = False):
+    """A :class:`Progress` display inside :func:`~._common.tvm_messages`: TVM's messages are
+    collected while the display runs and printed once it has ended, so that the display (a spinner
+    or a search's bar, started and stopped as the work goes) never writes to a stream the collection
+    has closed."""
+    with tvm_messages(quiet), Progress(quiet) as progress:
+        yield progress

@@ -21,7 +21,6 @@ from ._common import (
     format_times,
     output_path,
     resolve_target,
-    tvm_messages,
 )
 from ._model_file import (
     LIBRARY_SUFFIXES,
@@ -31,7 +30,7 @@ from ._model_file import (
     signature,
     symbolic_inputs_note,
 )
-from ._progress import Progress
+from ._progress import progress_session
 from ._tuning import add_records_argument, open_records, print_coverage
 
 DUMP_FORMATS = ("relax", "tir", "ll", "asm")
@@ -254,7 +253,7 @@ def main(args) -> int:
     check_model_file(Path(args.model), _detector.alternatives())
     _detector.reject_detector_options(args)
     times = {}
-    with Progress(args.quiet) as progress, tvm_messages(args.quiet):
+    with progress_session(args.quiet) as progress:
         records = open_records(args.tuning_records, target, report=_printed_by_main)
         mod, layout_name = import_model(args, options, progress, times)
         progress(f"build for {describe(target)}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from ._common import CLIError, device_for, first_line, output_path, resolve_target, tvm_messages
-from ._progress import Progress
+from ._common import CLIError, device_for, first_line, output_path, resolve_target
+from ._progress import progress_session
 from ._tuning import add_records_argument, open_records, print_coverage
 from .compile import HELP_TARGET
 
@@ -70,7 +70,10 @@ def add_model_arguments(p) -> None:
         "--weights", default=None, help="maskrcnn_resnet50_fpn state_dict (default: random, seeded)"
     )
     p.add_argument("--seed", type=int, default=3, help="seed of the random weights")
-    p.add_argument("--layout", default="NHWC", type=str.upper, help="NHWC (ConvertLayout) or NCHW")
+    p.add_argument(
+        "--layout", default="NHWC", type=str.upper, metavar="{NHWC,NCHW}",
+        help="NHWC (ConvertLayout) or NCHW (default: NHWC)",
+    )
     p.add_argument(
         "--min-size", type=int, default=512,
         help="torchvision's resize min_size (torchvision's own and its weights': 800)",
@@ -156,7 +159,7 @@ def main(args) -> int:
         device_for(target)
     image, config, model = model_inputs(args, mr)
     onnxruntime = _onnxruntime(args)
-    with Progress(args.quiet) as progress, tvm_messages(args.quiet):
+    with progress_session(args.quiet) as progress:
         coverages: list = []
         records = open_records(args.tuning_records, target, report=coverages.append)
         job = _job_config(args, target, config, records, onnxruntime)

@@ -173,11 +173,13 @@ def _check(specs, arrays) -> None:
             )
 
 
-def _fill(specs, mode: str) -> list:
+def _fill(specs, mode: str, library: str) -> list:
     import numpy as np
 
     if not specs:
-        raise CLIError("the library has no .json beside it, so its inputs are unknown; give --inputs")
+        raise CLIError(
+            f"{library!r} has no .json beside it, so its inputs are unknown; give --inputs"
+        )
     rng = np.random.default_rng(0)
     arrays = []
     for spec in specs:
@@ -321,7 +323,7 @@ def main(args) -> int:
             )
         _check(specs, arrays)
     else:
-        arrays = _fill(specs, args.fill_mode)
+        arrays = _fill(specs, args.fill_mode, args.library)
     inputs = [tvm.runtime.tensor(np.ascontiguousarray(a), device) for a in arrays]
     try:
         t0 = time.perf_counter()

@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ._common import CLIError, first_line, resolve_target, tvm_messages
-from ._progress import Progress
+from ._common import CLIError, first_line, resolve_target
+from ._progress import progress_session
 from .compile import HELP_TARGET, add_model_arguments, import_model, model_options
 from .maskrcnn import add_model_arguments as add_maskrcnn_arguments
 from .maskrcnn import check_layout, model_inputs
@@ -180,7 +180,7 @@ def main(args) -> int:
     ops = _ops(args.ops)
     selected = _tasks(args.tasks)
     if selected == "list":
-        with Progress(args.quiet) as progress, tvm_messages(args.quiet):
+        with progress_session(args.quiet) as progress:
             mods, options = _modules(args, target, progress)
         _list_tasks(mods, target, ops, options)
         return 0
@@ -195,7 +195,7 @@ def main(args) -> int:
         raise CLIError(str(err)) from None
     runner = _runner(args)
     t0 = time.perf_counter()
-    with Progress(args.quiet) as progress, tvm_messages(args.quiet):
+    with progress_session(args.quiet) as progress:
         if args.trials < TRIALS_TO_EXPECT_A_GAIN:
             progress.note(
                 f"warning: {args.trials} trials per task are too few to expect a gain: below about "
@@ -237,7 +237,12 @@ def _checked(check) -> str:
     """The interleaved check of a record: "record / default" ms (- if none was made)."""
     if not check:
         return "-"
-    return f"{check['record_s'] * 1e3:.3f} / {check['default_s'] * 1e3:.3f}"
+    return f"{_ms(check['record_s'])} / {_ms(check['default_s'])}"
+
+
+def _ms(seconds: float | None) -> str:
+    """Milliseconds to four significant digits (a kernel of a few microseconds stays readable)."""
+    return "-" if seconds is None else f"{seconds * 1e3:.4g}"
 
 
 def _print_result(result, target_text: str, seconds: float) -> None:
@@ -260,8 +265,8 @@ def _print_result(result, target_text: str, seconds: float) -> None:
             task["name"],
             str(task["weight"]),
             f"{task['trials_before']} -> {task['trials']}",
-            "-" if best is None else f"{best * 1e3:.4f}",
-            "-" if default is None else f"{default * 1e3:.4f}",
+            _ms(best),
+            _ms(default),
             _checked(task.get("check")),
             "yes" if wins else "no",
         )

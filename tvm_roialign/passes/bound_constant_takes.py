@@ -3,8 +3,9 @@
 An importer writes ``take(x, i, mode="fast")``, and TVM warns at the legalization of every such call
 that it reads out of bounds on an index outside the axis. Where ``i`` is a constant whose values all
 lie in ``[0, n)`` (``x[:, 0]``, the query / key / value split of an attention layer) clipping changes
-nothing and costs nothing, and TVM has nothing to warn about; a gather of computed indices keeps its
-mode, and its warning.
+nothing and costs nothing, and TVM has nothing to warn about. ONNX's ``Gather`` of a constant index
+arrives as ``where(less(c, 0), c + n, c)``; with every ``c >= 0`` that is ``c``, and is taken as such.
+A gather of computed indices keeps its mode, and its warning.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class _ConstantTakes(FunctionRewriter):
         call = self.visit_expr_post_order(call)
         if not is_op_call(call, "relax.take") or call.attrs.mode != "fast":
             return call
-        indices = const_value(call.args[1])
+        indices = self._constant_indices(call.args[1])
         shape = tensor_shape(call.args[0])
         if indices is None or shape is None:
             return call
@@ -38,7 +39,23 @@ class _ConstantTakes(FunctionRewriter):
         if extent is None or indices.size == 0 or indices.min() < 0 or indices.max() >= extent:
             return call
         self.changed = True
-        return relax.op.take(call.args[0], call.args[1], call.attrs.axis, mode="clip")
+        return relax.op.take(call.args[0], relax.const(indices), call.attrs.axis, mode="clip")
+
+    def _constant_indices(self, expr):
+        """The indices ``expr`` stands for when they are known: a constant, or ONNX's
+        ``where(less(c, 0), _, c)`` of a constant ``c >= 0``; else None."""
+        value = const_value(expr)
+        if value is not None:
+            return value
+        where = self.lookup(expr)
+        if not is_op_call(where, "relax.where"):
+            return None
+        cond, _, kept = where.args
+        value = const_value(kept)
+        less = self.lookup(cond)
+        if value is None or value.size == 0 or value.min() < 0 or not is_op_call(less, "relax.less"):
+            return None
+        return value if less.args[0].same_as(kept) else None
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.BoundConstantTakes")

@@ -58,7 +58,8 @@ def read_metadata(library) -> dict:
     path = metadata_path(library)
     if not path.is_file():
         raise ValueError(
-            f"{str(library)!r} has no metadata file {path.name!r} next to it"
+            f"{str(library)!r} has no metadata file {path.name!r} next to it: a detector runs only "
+            "with it (its photo sizes and functions), checked or not; compile the detector again"
         )
     try:
         meta = json.loads(path.read_text())

@@ -38,10 +38,11 @@ class SearchStatus:
         return self.elapsed_s / self.done * max(self.total - self.done, 0)
 
     def line(self) -> str:
-        """One plain line: ``TASK: 12/64 trials, best 0.123 ms, ETA 1m05s``."""
+        """One plain line: ``TASK: best 0.123 ms; 12/64 trials of the run, ETA 1m05s``."""
         best = self.best_s.get(self.task)
         shown = f"best {best * 1e3:.3f} ms" if best is not None else "no valid candidate yet"
-        return f"{self.task}: {self.done}/{self.total} trials, {shown}, ETA {format_eta(self.eta_s)}"
+        progress = f"{self.done}/{self.total} trials of the run, ETA {format_eta(self.eta_s)}"
+        return f"{self.task}: {shown}; {progress}"
 
 
 def format_eta(seconds: float | None) -> str:
