@@ -82,6 +82,10 @@ class _ViT(torch.nn.Module):
         self.vit = VisionTransformer(
             image_size=32, patch_size=16, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10
         ).eval()
+        # torchvision starts the classifier at zero: give it weights so that the output depends on
+        # every layer before it
+        torch.nn.init.normal_(self.vit.heads.head.weight)
+        torch.nn.init.normal_(self.vit.heads.head.bias)
 
     def forward(self, x):
         return self.vit(x)
@@ -102,4 +106,5 @@ def test_vit_compiles_with_the_defaults_and_equals_eager(tmp_path, capfd):
     assert code == 0, err
     with torch.no_grad():
         expected = model(x).numpy()
+    assert np.abs(expected).max() > 0.1  # not the zero classifier torchvision starts with
     np.testing.assert_allclose(np.load(tmp_path / "out.npz")["output_0"], expected, rtol=1e-5, atol=1e-5)
