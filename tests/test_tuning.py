@@ -325,14 +325,23 @@ def test_tasks_list_and_a_selection(tuned, tiny, workdir, capsys):
 # measuring through an RPC tracker (loopback)
 
 
-def test_tune_through_an_rpc_tracker(tiny, workdir, capsys, rpc_server):
+def test_tune_through_an_rpc_tracker(tiny, workdir, capsys, rpc_server, tmp_path, monkeypatch):
+    """Candidates measured on an RPC device; their local builds (the build workers') are gone from
+    the temporary directory afterwards."""
+    import tempfile
+
     key = "tvm-roialign-test"
     tracker = rpc_server(key=key)  # a tracker and one server of the key, on loopback
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", None)
     db = workdir / "db_rpc"
     argv = ["tune", str(tiny[0]), "-o", str(db), "--trials", "1", "--ops", "matmul"]
     code, _out, err = run_cli([*argv, "--rpc-tracker", tracker, "--rpc-key", key], capsys)
     served = rpc_server.log.read_text()
     assert code == 0, err
+    assert not list(scratch.iterdir()), list(scratch.iterdir())
     assert _records(db) == 1
     assert "load_module" in served, served  # the candidate ran in the RPC server
 
