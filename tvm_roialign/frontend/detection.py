@@ -24,6 +24,7 @@ import torch
 from torchvision.ops import boxes as box_ops
 
 from ..ops.nms import make_batched_nms
+from ..passes.wrap_takes import WrapTakes
 from ..topi.nms import OFFSET_TRICK_MAX_NUMEL
 from . import torch as torch_frontend
 
@@ -122,36 +123,7 @@ def from_exported_program(exported_program, *, custom_convert_map=None, **kwargs
     table = convert_map()
     table.update(custom_convert_map or {})
     mod = torch_frontend.from_exported_program(exported_program, custom_convert_map=table, **kwargs)
-    return takes_in_wrap_mode(mod)
-
-
-def takes_in_wrap_mode(mod):
-    """``mod`` with its ``relax.take`` calls of mode ``"fast"`` (the importer's) in mode ``"wrap"``.
-
-    A detector's gathers index as torch indexes (eager torch raises on any index outside
-    ``[-n, n)``, a negative one counting from the end, as the ``-1`` that pads NMS's ``keep``):
-    ``"wrap"`` computes exactly that, where ``"fast"`` reads outside the tensor on a negative index,
-    and TVM warns at the legalization of every ``"fast"`` take that it segfaults out of bounds.
-    """
-    import tvm
-    from tvm import relax
-    from tvm.relax.expr_functor import PyExprMutator, mutator
-
-    take = tvm.ir.Op.get("relax.take")
-
-    @mutator
-    class _Wrap(PyExprMutator):
-        def visit_call_(self, call):  # pylint: disable=arguments-renamed
-            call = self.visit_expr_post_order(call)
-            if call.op.same_as(take) and call.attrs.mode == "fast":
-                return relax.op.take(call.args[0], call.args[1], call.attrs.axis, mode="wrap")
-            return call
-
-    rewriter = _Wrap(mod)
-    for gvar, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    return WrapTakes()(mod)
 
 
 #: The padded sides (pixels) a program for any size (``padded_size="any"``) takes: torch.export

@@ -9,7 +9,8 @@
 * :class:`FoldFlattenPermute` (:mod:`.fold_flatten_permute`): a transpose feeding flatten + dense
   moves into the dense weight;
 * :class:`BoundConstantTakes` (:mod:`.bound_constant_takes`): gathers of constant in-bounds
-  indices in mode ``"clip"`` (no out-of-bounds warning from TVM);
+  indices in mode ``"clip"`` (no out-of-bounds warning from TVM); :class:`WrapTakes`
+  (:mod:`.wrap_takes`): a detector's gathers in mode ``"wrap"``, torch's indexing;
 * :func:`desired_layouts` (:mod:`.desired_layouts`): the ConvertLayout dictionary for a whole model
   in NHWC (or NCHW).
 """
@@ -27,6 +28,7 @@ from .layout import register
 from .normalize_squeeze_axes import NormalizeSqueezeAxes
 from .pad_channels import PadChannels
 from .winograd import WinogradConv2D
+from .wrap_takes import WrapTakes
 
 __all__ = [
     "LAYOUT_OPS",
@@ -40,6 +42,7 @@ __all__ = [
     "NormalizeSqueezeAxes",
     "PadChannels",
     "WinogradConv2D",
+    "WrapTakes",
     "desired_layouts",
     "layout",
     "register",

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..host import host_machine, is_host_triple, use_usable_cores
-from .artifact_check import check_library
+from .artifact_check import check_library, metadata_path
 from .draw import draw_detections
 from .keypoints import heatmaps_to_keypoints
 from .masks import paste_masks
@@ -47,10 +47,6 @@ __all__ = [
 
 #: ``"kind"`` of a detector artifact's metadata.
 METADATA_KIND = "detector"
-
-
-def metadata_path(library) -> Path:
-    return Path(str(library) + ".json")
 
 
 def read_metadata(library) -> dict:
@@ -169,16 +165,15 @@ class Detector:
                 f"{metadata_path(library).name!r} lacks {', '.join(missing)} (compiled by an "
                 "older tvm-roialign?); compile it again"
             )
+        check_library(self.path, verify, override)
         self.session = session
         if session is not None:  # a remote device (tvm.rpc): the NumPy steps stay here
             from ..remote import load_vm
 
             self.device = session.cpu(0)
-            check_library(self.path, verify, override)
             self.vm = load_vm(session, self.path, self.device)
         else:
             self.device = _device(self.meta.get("target", {}))
-            check_library(self.path, verify, override)
             use_usable_cores()
             self.vm = relax.VirtualMachine(
                 tvm.runtime.load_module(str(self.path)), self.device
@@ -357,14 +352,16 @@ def detect_to_files(
     mask_threshold: float = 0.5,
     session=None,
     verify: bool = True,
+    rgb=None,
 ) -> dict:
     """Run the artifact on a photo (on the remote device of a ``tvm.rpc`` ``session`` if given);
     draw the ``top`` detections into ``out_image`` and write all of them to ``out_json``.
     ``library``: a path (loaded with ``verify``, see :class:`Detector`) or a loaded
-    :class:`Detector`. Returns the JSON-able summary."""
+    :class:`Detector`; ``rgb``: the photo at ``image_path`` when it has been read already
+    (:func:`read_image`). Returns the JSON-able summary."""
     detector = library if isinstance(library, Detector) else Detector(library, session, verify)
     library = detector.path
-    rgb = read_image(image_path)
+    rgb = read_image(image_path) if rgb is None else rgb
     result = detector(rgb)
     meta = detector.meta
     summary = {

@@ -211,7 +211,7 @@ class TVMMaskRCNN:
         ``[1, 3, H, W]`` (symbolic sizes when :meth:`symbolic`): exported, imported and
         ConvertLayout-ed (what ``compile`` builds and ``tvm-roialign tune maskrcnn`` tunes)."""
         from ...frontend import from_exported_program
-        from ...frontend.detection import takes_in_wrap_mode
+        from ...passes import WrapTakes
 
         key = tuple(int(s) for s in padded_shape)
         symbolic = self.symbolic(key)
@@ -234,7 +234,7 @@ class TVMMaskRCNN:
             # constants folded first, so that the counts of permute_dims (before/after) are those
             # of activations, not of weights
             fold = relax.transform.FoldConstant()
-            imported = fold(takes_in_wrap_mode(from_exported_program(exported, keep_params_as_input=False)))
+            imported = fold(WrapTakes()(from_exported_program(exported, keep_params_as_input=False)))
             mod = fold(convert_layout(imported, self.layout))
             modules[name] = (imported, mod, time.perf_counter() - t0)
         return modules
