@@ -29,6 +29,7 @@ import torch
 
 from tvm_roialign.host import use_usable_cores
 from tvm_roialign.models import detection as det
+from tvm_roialign.models.detector_reference import detections_as_numpy
 from tvm_roialign.runtime import Detector
 
 
@@ -70,16 +71,7 @@ def eager_batch(model, rgbs):
     images = [torch.from_numpy(r).permute(2, 0, 1).float() / 255.0 for r in rgbs]
     with torch.no_grad():
         results = model(images)
-    out = []
-    for result in results:
-        d = {k: result[k].numpy() for k in ("boxes", "labels", "scores")}
-        if "masks" in result:
-            d["masks"] = result["masks"][:, 0].numpy()
-        for key in ("keypoints", "keypoints_scores"):
-            if key in result:
-                d[key] = result[key].numpy()
-        out.append(d)
-    return out
+    return [detections_as_numpy(result) for result in results]
 
 
 def print_report(report) -> None:

@@ -39,6 +39,12 @@ def torch_detections(model, rgb) -> dict:
     image = torch.from_numpy(np.ascontiguousarray(rgb)).permute(2, 0, 1).float() / 255.0
     with torch.no_grad():
         (result,) = model([image])
+    return detections_as_numpy(result)
+
+
+def detections_as_numpy(result) -> dict:
+    """One image's result of a torchvision detector as the NumPy arrays of
+    :func:`torch_detections` (a mask without its channel axis)."""
     out = {key: result[key].numpy() for key in ("boxes", "labels", "scores")}
     if "masks" in result:
         out["masks"] = result["masks"][:, 0].numpy()
@@ -48,4 +54,4 @@ def torch_detections(model, rgb) -> dict:
     return out
 
 
-__all__ = ["SAMPLE_PHOTOS", "sample_photo", "torch_detections"]
+__all__ = ["SAMPLE_PHOTOS", "detections_as_numpy", "sample_photo", "torch_detections"]
