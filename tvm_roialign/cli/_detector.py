@@ -110,13 +110,6 @@ def is_detector(model: str) -> bool:
         return any(_DETECTOR_OP in archive.read(n) for n in archive.namelist() if n.endswith(".json"))
 
 
-def is_detector_library(library: str) -> bool:
-    """A library written by ``compile DETECTOR`` (its metadata says so)."""
-    from ..runtime import is_detector as _is_detector
-
-    return Path(library).is_file() and _is_detector(library)
-
-
 def _input_sizes(text: str | None):
     """``--input-size``: ``"any"`` (the default), ``"all"`` or a list of ``(H, W)``."""
     if text is None or text.strip().lower() in ("any", "all"):

@@ -206,18 +206,15 @@ def _flatten(result) -> list:
     return out
 
 
-def _load(args, session=None):
-    """``(library path, metadata, device, VM, remote library or None)``; with an RPC
-    ``session``, on its device."""
+def _load(args, meta: dict, session=None):
+    """``(library path, metadata, device, VM, remote library or None)`` of the library that
+    :func:`checked_metadata` has checked (``meta``); with an RPC ``session``, on its device."""
     import tvm
     from tvm import relax
 
     from ..target import device_for, parse_device, parse_target
 
     lib_path = Path(args.library)
-    if not lib_path.is_file():
-        raise CLIError(f"compiled library {str(lib_path)!r} does not exist")
-    meta = checked_metadata(args)
     if session is not None:
         return (lib_path, meta, *_load_remote(args, session, lib_path, meta))
     try:
@@ -312,7 +309,7 @@ def main(args) -> int:
         raise CLIError(f"--print-top must be at least 1, got {args.print_top}")
     out_path = output_path(args.outputs, "--outputs", (".npz",)) if args.outputs else None
     session = _remote(args)
-    lib_path, meta, device, vm, remote_lib = _load(args, session)
+    lib_path, meta, device, vm, remote_lib = _load(args, meta, session)
     specs = meta.get("inputs")
     if args.inputs is not None:
         arrays, ignored = _match(_read_npz(args.inputs), specs, args.inputs_by_order, args.inputs)
