@@ -122,19 +122,27 @@ def place_labels(boxes, sizes, width: int, height: int) -> list[tuple[int, int, 
         w, h = int(w), int(h)
         x = min(max(0, int(x1)), max(0, width - w))
         tops = [min(max(0, y), max(0, height - h)) for y in (int(y1) - h, int(y1), int(y2))]
-        unmoved = [(x, t) for t in tops if _free_top(x, (w, h), t, placed, t + h) is not None]
-        columns = sorted(
-            {min(max(0, c), max(0, width - w)) for p in placed for c in (p[2], p[0] - w)} - {x}
-        )
-        found = unmoved[0] if unmoved else None
-        for column, start in [(x, t) for t in (*tops, 0)] + [(c, 0) for c in columns]:
-            if found:
-                break
-            top = _free_top(column, (w, h), start, placed, height)
-            found = None if top is None else (column, top)
-        column, top = found or (x, tops[0])
+        column, top = _label_spot(x, (w, h), tops, placed, width, height) or (x, tops[0])
         placed.append((column, top, column + w, top + h))
     return placed
+
+
+def _label_spot(x, size, tops, placed, width, height):
+    """Where :func:`place_labels` puts a label of ``size``: a candidate top at ``x`` that is free as
+    it is, else the first free top below a candidate (or the picture's top) at ``x``, else in a
+    column beside a placed label; None when the picture has no free place."""
+    w, h = size
+    for top in tops:
+        if _free_top(x, size, top, placed, top + h) is not None:
+            return x, top
+    columns = sorted(
+        {min(max(0, c), max(0, width - w)) for p in placed for c in (p[2], p[0] - w)} - {x}
+    )
+    for column, start in [(x, t) for t in (*tops, 0)] + [(c, 0) for c in columns]:
+        top = _free_top(column, size, start, placed, height)
+        if top is not None:
+            return column, top
+    return None
 
 
 def draw_labels_and_caption(picture: np.ndarray, boxes, texts, caption: str | None = None):
