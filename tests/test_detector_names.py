@@ -28,6 +28,8 @@ from tvm_roialign.models import detection as det
 from tvm_roialign.runtime import Detector
 
 ALL_DETECTORS = bool(os.environ.get("TVM_ROIALIGN_ALL_DETECTORS"))
+#: one xdist worker runs this module (`--dist loadgroup`), so each artifact is compiled once
+pytestmark = pytest.mark.xdist_group("detector_names")
 
 #: The two photo sizes each artifact runs, and their padded sizes.
 PHOTOS = {"astronaut": (512, 512), "coffee": (352, 512)}

@@ -198,7 +198,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
 def run_main(args, session=None) -> int:
     """``run --image``: the detector artifact on each photo (on a remote device: ``session``);
     ``run`` has checked the library."""
-    from ..runtime import Detector, detect_to_files
+    from ..runtime import Detector, detect_to_files, read_metadata
 
     if args.draw_top < 0:
         raise CLIError(f"--draw-top must be >= 0, got {args.draw_top}")
@@ -210,7 +210,7 @@ def run_main(args, session=None) -> int:
     image = args.image[0]
     try:
         detector = Detector(args.library, session, verify=False)
-        masks = "masks" in detector.outputs
+        masks = "masks" in (read_metadata(args.library).get("outputs") or ())
         for image, rgb, (picture, json_path) in zip(args.image, photos, pairs):
             summary = detect_to_files(
                 detector, image, picture, json_path, top=args.draw_top, rgb=rgb

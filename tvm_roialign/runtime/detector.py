@@ -165,15 +165,15 @@ class Detector:
                 f"{metadata_path(library).name!r} lacks {', '.join(missing)} (compiled by an "
                 "older tvm-roialign?); compile it again"
             )
-        check_library(self.path, verify, override)
         self.session = session
-        if session is not None:  # a remote device (tvm.rpc): the NumPy steps stay here
+        # a remote device (tvm.rpc) runs the artifact, the NumPy steps stay here
+        self.device = session.cpu(0) if session is not None else _device(self.meta.get("target", {}))
+        check_library(self.path, verify, override)
+        if session is not None:
             from ..remote import load_vm
 
-            self.device = session.cpu(0)
             self.vm = load_vm(session, self.path, self.device)
         else:
-            self.device = _device(self.meta.get("target", {}))
             use_usable_cores()
             self.vm = relax.VirtualMachine(
                 tvm.runtime.load_module(str(self.path)), self.device
