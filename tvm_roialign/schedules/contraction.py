@@ -107,7 +107,7 @@ def schedule_contraction(
     sch.parallel(outer)
     local = sch.cache_write(c.block, 0, "global" if None in c.extents else "local")
     sch.reverse_compute_at(local, outer, preserve_unit_loops=True)
-    if None in c.extents:
+    if None in c.extents or ragged_rows(c, rows):
         _tile_accumulator(sch, c, rows, cols * lanes)
     sch.vectorize(n_lane)
     sch.unroll(n_tile)
@@ -117,8 +117,16 @@ def schedule_contraction(
 
 
 
+def ragged_rows(c: Contraction, rows: int) -> bool:
+    """Whether the last register tile of ``c``'s rows is partial (``rows`` does not divide the
+    innermost row extent, or that extent is symbolic)."""
+    extent = c.extents[rows_pos(c)]
+    return extent is None or extent % rows != 0
+
+
 def _tile_accumulator(sch: Schedule, c: Contraction, rows: int, block_cols: int) -> None:
-    """Give the accumulator of a contraction of symbolic extent tile axes of its own.
+    """Give the accumulator of a contraction of symbolic extent, or of a partial last row tile,
+    tile axes of its own.
 
     TIR compacts the accumulator to the region one step of the parallel loop touches, but with a
     symbolic extent it cannot bound that region by the tile: the guarded last tile of a symbolic
@@ -126,9 +134,10 @@ def _tile_accumulator(sch: Schedule, c: Contraction, rows: int, block_cols: int)
     whole output (one stack array per parallel task: a segfault). Laid out as ``[..., W / rows,
     rows, ..., C / block_cols, block_cols]``, the tile is one point of the outer axes and all of the
     inner ones, so it compacts to exactly ``rows x block_cols`` (the padding rows of the last tile
-    are never written back). The accumulator is a ``global`` buffer: TVM puts one under 1 KiB on
-    the stack, where LLVM keeps it in registers; a ``local`` one becomes a heap workspace per step
-    whose stores LLVM keeps in the reduction loop.
+    are never written back), which :func:`unguard_rows` needs. With a symbolic extent the
+    accumulator is a ``global`` buffer: TVM puts one under 1 KiB on the stack, where LLVM keeps it
+    in registers; a ``local`` one becomes a heap workspace per step whose stores LLVM keeps in the
+    reduction loop. With static extents the ``local`` tile is a stack array of the tile's size.
     """
     dim = c.row_dim
 
@@ -142,17 +151,19 @@ def _tile_accumulator(sch: Schedule, c: Contraction, rows: int, block_cols: int)
     )
 
 
-def unguard_rows(sch: Schedule, c: Contraction) -> Schedule:
-    """``sch`` with the register tile of a symbolic row extent computed without guards.
+def unguard_rows(sch: Schedule, c: Contraction, rows: int) -> Schedule:
+    """``sch`` with the register tile of a partial last row tile (:func:`ragged_rows`) computed
+    without guards.
 
-    Splitting a symbolic row extent by the tile guards every row of every step of the reduction
-    (a branch per multiply-add row). The tile's padding rows of
+    Splitting a row extent by a tile that does not divide it guards every row of every step of
+    the reduction (a branch per multiply-add row, and the guarded rows' accumulators kept in
+    memory). The tile's padding rows of
     the last tile may as well be computed: they accumulate in their own slots of the tiled
     accumulator (:func:`_tile_accumulator`), which the guarded write-back never copies out, and
     they read the last real row (the row index clamped in the loads of ``a``), so they never read
     past the data. The init and update blocks of ``c`` lose their predicate; everything else is
     kept. Returns a fresh schedule of the result (the rule's last step)."""
-    if c.extents[rows_pos(c)] is None:
+    if ragged_rows(c, rows):
         names = {f"{c.name}_init", f"{c.name}_update"}
         func = sch.mod["main"]
         body = tvm_ffi.structural_map(
@@ -209,7 +220,9 @@ def schedule_with_epilogue(sch: Schedule, c: Contraction, tiling: Tiling) -> Sch
         vectorize_writeback(sch, local, tiling.lanes)
     schedule_producers(sch, c.block, tiling.lanes)
     schedule_rest(sch, tiling.lanes)
-    return unguard_rows(sch, c)
+    if tiling.reduce_chunk is not None:
+        return sch  # the tile accumulates in the output: its padding rows stay guarded
+    return unguard_rows(sch, c, tiling.rows)
 
 
 __all__ = [
@@ -218,6 +231,7 @@ __all__ = [
     "analyze_contraction",
     "choose_tiling",
     "pack_weight",
+    "ragged_rows",
     "schedule_contraction",
     "schedule_with_epilogue",
     "unguard_rows",

@@ -19,8 +19,13 @@ _MAX_ACCUMULATORS = 28
 #: independent accumulator chains that keep two multiply-add pipes busy (latency about 4 cycles,
 #: doubled to cover the loads feeding them)
 _LATENCY_CHAINS = 16
-#: bytes per cycle a core streams from L2 while computing (the packed weights of a tile)
-_L2_BYTES_PER_CYCLE = 16
+#: vector registers per cycle a core streams from L2 while computing (the packed weights of a
+#: tile): one, the width of a core's L1 fill path counted in its own vectors
+_L2_VECTORS_PER_CYCLE = 1
+#: instructions a thread issues per cycle when its core's sibling thread is busy too (the tile's
+#: multiply-adds, loads and the loop's own two share them)
+_ISSUE_PER_CYCLE = 3
+_LOOP_INSTRUCTIONS = 2
 #: TVM's limit for a buffer on the stack (``runtime::kMaxStackAlloca``; larger ones are heap
 #: workspaces)
 _MAX_STACK_BYTES = 1024
@@ -53,11 +58,12 @@ def pick_tile(
     extent, None, the loss is averaged over :data:`NOMINAL_ROWS`). The tile
     needs ``rows * cols`` accumulators, ``cols`` weight vectors and a broadcast register. A step of
     the reduction issues ``rows * cols`` multiply-adds (two per cycle) and ``rows + cols`` loads
-    (two per cycle), streams ``cols`` weight vectors from L2 (:data:`_L2_BYTES_PER_CYCLE`), and cannot
-    be shorter than the latency of one accumulator chain (:data:`_LATENCY_CHAINS`). The tile with
-    the best throughput under this model wins, then the one with the fewest loads per step. A row of
-    a symbolic extent costs :data:`_SYMBOLIC_ROW_LOADS` loads (its index is clamped, see
-    :func:`~.contraction.unguard_rows`).
+    (two per cycle), all of them and the loop's own instructions through an issue width shared
+    with the core's other thread (:data:`_ISSUE_PER_CYCLE`), streams ``cols`` weight vectors from
+    L2 (:data:`_L2_VECTORS_PER_CYCLE`), and cannot be shorter than the latency of one accumulator
+    chain (:data:`_LATENCY_CHAINS`). The tile with the best throughput under this model wins, then
+    the one with the fewest loads per multiply-add. A row of a symbolic extent costs
+    :data:`_SYMBOLIC_ROW_LOADS` loads (its index is clamped, see :func:`~.contraction.unguard_rows`).
     """
     best, best_key = (1, 1), None
     for cols in range(1, min(vectors, 8) + 1):
@@ -69,16 +75,17 @@ def pick_tile(
                 continue
             if max_bytes is not None and acc * vector_bytes > max_bytes:
                 continue
-            row_loads = rows * (_SYMBOLIC_ROW_LOADS if rows_extent is None else 1)
+            loads = rows * (_SYMBOLIC_ROW_LOADS if rows_extent is None else 1) + cols
             cycles = max(
                 acc / 2,
-                (row_loads + cols) / 2,
+                loads / 2,
+                (acc + loads + _LOOP_INSTRUCTIONS) / _ISSUE_PER_CYCLE,
                 _LATENCY_CHAINS / 2,
-                cols * vector_bytes / _L2_BYTES_PER_CYCLE,
+                cols / _L2_VECTORS_PER_CYCLE,
             )
             # a last, partial tile (rows not dividing the extent) computes padding rows
             used = _tile_use(rows_extent, rows)
-            key = (round(acc / 2 / cycles * used, 3), -(rows + cols), -rows)
+            key = (round(acc / 2 / cycles * used, 3), -loads / acc, -rows)
             if best_key is None or key > best_key:
                 best, best_key = (rows, cols), key
     return best
