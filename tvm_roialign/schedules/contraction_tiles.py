@@ -50,12 +50,14 @@ def pick_tile(
     registers: int,
     vector_bytes: int = 64,
     max_bytes: int | None = None,
+    dividing_rows: bool = False,
 ) -> tuple[int, int]:
     """``(rows, cols)`` of the register tile.
 
     ``cols`` divides the number of column vectors; ``rows`` need not divide the innermost row
-    extent (a predicate guards the last tile, whose idle rows count as lost work; for a symbolic
-    extent, None, the loss is averaged over :data:`NOMINAL_ROWS`). The tile
+    extent (the last tile computes padding rows, which count as lost work; for a symbolic
+    extent, None, the loss is averaged over :data:`NOMINAL_ROWS`), unless ``dividing_rows`` (a
+    tile that accumulates in the output, whose padding rows would stay guarded). The tile
     needs ``rows * cols`` accumulators, ``cols`` weight vectors and a broadcast register. A step of
     the reduction issues ``rows * cols`` multiply-adds (two per cycle) and ``rows + cols`` loads
     (two per cycle), all of them and the loop's own instructions through an issue width shared
@@ -74,6 +76,8 @@ def pick_tile(
             if acc + cols + 1 > registers or acc > _MAX_ACCUMULATORS:
                 continue
             if max_bytes is not None and acc * vector_bytes > max_bytes:
+                continue
+            if dividing_rows and rows_extent is not None and rows_extent % rows:
                 continue
             loads = rows * (_SYMBOLIC_ROW_LOADS if rows_extent is None else 1) + cols
             cycles = max(

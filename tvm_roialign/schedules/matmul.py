@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from .base import CPURule, find_main_reduction
 from .contraction import analyze_contraction, choose_tiling, schedule_with_epilogue
+from .contraction_tiles import pick_tile
 from .target_info import cpu_info
 
 
@@ -64,6 +65,15 @@ class Matmul(CPURule):
                 contraction.num_columns // (tiling.cols * tiling.lanes),
                 info.l2_bytes,
             )
+            if tiling.reduce_chunk is not None:
+                # the tile accumulates in the output: a row tile that divides the rows
+                tiling.rows, tiling.cols = pick_tile(
+                    rows[-1],
+                    contraction.num_columns // tiling.lanes,
+                    info.vector_registers,
+                    tiling.lanes * 4,
+                    dividing_rows=True,
+                )
         return schedule_with_epilogue(sch, contraction, tiling)
 
 
