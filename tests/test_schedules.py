@@ -86,6 +86,8 @@ CONVS = {
     "grouped": (1, 6, 6, 16, 32, 3, 1, 1, 1, 4),
     "depthwise": (1, 6, 6, 16, 16, 3, 1, 1, 1, 16),
     "odd-in": (1, 5, 5, 3, 5, 3, 1, 0, 1, 1),
+    # a row extent the register tile does not divide (its padding rows computed unguarded)
+    "wide-ragged": (1, 3, 50, 16, 64, 3, 1, 1, 1, 1),
 }
 
 
@@ -130,6 +132,7 @@ def _matmul_module(a_shape, weight, bias, transpose_b=False):
         ((30, 70), 70, 91, True),  # odd output (padded), linear's transposed weight
         ((3, 20, 16), 16, 48, False),  # batched rows, shared weight
         ((6, 1200), 1200, 64, False),  # long reduction
+        ((300, 1200), 1200, 128, False),  # ``a`` over half of L2: reduction chunks
         (
             (197, 96),
             96,
@@ -240,6 +243,9 @@ def test_tiles_fit_the_register_file():
             rows, cols = pick_tile(rows_extent, vectors, registers)
             assert rows <= max(rows_extent, 1) and vectors % cols == 0
             assert rows * cols + cols + 1 <= registers
+    # 32 registers: a tile of most of them (six rows of four vectors, as SGEMM kernels use)
+    rows, cols = pick_tile(128, 16, 32)
+    assert rows * cols >= 24
     assert (
         pick_lanes(96, 16) == 16
         and pick_lanes(91, 16) is None

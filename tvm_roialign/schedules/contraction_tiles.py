@@ -1,9 +1,12 @@
 """The tile cost model of the register-tiled contraction: the register tile and the loop order a
 :class:`~.contraction_analysis.Contraction` gets on a target (:func:`choose_tiling`).
 
-The tile is the largest one the target's register file holds (``rows * cols`` accumulators,
-``cols`` weight vectors and one broadcast), scored by the throughput of one step of the reduction
-(:func:`pick_tile`); column blocks go outermost unless all the weights fit in half of L2.
+The tile is one the target's register file holds (``rows * cols`` accumulators, ``cols`` weight
+vectors and one broadcast), scored by the throughput of one step of the reduction and, among
+equals, by its loads per multiply-add (:func:`pick_tile`): with 32 vector registers (AVX-512,
+AArch64) ``6 x 4`` vectors where the sizes allow, with 16 (AVX2) ``6 x 2``, the shapes of the
+vendor libraries' SGEMM micro-kernels; column blocks go outermost unless all the weights fit in
+half of L2.
 """
 
 from __future__ import annotations
