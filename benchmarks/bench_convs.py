@@ -1,18 +1,23 @@
 """Per-kernel fp32 convolutions and matmuls: the package's default rules against PyTorch, one run.
 
-    python benchmarks/bench_convs.py [--repeat 7] [--only 3x3,fc6] [--winograd 0] [--out benchmarks/results]
+    python benchmarks/bench_convs.py [--repeat 7] [--only 3x3,fc6] [--threads N] [--winograd 0]
+                                     [--symbolic] [--baseline CHECKOUT] [--out benchmarks/results]
 
-The distinct conv / matmul shapes of Mask R-CNN's backbone, FPN and heads at 512x512 and of resnet50 at
-224x224, plus a grouped conv (ResNeXt) and depthwise convs (MobileNet v2, ConvNeXt). Each kernel is a
-Relax module ``relu(conv2d(x, w) + b)`` (NHWC data, HWIO constant weights, as the pipeline's layout
-conversion leaves a model) or ``relu(x @ w + b)``, built with :func:`tvm_roialign.pipeline.build` for this
-machine's CPU with the default options except Winograd (``--winograd``, 0 by default: the direct
-rules). PyTorch runs the same op in ``channels_last`` on the same thread count. The timing is
-interleaved: each round times every kernel's TVM and PyTorch calls (and the ``--baseline`` build's)
-back to back, starting with a different one each round, with a pause before each batch of calls (so
-that the other runtime's idle threads have stopped spinning); a kernel's time is the median over the
-rounds. Prints ms, GFLOP/s and the ratio (PyTorch's time over TVM's: above 1,
-TVM is faster) per kernel and the geometric mean per kind; writes ``bench_convs.json``.
+The distinct conv / matmul shapes of Mask R-CNN's backbone, FPN and heads at 512x512 and of resnet50
+at 224x224, plus a grouped conv (ResNeXt) and depthwise convs (MobileNet v2, ConvNeXt). Each kernel
+is a Relax module ``relu(conv2d(x, w) + b)`` (NHWC data, HWIO constant weights, as the pipeline's
+layout conversion leaves a model) or ``relu(x @ w + b)``, built with
+:func:`tvm_roialign.pipeline.build` for this machine's CPU with the default options except Winograd
+(``--winograd``, 0 by default: the direct rules), with static shapes (``--symbolic``: the height and
+width, or a matmul's rows, symbolic as in an any-size model). ``--baseline`` times another
+checkout's build of each kernel in the same rounds (built in a subprocess with that checkout first
+on ``PYTHONPATH``). PyTorch runs the same op in ``channels_last`` on the same thread count.
+
+The timing is interleaved: each round times every kernel's TVM, PyTorch (and baseline) calls back to
+back, starting with a different one each round, with a pause before each batch of calls (so that
+the other runtime's idle threads have stopped spinning); a kernel's time is the median over the
+rounds. Prints ms, GFLOP/s and the ratio (PyTorch's time over TVM's: above 1, TVM is faster) per
+kernel and the geometric mean per kind; writes ``bench_convs.json``.
 """
 
 from __future__ import annotations
@@ -101,12 +106,16 @@ SHAPES = [
 ]
 
 
-def relax_module(s: Shape, weight: np.ndarray, bias: np.ndarray):
-    """``main(x)`` = ``relu(op(x, weight) + bias)`` (see the module docstring)."""
-    from tvm import relax
+def relax_module(s: Shape, weight: np.ndarray, bias: np.ndarray, symbolic: bool = False):
+    """``main(x)`` = ``relu(op(x, weight) + bias)`` (see the module docstring); ``symbolic``: the
+    rows (matmul) or the height and width (conv) of ``x`` are symbolic."""
+    from tvm import relax, tirx
 
     bb = relax.BlockBuilder()
     shape = [s.n, s.cin] if s.k == 0 else [s.n, s.h, s.w, s.cin]
+    if symbolic:
+        names = {0: "m"} if s.k == 0 else {1: "h", 2: "w"}
+        shape = [tirx.Var(names[i], "int64") if i in names else d for i, d in enumerate(shape)]
     x = relax.Var("x", relax.TensorType(shape, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
@@ -150,24 +159,26 @@ def _operands(s: Shape):
     return x, w, rng.standard_normal(s.cout).astype("float32")
 
 
-def _build(s: Shape, target, winograd: int):
+def _build(s: Shape, target, options: dict):
+    """``options``: ``winograd`` (the pipeline's) and ``symbolic`` (:func:`relax_module`'s)."""
     from tvm_roialign.pipeline import build
 
     _, w, b = _operands(s)
-    return build(relax_module(s, w, b), target, winograd=winograd).executable
+    mod = relax_module(s, w, b, options["symbolic"])
+    return build(mod, target, winograd=options["winograd"]).executable
 
 
 def _library_name(s: Shape) -> str:
     return "".join(ch if ch.isalnum() else "_" for ch in s.name) + ".so"
 
 
-def _export_all(shapes, target, winograd: int, folder: str) -> None:
+def _export_all(shapes, target, options: dict, folder: str) -> None:
     """Build every kernel and export its library into ``folder`` (the ``--baseline`` side)."""
     for s in shapes:
-        _build(s, target, winograd).export_library(os.path.join(folder, _library_name(s)))
+        _build(s, target, options).export_library(os.path.join(folder, _library_name(s)))
 
 
-def _baseline_calls(shapes, baseline: str, winograd: int, folder: str, only: str) -> dict:
+def _baseline_calls(shapes, baseline: str, options: dict, folder: str, only: str) -> dict:
     """Kernel name -> a call of its build by the package at ``baseline`` (built in a subprocess)."""
     import subprocess
 
@@ -175,7 +186,8 @@ def _baseline_calls(shapes, baseline: str, winograd: int, folder: str, only: str
     from tvm import relax
 
     env = dict(os.environ, PYTHONPATH=baseline)
-    cmd = [sys.executable, __file__, "--export-to", folder, "--winograd", str(winograd), "--only", only]
+    cmd = [sys.executable, __file__, "--export-to", folder, "--winograd", str(options["winograd"]),
+           "--only", only] + (["--symbolic"] if options["symbolic"] else [])
     subprocess.run(cmd, env=env, check=True)
     calls = {}
     for s in shapes:
@@ -185,14 +197,14 @@ def _baseline_calls(shapes, baseline: str, winograd: int, folder: str, only: str
     return calls
 
 
-def _prepare(s: Shape, target, winograd: int):
+def _prepare(s: Shape, target, options: dict):
     """``(tvm_call, torch_call, max |tvm - torch|)`` for one kernel."""
     import torch
     import tvm
     from tvm import relax
 
     x, w, b = _operands(s)
-    vm = relax.VirtualMachine(_build(s, target, winograd), tvm.cpu())
+    vm = relax.VirtualMachine(_build(s, target, options), tvm.cpu())
     xt = tvm.runtime.tensor(x)
     bias = torch.from_numpy(b)
     if s.k == 0:
@@ -282,6 +294,8 @@ def _arguments(argv):
     parser.add_argument("--repeat", type=int, default=7, help="interleaved rounds (median)")
     parser.add_argument("--only", default="", help="comma-separated substrings of kernel names or kinds")
     parser.add_argument("--winograd", type=int, default=0, help="Winograd tile (0: direct rules)")
+    parser.add_argument("--symbolic", action="store_true",
+                        help="build with symbolic rows / height and width (as an any-size model)")
     parser.add_argument("--threads", type=int, default=0, help="threads for both (0: every usable core)")
     parser.add_argument("--budget-ms", type=float, default=30.0, help="time per kernel per round")
     parser.add_argument("--baseline", default="", help="a checkout of the package (its folder) "
@@ -307,18 +321,19 @@ def main(argv=None) -> int:
     target = parse_target("native")
     keys = [k for k in args.only.split(",") if k]
     shapes = [s for s in SHAPES if not keys or any(k in s.name or k in s.kind for k in keys)]
+    options = dict(winograd=args.winograd, symbolic=args.symbolic)
     if args.export_to:
-        _export_all(shapes, target, args.winograd, args.export_to)
+        _export_all(shapes, target, options, args.export_to)
         return 0
     kernels, errors = {}, {}
     with torch.no_grad(), tempfile.TemporaryDirectory(prefix="bench_convs-") as folder:
         for s in shapes:
             print(f"building {s.name} ...", file=sys.stderr, flush=True)
-            tvm_call, torch_call, errors[s.name] = _prepare(s, target, args.winograd)
+            tvm_call, torch_call, errors[s.name] = _prepare(s, target, options)
             kernels[s.name] = [tvm_call, torch_call]
         if args.baseline:
             print(f"building the baseline's kernels ({args.baseline}) ...", file=sys.stderr, flush=True)
-            base = _baseline_calls(shapes, args.baseline, args.winograd, folder, args.only)
+            base = _baseline_calls(shapes, args.baseline, options, folder, args.only)
             for name, call in base.items():
                 kernels[name].append(call)
         medians = _measure(kernels, args.repeat, args.budget_ms)
@@ -329,8 +344,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(cpu=cpu, mcpu=str(target.attrs.get("mcpu")), threads=threads, repeat=args.repeat,
-                winograd=args.winograd, baseline=args.baseline or None, tvm=tvm.__version__,
-                torch=torch.__version__)
+                winograd=args.winograd, symbolic=args.symbolic, baseline=args.baseline or None,
+                tvm=tvm.__version__, torch=torch.__version__)
     (out / "bench_convs.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2))
     return 0
 

@@ -33,7 +33,8 @@ _LOOP_INSTRUCTIONS = 2
 #: workspaces)
 _MAX_STACK_BYTES = 1024
 #: loads a row of the register tile costs when its extent is symbolic: the row index is clamped
-#: (:func:`~.contraction.unguard_rows`) before the broadcast load
+#: (:func:`~.contraction.unguard_rows`) before the broadcast load (outside the reduction loop, so
+#: not in the instructions a step issues)
 _SYMBOLIC_ROW_LOADS = 2
 #: row extents a symbolic one is assumed to take when a tile is chosen for it: the widths of the
 #: feature maps of an image model at 224 to 480 pixels (stride 2 to 32) and of a batch of rows
@@ -86,7 +87,7 @@ def pick_tile(
             cycles = max(
                 acc / 2,
                 loads / 2,
-                (acc + loads + _LOOP_INSTRUCTIONS) / _ISSUE_PER_CYCLE,
+                (acc + rows + cols + _LOOP_INSTRUCTIONS) / _ISSUE_PER_CYCLE,
                 _LATENCY_CHAINS / 2,
                 cols / _L2_VECTORS_PER_CYCLE,
             )
