@@ -71,6 +71,13 @@ def register(subparsers, parents) -> None:
         "installed, else a .tar with a note)",
     )
     p.add_argument("--target", default="native", help=HELP_TARGET)
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="bf16: convolutions and matmuls in bf16 with fp32 accumulation, on AMX (a target "
+        "without AMX bf16 builds fp32, with a note); models only (default fp32)",
+    )
     add_model_arguments(p)
     add_records_argument(p)
     _detector.add_compile_arguments(p)
@@ -184,7 +191,19 @@ class _LastRelaxModule:
             self.mod = mod
 
 
-def _build(mod, target, records):
+def _precision(args, target, progress) -> str:
+    """The precision the build uses: ``--precision``, fp32 (with a note) where ``target`` lacks
+    the bf16 instructions."""
+    from ..pipeline_phases import bf16_supported
+    from ..target import describe
+
+    if args.precision == "bf16" and not bf16_supported(target, note=False):
+        progress.note(f"note: --precision bf16: {describe(target)} has no AMX bf16; building fp32")
+        return "fp32"
+    return args.precision
+
+
+def _build(mod, target, records, precision: str = "fp32"):
     """The pipeline's build without its own layout conversion (``--desired-layout`` decided it):
     ``(Built, the last Relax module)``; the records' coverage is printed by :func:`main`, not
     reported by the records."""
@@ -201,7 +220,7 @@ def _build(mod, target, records):
         config=dict(ctx.config),
         instruments=[*ctx.instruments, instrument],
     ):
-        built = build(mod, target, tuning_records=records, layout=None)
+        built = build(mod, target, tuning_records=records, layout=None, precision=precision)
     return built, instrument.mod
 
 
@@ -247,6 +266,8 @@ def main(args) -> int:
     formats = _dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
     if _detector.is_detector(args.model):
+        if args.precision != "fp32":
+            raise CLIError("--precision: detectors are compiled in fp32 only; use --precision fp32")
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
         return _detector.compile_main(args, target, out, layout, t_start, link_note)
@@ -256,11 +277,12 @@ def main(args) -> int:
     with progress_session(args.quiet) as progress:
         records = open_records(args.tuning_records, target, report=_printed_by_main)
         mod, layout_name = import_model(args, options, progress, times)
+        precision = _precision(args, target, progress)
         progress(f"build for {describe(target)}")
         t0 = time.perf_counter()
         try:
             # the built module also gives the kernels' signatures, for run --rpc --profile
-            built, tir_mod = _build(mod, target, records)
+            built, tir_mod = _build(mod, target, records, precision)
         except Exception as err:  # noqa: BLE001
             raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
         times["build_s"] = time.perf_counter() - t0
@@ -284,6 +306,7 @@ def main(args) -> int:
     meta = {
         "target": target_config(target),
         "layout": layout_name,
+        "precision": precision,
         "inputs": signature(mod),
         "times": times,
         "kernels": kernel_signatures(tir_mod) if tir_mod is not None else [],

@@ -1,0 +1,150 @@
+"""``precision="bf16"``: constant-weight convolutions and matmuls on AMX tiles (tdpbf16ps).
+
+The kernels are held to a float64 reference computed from the same bf16-rounded inputs and weights,
+so the bound is about the fp32 accumulation only: ``|y - ref| <= 1e-5 * sum_k |a_k| |w_k|`` per
+output (a wrong rounding of an input would cost about 4e-3 of it). The assembly is checked for the
+AMX instruction on a Sapphire Rapids target (no AMX needed to build); running needs a CPU with
+``amx_bf16`` and Linux's permission for the tile state (skipped with the reason elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+from tvm_roialign.frontend import from_exported_program
+from tvm_roialign.host import request_amx
+from tvm_roialign.pipeline import build
+from tvm_roialign.target import parse_target
+
+#: bound of the fp32 accumulation, relative to sum_k |a_k w_k| (see module docstring)
+BF16_ACCUMULATION_TOL = 1e-5
+AMX_TARGET = parse_target("llvm -mcpu=sapphirerapids")
+AVX512_ONLY = parse_target("llvm -mcpu=skylake-avx512")
+
+
+def _amx_or_skip():
+    try:
+        request_amx(required=True)
+    except RuntimeError as err:
+        pytest.skip(str(err))
+
+
+def _module(model, *args):
+    with torch.no_grad():
+        return from_exported_program(torch.export.export(model.eval(), args), keep_params_as_input=False)
+
+
+def _asm(executable) -> str:
+    return executable.mod.imports[0].inspect_source("asm")
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).to(torch.float64)
+
+
+def _run(executable, x: np.ndarray) -> np.ndarray:
+    out = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    return (out if hasattr(out, "numpy") else out[0]).numpy()
+
+
+def _check_bound(actual, reference, magnitude):
+    excess = np.abs(actual - reference.numpy()) - BF16_ACCUMULATION_TOL * magnitude.numpy()
+    assert excess.max() <= 1e-6, float(excess.max())
+
+
+def test_bf16_matmul_matches_float64():
+    """A linear layer on [2, 25, 100] rows (padded to the 32-row, 32-column blocks)."""
+    _amx_or_skip()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(100, 70, bias=False)
+    x = torch.randn(2, 25, 100)
+    executable = build(_module(layer, x), parse_target("native"), precision="bf16").executable
+    assert "tdpbf16ps" in _asm(executable)
+    a, w = _bf16(x), _bf16(layer.weight.detach())
+    _check_bound(_run(executable, x.numpy()), a @ w.T, a.abs() @ w.abs().T)
+
+
+@pytest.mark.parametrize("kernel, stride, padding", [(3, 2, 1), (1, 1, 0)])
+def test_bf16_conv_matches_float64(kernel, stride, padding):
+    """A 3x3 stride-2 conv with zero padding (im2col'd rows) and a 1x1 conv, NHWC after the
+    pipeline's layout conversion."""
+    _amx_or_skip()
+    torch.manual_seed(1)
+    conv = torch.nn.Conv2d(16, 40, kernel, stride=stride, padding=padding, bias=False)
+    x = torch.randn(1, 16, 9, 11)
+    executable = build(_module(conv, x), parse_target("native"), precision="bf16").executable
+    a, w = _bf16(x), _bf16(conv.weight.detach())
+    ops = dict(stride=stride, padding=padding)
+    reference = torch.nn.functional.conv2d(a, w, **ops)
+    magnitude = torch.nn.functional.conv2d(a.abs(), w.abs(), **ops)
+    _check_bound(_run(executable, x.numpy()), reference, magnitude)
+
+
+def test_amx_target_assembly_has_tdpbf16ps():
+    """Built for a Sapphire Rapids target on any x86 machine: the tile instructions are there."""
+    layer = torch.nn.Linear(64, 64, bias=False)
+    asm = _asm(build(_module(layer, torch.randn(32, 64)), AMX_TARGET, precision="bf16").executable)
+    for instruction in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored"):
+        assert instruction in asm, instruction
+
+
+def test_bf16_without_amx_builds_fp32_with_a_note():
+    layer = torch.nn.Linear(64, 64, bias=False)
+    with pytest.warns(UserWarning, match="has no AMX bf16"):
+        built = build(_module(layer, torch.randn(32, 64)), AVX512_ONLY, precision="bf16")
+    assert "tdpbf16ps" not in _asm(built.executable)
+
+
+def test_unknown_precision_is_refused():
+    layer = torch.nn.Linear(8, 8)
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, got 'fp16'"):
+        build(_module(layer, torch.randn(2, 8)), AMX_TARGET, precision="fp16")
+
+
+def test_resnet18_bf16_close_to_fp32_on_a_photo():
+    """torchvision resnet18 (random weights, batch-norm statistics from three training passes)
+    on the astronaut photo: the bf16 build's logits against the fp32 build's."""
+    torchvision = pytest.importorskip("torchvision")
+    from tvm_roialign.models.detector_reference import sample_photo
+
+    _amx_or_skip()
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18().train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(4, 3, 224, 224))
+    photo = torch.tensor(np.asarray(sample_photo("astronaut"))).permute(2, 0, 1)[None].float() / 255
+    x = torch.nn.functional.interpolate(photo, size=(224, 224), mode="bilinear")
+    mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
+    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    x = ((x - mean) / std).contiguous()
+    mod = _module(model, x)
+    native = parse_target("native")
+    fp32 = _run(build(mod, native).executable, x.numpy()).ravel().astype(np.float64)
+    bf16 = _run(build(mod, native, precision="bf16").executable, x.numpy()).ravel()
+    cosine = fp32 @ bf16 / np.linalg.norm(fp32) / np.linalg.norm(bf16)
+    assert cosine >= 0.99, cosine
+
+
+def test_cli_compile_precision_bf16_runs(pt2_model, cli_workdir, capsys):
+    """``compile --precision bf16`` of the conv + RoIAlign model: recorded in the metadata, and the
+    run (which asks for the AMX tile state) close to PyTorch's fp32 output."""
+    from tvm_roialign import cli
+
+    _amx_or_skip()
+    model, inputs, expected = pt2_model
+    lib = cli_workdir / "tiny_bf16.so"
+    assert cli.main(["-q", "compile", str(model), "-o", str(lib), "--precision", "bf16"]) == 0
+    assert json.loads((cli_workdir / "tiny_bf16.so.json").read_text())["precision"] == "bf16"
+    outputs = cli_workdir / "tiny_bf16_out.npz"
+    assert cli.main(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)]) == 0
+    capsys.readouterr()
+    with np.load(outputs) as result:
+        # a 27-term product of bf16-rounded inputs and weights (relative error about 2 x 2^-9)
+        np.testing.assert_allclose(result["output_0"], expected, rtol=0, atol=0.02 * np.abs(expected).max())
