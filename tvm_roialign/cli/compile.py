@@ -9,6 +9,7 @@ assembly of the host code).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -191,14 +192,18 @@ class _LastRelaxModule:
             self.mod = mod
 
 
-def _precision(args, target, progress) -> str:
-    """The precision the build uses: ``--precision``, fp32 (with a note) where ``target`` lacks
-    the bf16 instructions."""
+def _precision(args, target) -> str:
+    """The precision the build uses: ``--precision``, fp32 (with a note on stderr, unless ``-q``)
+    where ``target`` lacks the bf16 instructions; detectors are fp32 only."""
     from ..pipeline_phases import bf16_supported
     from ..target import describe
 
+    if args.precision != "fp32" and _detector.is_detector(args.model):
+        raise CLIError("--precision: detectors are compiled in fp32 only; use --precision fp32")
     if args.precision == "bf16" and not bf16_supported(target, note=False):
-        progress.note(f"note: --precision bf16: {describe(target)} has no AMX bf16; building fp32")
+        if not args.quiet:
+            note = f"note: --precision bf16: {describe(target)} has no AMX bf16; building fp32"
+            print(note, file=sys.stderr)
         return "fp32"
     return args.precision
 
@@ -265,9 +270,8 @@ def main(args) -> int:
     options = model_options(args, target)
     formats = _dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
+    precision = _precision(args, target)
     if _detector.is_detector(args.model):
-        if args.precision != "fp32":
-            raise CLIError("--precision: detectors are compiled in fp32 only; use --precision fp32")
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
         return _detector.compile_main(args, target, out, layout, t_start, link_note)
@@ -277,7 +281,6 @@ def main(args) -> int:
     with progress_session(args.quiet) as progress:
         records = open_records(args.tuning_records, target, report=_printed_by_main)
         mod, layout_name = import_model(args, options, progress, times)
-        precision = _precision(args, target, progress)
         progress(f"build for {describe(target)}")
         t0 = time.perf_counter()
         try:
