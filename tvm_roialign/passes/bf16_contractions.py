@@ -1,10 +1,11 @@
 """Convolutions and matmuls with constant weights as bf16 contractions (``precision="bf16"``).
 
-Each ungrouped NHWC ``conv2d`` and each 2-D ``matmul`` of a constant weight, in float32 and of static
-shape, becomes a call of :func:`tvm_roialign.topi.bf16_contraction.bf16_contraction`: the weight is
-rounded to bf16 and packed into the pair layout here, once, at compile time; the activations are
-rounded to bf16 inside the kernel, the products accumulated in fp32 and the result is fp32, so every
-other op of the model (bias, residual adds, RoIAlign, NMS, post-processing) stays as it was:
+Each ungrouped NHWC ``conv2d`` (1x1, or larger over a multiple of :data:`TAP_CHANNELS` input
+channels) and each 2-D ``matmul`` of a constant weight, in float32 and of static shape, becomes a
+call of :func:`tvm_roialign.topi.bf16_contraction.bf16_contraction`: the weight is rounded to bf16
+and packed into the pair layout here, once, at compile time; the activations are rounded to bf16
+inside the kernel, the products accumulated in fp32 and the result is fp32, so every other op of
+the model (bias, residual adds, RoIAlign, NMS, post-processing) stays as it was:
 
     conv2d(x, W)      ->  call_tir(bf16_conv2d, x, pack(W))            # im2col'd x, [N, H, W, O]
     matmul(x, W[K, N]) -> call_tir(bf16_matmul, reshape(x, [M, K]), pack(W))
@@ -24,6 +25,10 @@ from tvm.relax.expr_functor import mutator
 
 from ..topi.bf16_contraction import ConvGeometry, bf16_contraction, pack_weight_vnni
 from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module, tensor_shape
+
+#: a conv with a kernel larger than 1x1 is taken when its input channels are a multiple of this:
+#: each kernel tap's channels then fill whole vectors of the gather (an RGB stem is left in fp32)
+TAP_CHANNELS = 16
 
 
 def _is_f32(expr) -> bool:
@@ -77,7 +82,7 @@ class _BF16Rewriter(FunctionRewriter):
             return None
         hwio = np.transpose(value, [layout.index(c) for c in "HWIO"])
         kh, kw, channels, outputs = hwio.shape
-        if channels != in_shape[3]:
+        if channels != in_shape[3] or (kh * kw > 1 and channels % TAP_CHANNELS):
             return None
         geometry = ConvGeometry(
             *out_shape[:3],

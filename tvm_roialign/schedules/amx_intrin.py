@@ -33,7 +33,7 @@ def _amx(name: str, *args):
     return tirx.call_llvm_intrin("void", f"llvm.x86.{name}", *args)
 
 
-def _desc(kc: int):
+def _desc(kc: int, zero_init: bool):
     pairs = kc // 2
 
     @T.prim_func(s_tir=True)
@@ -51,10 +51,29 @@ def _desc(kc: int):
                     vi, vj, vk = T.axis.remap("SSR", [i, j, k])
                     C[vi, vj] = C[vi, vj] + bf16_value(A[vi, vk]) * bf16_value(B[0, vk // 2, vj, vk % 2])
 
-    return desc
+    @T.prim_func(s_tir=True)
+    def desc_init(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa = T.int32()
+        sc = T.int32()
+        A = T.match_buffer(a, (32, kc), "uint16", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (1, pairs, 32, 2), "uint16", offset_factor=1)
+        C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads(A[0:32, 0:kc], B[0, 0:pairs, 0:32, 0:2])
+            T.writes(C[0:32, 0:32])
+            for i, j, k in T.grid(32, 32, kc):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    T.reads(C[vi, vj], A[vi, vk], B[0, vk // 2, vj, vk % 2])
+                    T.writes(C[vi, vj])
+                    with T.init():
+                        C[vi, vj] = T.float32(0)
+                    C[vi, vj] = C[vi, vj] + bf16_value(A[vi, vk]) * bf16_value(B[0, vk // 2, vj, vk % 2])
+
+    return desc_init if zero_init else desc
 
 
-def _impl(kc: int):
+def _impl(kc: int, zero_init: bool):
     pairs = kc // 2
     steps = kc // STEP
 
@@ -77,10 +96,14 @@ def _impl(kc: int):
                 cfg[48 + t] = T.uint8(16)
             T.evaluate(_amx("ldtilecfg", T.address_of(cfg[0])))
             rc = T.int64(sc * 4)
-            T.evaluate(_amx("tileloadd64", T.uint8(0), T.address_of(C[0, 0]), rc))
-            T.evaluate(_amx("tileloadd64", T.uint8(1), T.address_of(C[0, 16]), rc))
-            T.evaluate(_amx("tileloadd64", T.uint8(2), T.address_of(C[16, 0]), rc))
-            T.evaluate(_amx("tileloadd64", T.uint8(3), T.address_of(C[16, 16]), rc))
+            if zero_init:
+                for t in T.unroll(4):
+                    T.evaluate(_amx("tilezero", T.uint8(t)))
+            else:
+                T.evaluate(_amx("tileloadd64", T.uint8(0), T.address_of(C[0, 0]), rc))
+                T.evaluate(_amx("tileloadd64", T.uint8(1), T.address_of(C[0, 16]), rc))
+                T.evaluate(_amx("tileloadd64", T.uint8(2), T.address_of(C[16, 0]), rc))
+                T.evaluate(_amx("tileloadd64", T.uint8(3), T.address_of(C[16, 16]), rc))
             ra = T.int64(sa * 2)
             for s in T.serial(steps, annotations={"pragma_unroll_explicit": 0}):
                 T.evaluate(_amx("tileloadd64", T.uint8(4), T.address_of(A[0, s * 32]), ra))
@@ -100,14 +123,15 @@ def _impl(kc: int):
     return impl
 
 
-def amx_bf16_intrin(kc: int) -> str:
+def amx_bf16_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 32), registered
-    with ``TensorIntrin`` on first use."""
+    with ``TensorIntrin`` on first use. ``zero_init``: the block's whole reduction (a block with its
+    init; the accumulators start from ``tilezero`` instead of a load of ``C``)."""
     if kc <= 0 or kc % STEP:
         raise ValueError(f"kc must be a positive multiple of {STEP}, got {kc}")
-    name = f"tvm_roialign_amx_bf16_32x32x{kc}"
+    name = f"tvm_roialign_amx_bf16_32x32x{kc}" + ("_init" if zero_init else "")
     if name not in _REGISTERED:
-        TensorIntrin.register(name, _desc(kc), _impl(kc), override=True)
+        TensorIntrin.register(name, _desc(kc, zero_init), _impl(kc, zero_init), override=True)
         _REGISTERED.add(name)
     return name
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ..topi.bf16_contraction import CONTRACTION, GATHER_A, OUTPUT
 from .amx_intrin import BLOCK, STEP, amx_bf16_intrin
-from .base import CPURule, find_block, inline_epilogue, static_int, try_step
+from .base import CPURule, find_block, inline_epilogue, static_int
 from .elementwise import schedule_injective_block, schedule_rest
 from .target_info import cpu_info
 
@@ -50,6 +50,15 @@ def _shape(sch, block, index: int = 0) -> list[int | None]:
     return [static_int(d) for d in sch.get(block).writes[index].source.ty.shape]
 
 
+def _schedule_gather(sch, gather, lanes: int) -> None:
+    """Rows in parallel, each row's reduction elements in vectors of ``lanes``: a conv's input
+    channels are contiguous within a kernel tap, and the tap's bounds test is one per vector."""
+    rows, elements = sch.get_loops(gather)
+    _, vector = sch.split(elements, [None, lanes])
+    sch.vectorize(vector)
+    sch.parallel(rows)
+
+
 class BF16Contraction(CPURule):
     """The bf16 contraction's GEMM on AMX tiles, its gather and output as vector passes."""
 
@@ -67,22 +76,20 @@ class BF16Contraction(CPURule):
         m, n, k = sch.get_loops(acc)
         m_out, m_in = sch.split(m, [None, BLOCK])
         n_out, n_in = sch.split(n, [None, BLOCK])
-        k_out, k_in = sch.split(k, [None, kc])
         spatial = [m_out, n_out] if rows_outer else [n_out, m_out]
         if kc == reduction:
-            sch.reorder(*spatial, k_out, m_in, n_in, k_in)
+            # the whole reduction in one call: the accumulators start at zero in the tiles
+            sch.reorder(*spatial, m_in, n_in, k)
+            sch.parallel(sch.fuse(*spatial))
+            sch.tensorize(m_in, amx_bf16_intrin(kc, zero_init=True))
         else:
+            k_out, k_in = sch.split(k, [None, kc])
             sch.reorder(k_out, *spatial, m_in, n_in, k_in)
-        outer = sch.fuse(*spatial)
-        sch.parallel(outer)
-        init = sch.decompose_reduction(acc, k_out)
-        if kc == reduction:
-            try_step(sch.vectorize, sch.get_loops(init)[-1])
-        else:
-            schedule_injective_block(sch, init, info.lanes())
-        sch.tensorize(m_in, amx_bf16_intrin(kc))
+            sch.parallel(sch.fuse(*spatial))
+            schedule_injective_block(sch, sch.decompose_reduction(acc, k_out), info.lanes())
+            sch.tensorize(m_in, amx_bf16_intrin(kc))
         lanes = info.lanes()
-        schedule_injective_block(sch, gather, lanes)
+        _schedule_gather(sch, gather, lanes)
         inline_epilogue(sch, out)
         schedule_rest(sch, lanes)
         return sch
