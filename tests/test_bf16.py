@@ -1,10 +1,12 @@
-"""``precision="bf16"``: constant-weight convolutions and matmuls on AMX tiles (tdpbf16ps).
+"""``precision="bf16"``: constant-weight convolutions and matmuls on AMX tiles (tdpbf16ps) or on
+AVX512-BF16 (vdpbf16ps).
 
 The kernels are held to a float64 reference computed from the same bf16-rounded inputs and weights,
 so the bound is about the fp32 accumulation only: ``|y - ref| <= 1e-5 * sum_k |a_k| |w_k|`` per
 output (a wrong rounding of an input would cost about 4e-3 of it). The assembly is checked for the
-AMX instruction on a Sapphire Rapids target (no AMX needed to build); running needs a CPU with
-``amx_bf16`` and Linux's permission for the tile state (skipped with the reason elsewhere).
+instructions on Sapphire Rapids and Cooper Lake targets (building needs neither); running needs a CPU
+with ``amx_bf16`` and Linux's permission for the tile state, or ``avx512_bf16`` (skipped with the
+reason elsewhere).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from tvm_roialign.target import parse_target
 #: bound of the fp32 accumulation, relative to sum_k |a_k w_k| (see module docstring)
 BF16_ACCUMULATION_TOL = 1e-5
 AMX_TARGET = parse_target("llvm -mcpu=sapphirerapids")
+#: AVX512-BF16 without AMX (a Cooper Lake's features on this machine's CPU name)
+AVX512_BF16 = parse_target("llvm -mcpu=rocketlake -mattr=+avx512bf16")
+#: AVX-512 without bf16
 AVX512_ONLY = parse_target("llvm -mcpu=skylake-avx512")
 
 
@@ -58,14 +63,34 @@ def _check_bound(actual, reference, magnitude):
     assert excess.max() <= 1e-6, float(excess.max())
 
 
-def test_bf16_matmul_matches_float64():
-    """A linear layer on [2, 25, 100] rows (padded to the 32-row, 32-column blocks)."""
-    _amx_or_skip()
+def _avx512_bf16_or_skip():
+    if "avx512_bf16" not in _cpu_flags():
+        pytest.skip("this CPU has no AVX512-BF16 (avx512_bf16 in /proc/cpuinfo)")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+@pytest.mark.parametrize("unit", ["amx", "avx512bf16"])
+def test_bf16_matmul_matches_float64(unit):
+    """A linear layer on [2, 25, 100] rows (padded to the 32-row, 32-column blocks), on AMX tiles
+    and on vdpbf16ps (a target with AVX512-BF16 and no AMX)."""
+    if unit == "amx":
+        _amx_or_skip()
+        target, instruction = parse_target("native"), "tdpbf16ps"
+    else:
+        _avx512_bf16_or_skip()
+        target, instruction = AVX512_BF16, "vdpbf16ps"
     torch.manual_seed(0)
     layer = torch.nn.Linear(100, 70, bias=False)
     x = torch.randn(2, 25, 100)
-    executable = build(_module(layer, x), parse_target("native"), precision="bf16").executable
-    assert "tdpbf16ps" in _asm(executable)
+    executable = build(_module(layer, x), target, precision="bf16").executable
+    assert instruction in _asm(executable)
     a, w = _bf16(x), _bf16(layer.weight.detach())
     _check_bound(_run(executable, x.numpy()), a @ w.T, a.abs() @ w.abs().T)
 
@@ -94,11 +119,19 @@ def test_amx_target_assembly_has_tdpbf16ps():
         assert instruction in asm, instruction
 
 
-def test_bf16_without_amx_builds_fp32_with_a_note():
+def test_avx512_bf16_target_assembly_has_vdpbf16ps():
+    """Cooper Lake (AVX512-BF16, no AMX): the vector bf16 dot product, no tiles."""
     layer = torch.nn.Linear(64, 64, bias=False)
-    with pytest.warns(UserWarning, match="has no AMX bf16"):
+    target = parse_target("llvm -mcpu=cooperlake")
+    asm = _asm(build(_module(layer, torch.randn(32, 64)), target, precision="bf16").executable)
+    assert "vdpbf16ps" in asm and "tdpbf16ps" not in asm
+
+
+def test_bf16_without_bf16_instructions_builds_fp32_with_a_note():
+    layer = torch.nn.Linear(64, 64, bias=False)
+    with pytest.warns(UserWarning, match="has neither AMX bf16 nor AVX512-BF16"):
         built = build(_module(layer, torch.randn(32, 64)), AVX512_ONLY, precision="bf16")
-    assert "tdpbf16ps" not in _asm(built.executable)
+    assert "dpbf16ps" not in _asm(built.executable)
 
 
 def test_unknown_precision_is_refused():
@@ -141,7 +174,8 @@ def test_cli_compile_precision_bf16_runs(pt2_model, cli_workdir, capsys):
     model, inputs, expected = pt2_model
     lib = cli_workdir / "tiny_bf16.so"
     assert cli.main(["-q", "compile", str(model), "-o", str(lib), "--precision", "bf16"]) == 0
-    assert json.loads((cli_workdir / "tiny_bf16.so.json").read_text())["precision"] == "bf16"
+    meta = json.loads((cli_workdir / "tiny_bf16.so.json").read_text())
+    assert (meta["precision"], meta["bf16_kernels"]) == ("bf16", "amx")
     outputs = cli_workdir / "tiny_bf16_out.npz"
     assert cli.main(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)]) == 0
     capsys.readouterr()

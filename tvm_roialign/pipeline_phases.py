@@ -82,18 +82,19 @@ def check_precision(precision: str) -> str:
 
 
 def bf16_supported(target: tvm.target.Target, note: bool = True) -> bool:
-    """Whether ``target`` has the bf16 matrix instructions the bf16 kernels need (AMX:
-    ``amx-tile``, ``amx-bf16``); without them, a one-line warning (``note``) that the build is
-    fp32."""
+    """Whether ``target`` has the bf16 instructions the bf16 kernels need (AMX: ``amx-tile``,
+    ``amx-bf16``; else AVX512-BF16: ``avx512bf16``); without them, a one-line warning (``note``)
+    that the build is fp32."""
     from .schedules import cpu_info
 
-    if cpu_info(target).has_amx_bf16:
+    info = cpu_info(target)
+    if info.has_amx_bf16 or info.has_avx512_bf16:
         return True
     if note:
         from .target import describe
 
         warnings.warn(
-            f"precision bf16: target {describe(target)} has no AMX bf16 (amx-tile, amx-bf16); "
+            f"precision bf16: target {describe(target)} has neither AMX bf16 nor AVX512-BF16; "
             "building fp32",
             stacklevel=2,
         )

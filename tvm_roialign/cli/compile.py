@@ -76,8 +76,8 @@ def register(subparsers, parents) -> None:
         "--precision",
         default="fp32",
         choices=("fp32", "bf16"),
-        help="bf16: convolutions and matmuls in bf16 with fp32 accumulation, on AMX (a target "
-        "without AMX bf16 builds fp32, with a note); models only (default fp32)",
+        help="bf16: convolutions and matmuls in bf16 with fp32 accumulation, on AMX or AVX512-BF16 "
+        "(a target without either builds fp32, with a note); models only (default fp32)",
     )
     add_model_arguments(p)
     add_records_argument(p)
@@ -202,10 +202,20 @@ def _precision(args, target) -> str:
         raise CLIError("--precision: detectors are compiled in fp32 only; use --precision fp32")
     if args.precision == "bf16" and not bf16_supported(target, note=False):
         if not args.quiet:
-            note = f"note: --precision bf16: {describe(target)} has no AMX bf16; building fp32"
+            note = f"note: --precision bf16: {describe(target)} has no AMX or AVX512-BF16; building fp32"
             print(note, file=sys.stderr)
         return "fp32"
     return args.precision
+
+
+def _precision_meta(precision: str, target) -> dict:
+    """The metadata's ``precision``, and for bf16 the kernels' instructions (``amx`` or
+    ``avx512bf16``: whether running the library needs the AMX tile state)."""
+    from ..schedules import cpu_info
+
+    if precision != "bf16":
+        return {"precision": precision}
+    return {"precision": precision, "bf16_kernels": "amx" if cpu_info(target).has_amx_bf16 else "avx512bf16"}
 
 
 def _build(mod, target, records, precision: str = "fp32"):
@@ -309,7 +319,7 @@ def main(args) -> int:
     meta = {
         "target": target_config(target),
         "layout": layout_name,
-        "precision": precision,
+        **_precision_meta(precision, target),
         "inputs": signature(mod),
         "times": times,
         "kernels": kernel_signatures(tir_mod) if tir_mod is not None else [],

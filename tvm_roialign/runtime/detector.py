@@ -175,7 +175,7 @@ class Detector:
             self.vm = load_vm(session, self.path, self.device)
         else:
             use_usable_cores()
-            request_amx(required=self.meta.get("precision") == "bf16")
+            request_amx(required=self.meta.get("bf16_kernels") == "amx")
             self.vm = relax.VirtualMachine(
                 tvm.runtime.load_module(str(self.path)), self.device
             )

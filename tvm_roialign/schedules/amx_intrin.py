@@ -33,7 +33,9 @@ def _amx(name: str, *args):
     return tirx.call_llvm_intrin("void", f"llvm.x86.{name}", *args)
 
 
-def _desc(kc: int, zero_init: bool):
+def block_desc(kc: int, zero_init: bool):
+    """The description both bf16 micro-kernels share (the module docstring's block; with its
+    init where ``zero_init``)."""
     pairs = kc // 2
 
     @T.prim_func(s_tir=True)
@@ -131,9 +133,9 @@ def amx_bf16_intrin(kc: int, zero_init: bool = False) -> str:
         raise ValueError(f"kc must be a positive multiple of {STEP}, got {kc}")
     name = f"tvm_roialign_amx_bf16_32x32x{kc}" + ("_init" if zero_init else "")
     if name not in _REGISTERED:
-        TensorIntrin.register(name, _desc(kc, zero_init), _impl(kc, zero_init), override=True)
+        TensorIntrin.register(name, block_desc(kc, zero_init), _impl(kc, zero_init), override=True)
         _REGISTERED.add(name)
     return name
 
 
-__all__ = ["BLOCK", "STEP", "amx_bf16_intrin"]
+__all__ = ["BLOCK", "STEP", "amx_bf16_intrin", "block_desc"]

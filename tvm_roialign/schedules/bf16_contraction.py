@@ -1,10 +1,11 @@
-"""Rule: the bf16 contraction (:mod:`tvm_roialign.topi.bf16_contraction`) on AMX tiles.
+"""Rule: the bf16 contraction (:mod:`tvm_roialign.topi.bf16_contraction`) on AMX tiles, or on
+``vdpbf16ps`` where the target has AVX512-BF16 and no AMX.
 
 The function has three stages, ``bf16_gather_a`` (activations rounded to bf16, im2col'd for a conv),
 ``bf16_contraction`` (the GEMM, fp32 accumulation) and ``bf16_output`` (the real rows and columns in
 the op's shape), followed by whatever elementwise epilogue fusion gave it. The GEMM is cut into
-32 x 32 output blocks, each computed by the AMX micro-kernel (:mod:`.amx_intrin`) over ``kc``
-reduction elements:
+32 x 32 output blocks, each computed by the AMX micro-kernel (:mod:`.amx_intrin`; without AMX the
+AVX512-BF16 one, :mod:`.avx512_bf16_intrin`) over ``kc`` reduction elements:
 
 * when one operand's whole reduction fits in half of L2 (``kc`` = the reduction), the blocks that
   share the other operand's rows run one after another, in one parallel loop, each block zeroed in
@@ -16,14 +17,15 @@ reduction elements:
 * the gather and the output stages run as parallel, vectorized passes, the epilogue inlined into the
   output stage.
 
-Targets without ``amx-bf16`` are not served (the graph pass only emits these functions for targets
-with it; elsewhere the fallback rule would compute the same values without the tiles).
+Targets without either are not served (the graph pass only emits these functions for targets with
+one; elsewhere the fallback rule would compute the same values in fp32 arithmetic).
 """
 
 from __future__ import annotations
 
 from ..topi.bf16_contraction import CONTRACTION, GATHER_A, OUTPUT
 from .amx_intrin import BLOCK, STEP, amx_bf16_intrin
+from .avx512_bf16_intrin import avx512_bf16_intrin
 from .base import CPURule, find_block, inline_epilogue, static_int
 from .elementwise import schedule_injective_block, schedule_rest
 from .target_info import cpu_info
@@ -67,7 +69,11 @@ class BF16Contraction(CPURule):
         if gather is None or acc is None or out is None:
             return None
         info = cpu_info(target)
-        if not info.has_amx_bf16:
+        if info.has_amx_bf16:
+            intrin = amx_bf16_intrin
+        elif info.has_avx512_bf16:
+            intrin = avx512_bf16_intrin
+        else:
             return None
         (rows, columns), (_, reduction) = _shape(sch, acc), _shape(sch, gather)
         if None in (rows, columns, reduction) or rows % BLOCK or columns % BLOCK or reduction % STEP:
@@ -81,13 +87,13 @@ class BF16Contraction(CPURule):
             # the whole reduction in one call: the accumulators start at zero in the tiles
             sch.reorder(*spatial, m_in, n_in, k)
             sch.parallel(sch.fuse(*spatial))
-            sch.tensorize(m_in, amx_bf16_intrin(kc, zero_init=True))
+            sch.tensorize(m_in, intrin(kc, zero_init=True))
         else:
             k_out, k_in = sch.split(k, [None, kc])
             sch.reorder(k_out, *spatial, m_in, n_in, k_in)
             sch.parallel(sch.fuse(*spatial))
             schedule_injective_block(sch, sch.decompose_reduction(acc, k_out), info.lanes())
-            sch.tensorize(m_in, amx_bf16_intrin(kc))
+            sch.tensorize(m_in, intrin(kc))
         lanes = info.lanes()
         _schedule_gather(sch, gather, lanes)
         inline_epilogue(sch, out)
