@@ -4,7 +4,8 @@ Two workloads: Mask R-CNN's box-head fc6 (``[1000, 12544] x [12544, 1024]`` + bi
 torchvision resnet50 at 1x3x224x224 (random weights, batch-norm statistics from three training
 passes). Each round runs every runner once, in turn; the table has the median of the rounds, the
 achieved GFLOP/s, and its share of the bf16 matrix peak measured in the same rounds
-(``torch.mm`` 4096 x 4096 in bf16). Usage::
+(``torch.mm`` 4096 x 4096 in bf16). Our bf16 runs twice: on AMX, and built for the same CPU without
+AMX (the AVX512-BF16 kernels). Usage::
 
     python benchmarks/bench_precision.py [--rounds 5] [--threads 2]
 """
@@ -25,6 +26,9 @@ from tvm_roialign.frontend import from_exported_program
 from tvm_roialign.host import request_amx
 from tvm_roialign.pipeline import build
 from tvm_roialign.target import describe, parse_target
+
+#: this machine's CPU name with AVX512-BF16 and without AMX: the kernels a Cooper Lake or Zen 4 gets
+AVX512_BF16 = parse_target("llvm -mcpu=rocketlake -mattr=+avx512bf16")
 
 
 class BoxHeadFC6(torch.nn.Module):
@@ -84,7 +88,8 @@ def _torch_bf16_runner(model, x):
 def _runners(model, x, target):
     runners = {
         "tvm-roialign fp32": _tvm_runner(model, x, target, "fp32"),
-        "tvm-roialign bf16": _tvm_runner(model, x, target, "bf16"),
+        "tvm-roialign bf16 (AMX)": _tvm_runner(model, x, target, "bf16"),
+        "tvm-roialign bf16 (AVX512-BF16, AMX off)": _tvm_runner(model, x, AVX512_BF16, "bf16"),
     }
     run, hint = _openvino_runner(model, x)
     runners[f"OpenVINO default ({hint})"] = run

@@ -182,3 +182,22 @@ def test_cli_compile_precision_bf16_runs(pt2_model, cli_workdir, capsys):
     with np.load(outputs) as result:
         # a 27-term product of bf16-rounded inputs and weights (relative error about 2 x 2^-9)
         np.testing.assert_allclose(result["output_0"], expected, rtol=0, atol=0.02 * np.abs(expected).max())
+
+
+def test_cli_compile_precision_bf16_without_the_instructions_notes_fp32(pt2_model, cli_workdir, capsys):
+    """A target with neither AMX nor AVX512-BF16: a note on stderr, an fp32 library."""
+    from tvm_roialign import cli
+
+    lib = cli_workdir / "tiny_bf16_skx.so"
+    argv = ["compile", str(pt2_model[0]), "-o", str(lib), "--precision", "bf16"]
+    assert cli.main([*argv, "--target", "llvm -mcpu=skylake-avx512"]) == 0
+    assert "note: --precision bf16: llvm -mcpu=skylake-avx512" in capsys.readouterr().err
+    assert json.loads((cli_workdir / "tiny_bf16_skx.so.json").read_text())["precision"] == "fp32"
+
+
+def test_cli_precision_of_a_detector_is_refused(capsys):
+    from tvm_roialign import cli
+
+    code = cli.main(["compile", "maskrcnn_resnet50_fpn", "-o", "m.so", "--precision", "bf16"])
+    assert code != 0
+    assert "--precision: detectors are compiled in fp32 only" in capsys.readouterr().err
