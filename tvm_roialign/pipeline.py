@@ -42,8 +42,8 @@ import tvm
 from tvm import relax
 
 from .host import request_amx
-from .pipeline_phases import bf16_supported, check_precision, cpu_schedule_pass, prepare_pipeline
-from .schedules import CPUDefault
+from .pipeline_phases import check_precision, cpu_schedule_pass, prepare_pipeline
+from .schedules import CPUDefault, cpu_info
 from .target import is_cross
 
 #: The name under which :func:`cpu_pipeline` is registered with ``tvm.relax.pipeline``.
@@ -275,7 +275,7 @@ def build(
     precision = check_precision(options.pop("precision", "fp32"))
     if kind == "llvm" and precision != "fp32":
         options["precision"] = precision
-        if not is_cross(target) and bf16_supported(target, note=False):
+        if not is_cross(target) and cpu_info(target).has_amx_bf16:
             request_amx()  # the executable is usually run by this process
     if kind == "metal":
         return Built(tvm.compile(mod, target=target, relax_pipeline=_metal_pipeline(target)))

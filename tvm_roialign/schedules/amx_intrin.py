@@ -7,8 +7,9 @@ pair layout ``[kc / 2, 32, 2]``. Its implementation holds the block in four accu
 (``tmm0``-``tmm3``, 16 rows x 16 fp32 each) and runs the reduction 32 elements a step: two tiles of
 ``A`` (16 rows x 32 bf16: ``tmm4``, ``tmm5``), two of ``B`` (16 pairs x 16 columns: ``tmm6``,
 ``tmm7``), four ``tdpbf16ps``. Each call configures the tiles (``ldtilecfg``: palette 1, eight tiles
-of 16 rows x 64 bytes), loads the block from ``C``, stores it back and releases the tiles, so that it
-needs no state of its caller's thread.
+of 16 rows x 64 bytes), loads the block from ``C`` (or, for a block's whole reduction, the variant
+with the block's init, zeroes the tiles: ``tilezero``), stores it back and releases the tiles, so
+that it needs no state of its caller's thread.
 
 Running it needs the process's permission for the AMX tile state on Linux
 (:func:`tvm_roialign.host.request_amx`).

@@ -8,12 +8,13 @@ the op's shape), followed by whatever elementwise epilogue fusion gave it. The G
 AVX512-BF16 one, :mod:`.avx512_bf16_intrin`) over ``kc`` reduction elements:
 
 * when one operand's whole reduction fits in half of L2 (``kc`` = the reduction), the blocks that
-  share the other operand's rows run one after another, in one parallel loop, each block zeroed in
-  cache just before its micro-kernel: the weights of all columns fit -> row blocks outermost (each
-  block of ``A`` read once, from L1); else the rows of ``A`` fit -> column blocks outermost;
+  share the other operand's rows run one after another, in one parallel loop, each block's
+  accumulators starting at zero in the micro-kernel: the weights of all columns fit -> row blocks
+  outermost (each block of ``A`` read once, from L1); else the rows of ``A`` fit -> column blocks
+  outermost;
 * otherwise (a box head's ``[1000, 12544] x [12544, 1024]``) the reduction is cut into chunks whose
-  slice of the smaller operand fits (GEMM blocking): the chunk loop outermost, the blocks
-  accumulating in the output across chunks;
+  slice of the smaller operand fits (GEMM blocking): the chunk loop outermost, the blocks zeroed in
+  a pass of their own and accumulating in the output across chunks;
 * the gather and the output stages run as parallel, vectorized passes, the epilogue inlined into the
   output stage.
 
