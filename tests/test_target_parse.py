@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import platform
 
 import pytest
 import tvm
 from tvm.target import codegen
 
+from tvm_roialign.schedules import cpu_info
 from tvm_roialign.target import (
     DEFAULT_TARGET,
     describe,
@@ -56,8 +58,31 @@ def test_parse_target(text, expected):
 
 def test_default_is_this_machine():
     assert DEFAULT_TARGET == "native"
-    assert host_config() == {"kind": "llvm", "mcpu": HOST_CPU, "num-cores": num_cores()}
+    config = host_config()
+    assert {k: v for k, v in config.items() if k != "mattr"} == {
+        "kind": "llvm", "mcpu": HOST_CPU, "num-cores": num_cores()
+    }
     assert num_cores() >= 1
+
+
+def test_native_takes_the_host_features_llvm_lacks():
+    """A Sapphire Rapids guest that LLVM calls rocketlake: the AMX and AVX512-BF16 flags of
+    /proc/cpuinfo become mattr, those LLVM's CPU already has are left out; a baseline x86 target
+    gets the VNNI flag too."""
+    from tvm_roialign.target import host_mattr
+
+    flags = {"avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8"}
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the x86 flags table applies to an x86-64 host")
+    assert host_mattr({"kind": "llvm", "mcpu": "rocketlake"}, flags) == [
+        "+avx512bf16", "+amx-tile", "+amx-bf16", "+amx-int8"
+    ]
+    assert host_mattr({"kind": "llvm", "mcpu": "sapphirerapids"}, flags) == []
+    assert "+avx512vnni" in host_mattr({"kind": "llvm", "mcpu": "x86-64"}, flags)
+    assert host_mattr({"kind": "llvm", "mcpu": "rocketlake"}, {"sse2"}) == []
+    amx = {"kind": "llvm", "mcpu": "rocketlake", "mattr": ["+amx-tile", "+amx-bf16"]}
+    info = cpu_info(parse_target(amx))
+    assert info.has_amx_bf16 and not cpu_info(parse_target("llvm -mcpu=rocketlake")).has_amx_bf16
 
 
 def test_plain_llvm_means_generic_cpu():

@@ -73,4 +73,57 @@ def use_usable_cores(threads: int | None = None) -> int:
     return int(chosen)
 
 
-__all__ = ["ENV_VAR", "host_machine", "is_host_triple", "usable_cores", "use_usable_cores"]
+#: ``arch_prctl`` request for an extended CPU state, and the AMX tile data state's number (Linux)
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+_SYS_ARCH_PRCTL = 158  # x86-64
+
+_amx_state: dict[str, object] = {}
+
+
+def _has_amx_flag() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "amx_tile" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+def request_amx(required: bool = False) -> bool:
+    """Ask Linux for this process's use of the AMX tile state, which it must grant before the first
+    AMX instruction runs (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``; without it the
+    instruction kills the process). Done where a library built with AMX kernels is loaded or run
+    (the CLI, :class:`tvm_roialign.runtime.Detector`, :func:`tvm_roialign.pipeline.build` for this
+    machine), never on import; asked once per process.
+
+    Returns whether the process may run AMX instructions: False on a machine without AMX or another
+    OS. With ``required``, a ``RuntimeError`` in one line instead of False.
+    """
+    if "granted" not in _amx_state:
+        granted, reason = False, "this CPU has no AMX (amx_tile)"
+        if platform.system() == "Linux" and host_machine() == "x86_64" and _has_amx_flag():
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            result = libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA)
+            granted = result == 0
+            reason = "" if granted else f"Linux refused the AMX tile state: {os.strerror(ctypes.get_errno())}"
+        elif platform.system() != "Linux":
+            reason = f"AMX kernels are run on Linux only, not {platform.system()}"
+        _amx_state.update(granted=granted, reason=reason)
+    if required and not _amx_state["granted"]:
+        raise RuntimeError(f"this library runs AMX bf16 kernels, but {_amx_state['reason']}")
+    return bool(_amx_state["granted"])
+
+
+__all__ = [
+    "ENV_VAR",
+    "host_machine",
+    "is_host_triple",
+    "request_amx",
+    "usable_cores",
+    "use_usable_cores",
+]

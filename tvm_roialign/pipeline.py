@@ -41,8 +41,10 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from .pipeline_phases import cpu_schedule_pass, prepare_pipeline
-from .schedules import CPUDefault
+from .host import request_amx
+from .pipeline_phases import check_precision, cpu_schedule_pass, prepare_pipeline
+from .schedules import CPUDefault, cpu_info
+from .target import is_cross
 
 #: The name under which :func:`cpu_pipeline` is registered with ``tvm.relax.pipeline``.
 PIPELINE_NAME = "tvm_roialign_cpu"
@@ -84,7 +86,8 @@ def cpu_pipeline(
         cancel; None keeps the model's layouts), ``fold_batch_norm`` and ``pad_channels``
         (True), ``winograd``: output tile of the Winograd rewrite of 3x3 convolutions (4:
         ``F(4x4, 3x3)``, 2, or 0: off), ``reference_side``: the image side (320) at which a conv
-        of symbolic size is judged worth Winograd (one library serves every size).
+        of symbolic size is judged worth Winograd (one library serves every size),
+        ``precision``: ``"fp32"`` or ``"bf16"`` (:class:`~tvm_roialign.passes.BF16Contractions`).
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
@@ -263,8 +266,17 @@ def build(
     ``tuning_records``: a database directory, its :class:`~tvm_roialign.tuning.TuningRecords`, or
     the phase-4 pass (:func:`~tvm_roialign.tuning.apply_database_pass`). The coverage of a
     directory's or TuningRecords' records is returned in :attr:`Built.coverage` and also goes to
-    the records' ``report`` (by default a warning when some tasks had no record)."""
+    the records' ``report`` (by default a warning when some tasks had no record).
+
+    ``precision``: ``"fp32"`` (the default) or ``"bf16"``: constant-weight convolutions and
+    matmuls in bf16 with fp32 accumulation on AMX, where ``target`` has it (else fp32, with a
+    warning); see ``docs/precision.md``. A ValueError for any other value."""
     kind = target.kind.name
+    precision = check_precision(options.pop("precision", "fp32"))
+    if kind == "llvm" and precision != "fp32":
+        options["precision"] = precision
+        if not is_cross(target) and cpu_info(target).has_amx_bf16:
+            request_amx()  # the executable is usually run by this process
     if kind == "metal":
         return Built(tvm.compile(mod, target=target, relax_pipeline=_metal_pipeline(target)))
     if kind != "llvm":

@@ -32,8 +32,10 @@ def _graph_passes(
     pad_channels: bool,
     winograd: int,
     reference_side: int,
+    precision: str = "fp32",
 ) -> list:
     from .passes import (
+        BF16Contractions,
         BoundConstantTakes,
         ConvertLayout,
         FoldBatchNorm,
@@ -58,11 +60,45 @@ def _graph_passes(
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
     ]
+    if precision == "bf16" and bf16_supported(target):
+        # before the channel padding and Winograd, which would take the same convolutions
+        passes.append(BF16Contractions())
     if pad_channels:
         passes.append(PadChannels(multiple=cpu_info(target).lanes()))
     if winograd:
         passes.append(WinogradConv2D(tile=winograd, reference_side=reference_side))
     return passes
+
+
+#: the ``precision`` values a build takes
+PRECISIONS = ("fp32", "bf16")
+
+
+def check_precision(precision: str) -> str:
+    """``precision`` when it is one of :data:`PRECISIONS`, else a one-line ``ValueError``."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    return precision
+
+
+def bf16_supported(target: tvm.target.Target, note: bool = True) -> bool:
+    """Whether ``target`` has the bf16 instructions the bf16 kernels need (AMX: ``amx-tile``,
+    ``amx-bf16``; else AVX512-BF16: ``avx512bf16``); without them, a one-line warning (``note``)
+    that the build is fp32."""
+    from .schedules import cpu_info
+
+    info = cpu_info(target)
+    if info.has_amx_bf16 or info.has_avx512_bf16:
+        return True
+    if note:
+        from .target import describe
+
+        warnings.warn(
+            f"precision bf16: target {describe(target)} has neither AMX bf16 nor AVX512-BF16; "
+            "building fp32",
+            stacklevel=2,
+        )
+    return False
 
 
 def _try_pass(inner: tvm.transform.Pass) -> tvm.transform.Pass:
@@ -96,9 +132,13 @@ def prepare_pipeline(
     pad_channels: bool = True,
     winograd: int = 4,
     reference_side: int = 320,
+    precision: str = "fp32",
 ) -> tvm.transform.Pass:
     """Phases 1-3 of :func:`~tvm_roialign.pipeline.cpu_pipeline` for the llvm ``target``: what
-    schedules (and tuning records) apply to."""
+    schedules (and tuning records) apply to. ``precision="bf16"``: constant-weight convolutions
+    and matmuls as bf16 contractions (:class:`~tvm_roialign.passes.BF16Contractions`) where the
+    target has AMX bf16, else fp32 with a warning (:func:`bf16_supported`)."""
+    check_precision(precision)
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.CPUPrepare")
@@ -113,6 +153,7 @@ def prepare_pipeline(
                     pad_channels=pad_channels,
                     winograd=winograd,
                     reference_side=reference_side,
+                    precision=precision,
                 ),
                 # 2. legalize and fuse
                 *cpu_generic.library_dispatch_passes(target),
@@ -125,4 +166,10 @@ def prepare_pipeline(
     return prepare
 
 
-__all__ = ["cpu_schedule_pass", "prepare_pipeline"]
+__all__ = [
+    "PRECISIONS",
+    "bf16_supported",
+    "check_precision",
+    "cpu_schedule_pass",
+    "prepare_pipeline",
+]

@@ -12,7 +12,9 @@
 * a JSON object (text or a ``.json`` file) or a dict: ``{"kind": "llvm", "mcpu": "skylake"}``;
 * a ``tvm.target.Target`` (returned as is).
 
-An llvm ``mcpu`` of ``native`` becomes this machine's CPU (``llvm_get_system_cpu()``); any other
+An llvm ``mcpu`` of ``native`` becomes this machine's CPU (``llvm_get_system_cpu()``), with the
+bf16 / int8 matrix and dot-product features the host reports and LLVM's CPU lacks added to ``mattr``
+(:func:`host_mattr`: AMX and AVX512-BF16 on a Sapphire Rapids guest LLVM calls ``rocketlake``); any other
 ``mcpu`` must be a CPU LLVM knows for the target's triple (LLVM itself would only print a warning
 per function and build generic code). :func:`target_config` is the inverse for reports,
 :func:`describe` the tvmc-style one-line form, :func:`device_for` the device to run a build on here.
@@ -56,8 +58,56 @@ def num_cores() -> int:
 
 
 def host_config() -> dict:
-    """The ``native`` target: llvm for this machine's CPU, with ``num-cores`` for MetaSchedule."""
-    return {"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu()), "num-cores": num_cores()}
+    """The ``native`` target: llvm for this machine's CPU, with ``num-cores`` for MetaSchedule and,
+    in ``mattr``, the matrix and dot-product features the host reports that LLVM's name for its
+    CPU lacks (:func:`host_mattr`)."""
+    config = {"kind": "llvm", "mcpu": str(codegen.llvm_get_system_cpu())}
+    mattr = host_mattr(config)
+    if mattr:
+        config["mattr"] = mattr
+    return {**config, "num-cores": num_cores()}
+
+
+#: ``/proc/cpuinfo`` flags (x86 ``flags``, AArch64 ``Features``) -> the LLVM feature they mean; the
+#: features that choose kernels (bf16 and int8 matrix and dot-product instructions) and no others
+HOST_FEATURES = {
+    "x86_64": {
+        "avx512_bf16": "avx512bf16",
+        "avx512_fp16": "avx512fp16",
+        "avx512_vnni": "avx512vnni",
+        "avx_vnni": "avxvnni",
+        "amx_tile": "amx-tile",
+        "amx_bf16": "amx-bf16",
+        "amx_int8": "amx-int8",
+    },
+    "aarch64": {"bf16": "bf16", "asimddp": "dotprod", "i8mm": "i8mm"},
+}
+
+
+def _cpuinfo_flags(path: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU flags of the first processor in ``path`` (empty where there is no such file)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip().lower() in ("flags", "features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def host_mattr(config: dict, flags: set[str] | None = None) -> list[str]:
+    """``+feature`` for each of :data:`HOST_FEATURES` that this machine reports (``flags``, default
+    ``/proc/cpuinfo``) and LLVM's features for ``config`` lack: LLVM names a Sapphire Rapids guest
+    ``rocketlake``, which has no AMX or AVX512-BF16."""
+    table = HOST_FEATURES.get(host_machine(), {})
+    flags = _cpuinfo_flags() if flags is None else flags
+    wanted = [feature for flag, feature in table.items() if flag in flags]
+    if not wanted:
+        return []
+    known = {str(f) for f in codegen.llvm_get_cpu_features(tvm.target.Target(config))}
+    return [f"+{feature}" for feature in wanted if feature not in known]
 
 
 def _convert(value: str, kind_type: str, key: str, kind: str):
@@ -136,7 +186,12 @@ def _check_mcpu(config: dict) -> dict:
     if config.get("kind") != "llvm" or not mcpu:
         return config
     if mcpu == "native":
-        return {**config, "mcpu": str(codegen.llvm_get_system_cpu())}
+        resolved = {**config, "mcpu": str(codegen.llvm_get_system_cpu())}
+        if not config.get("mtriple") or is_host_triple(str(config["mtriple"])):
+            extra = [f for f in host_mattr(resolved) if f not in (config.get("mattr") or [])]
+            if extra:
+                resolved["mattr"] = [*(config.get("mattr") or []), *extra]
+        return resolved
     triple = str(config.get("mtriple") or codegen.llvm_get_system_triple())
     if codegen.llvm_is_valid_cpu(str(mcpu), triple):
         return config
@@ -299,6 +354,7 @@ __all__ = [
     "device_for",
     "device_or_none",
     "host_config",
+    "host_mattr",
     "is_cross",
     "num_cores",
     "parse_device",

@@ -9,6 +9,7 @@ assembly of the host code).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -71,6 +72,13 @@ def register(subparsers, parents) -> None:
         "installed, else a .tar with a note)",
     )
     p.add_argument("--target", default="native", help=HELP_TARGET)
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="bf16: convolutions and matmuls in bf16 with fp32 accumulation, on AMX or AVX512-BF16 "
+        "(a target without either builds fp32, with a note); models only (default fp32)",
+    )
     add_model_arguments(p)
     add_records_argument(p)
     _detector.add_compile_arguments(p)
@@ -184,7 +192,33 @@ class _LastRelaxModule:
             self.mod = mod
 
 
-def _build(mod, target, records):
+def _precision(args, target) -> str:
+    """The precision the build uses: ``--precision``, fp32 (with a note on stderr, unless ``-q``)
+    where ``target`` lacks the bf16 instructions; detectors are fp32 only."""
+    from ..pipeline_phases import bf16_supported
+    from ..target import describe
+
+    if args.precision != "fp32" and _detector.is_detector(args.model):
+        raise CLIError("--precision: detectors are compiled in fp32 only; use --precision fp32")
+    if args.precision == "bf16" and not bf16_supported(target, note=False):
+        if not args.quiet:
+            note = f"note: --precision bf16: {describe(target)} has no AMX or AVX512-BF16; building fp32"
+            print(note, file=sys.stderr)
+        return "fp32"
+    return args.precision
+
+
+def _precision_meta(precision: str, target) -> dict:
+    """The metadata's ``precision``, and for bf16 the kernels' instructions (``amx`` or
+    ``avx512bf16``: whether running the library needs the AMX tile state)."""
+    from ..schedules import cpu_info
+
+    if precision != "bf16":
+        return {"precision": precision}
+    return {"precision": precision, "bf16_kernels": "amx" if cpu_info(target).has_amx_bf16 else "avx512bf16"}
+
+
+def _build(mod, target, records, precision: str = "fp32"):
     """The pipeline's build without its own layout conversion (``--desired-layout`` decided it):
     ``(Built, the last Relax module)``; the records' coverage is printed by :func:`main`, not
     reported by the records."""
@@ -201,7 +235,7 @@ def _build(mod, target, records):
         config=dict(ctx.config),
         instruments=[*ctx.instruments, instrument],
     ):
-        built = build(mod, target, tuning_records=records, layout=None)
+        built = build(mod, target, tuning_records=records, layout=None, precision=precision)
     return built, instrument.mod
 
 
@@ -246,6 +280,7 @@ def main(args) -> int:
     options = model_options(args, target)
     formats = _dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
+    precision = _precision(args, target)
     if _detector.is_detector(args.model):
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
@@ -260,7 +295,7 @@ def main(args) -> int:
         t0 = time.perf_counter()
         try:
             # the built module also gives the kernels' signatures, for run --rpc --profile
-            built, tir_mod = _build(mod, target, records)
+            built, tir_mod = _build(mod, target, records, precision)
         except Exception as err:  # noqa: BLE001
             raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
         times["build_s"] = time.perf_counter() - t0
@@ -284,6 +319,7 @@ def main(args) -> int:
     meta = {
         "target": target_config(target),
         "layout": layout_name,
+        **_precision_meta(precision, target),
         "inputs": signature(mod),
         "times": times,
         "kernels": kernel_signatures(tir_mod) if tir_mod is not None else [],

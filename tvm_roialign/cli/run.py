@@ -212,6 +212,7 @@ def _load(args, meta: dict, session=None):
     import tvm
     from tvm import relax
 
+    from ..host import request_amx
     from ..target import device_for, parse_device, parse_target
 
     lib_path = Path(args.library)
@@ -225,6 +226,10 @@ def _load(args, meta: dict, session=None):
             device = device_for(target) if target is not None else tvm.cpu()
     except ValueError as err:
         raise CLIError(f"--device: {err}" if args.device is not None else str(err)) from None
+    try:
+        request_amx(required=meta.get("bf16_kernels") == "amx")
+    except RuntimeError as err:
+        raise CLIError(str(err)) from None
     try:
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib_path)), device)
     except Exception as err:  # noqa: BLE001

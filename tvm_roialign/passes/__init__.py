@@ -11,11 +11,14 @@
 * :class:`BoundConstantTakes` (:mod:`.bound_constant_takes`): gathers of constant in-bounds
   indices in mode ``"clip"`` (no out-of-bounds warning from TVM); :class:`WrapTakes`
   (:mod:`.wrap_takes`): a detector's gathers in mode ``"wrap"``, torch's indexing;
+* :class:`BF16Contractions` (:mod:`.bf16_contractions`): constant-weight conv2d / matmul as bf16
+  contractions (``precision="bf16"``);
 * :func:`desired_layouts` (:mod:`.desired_layouts`): the ConvertLayout dictionary for a whole model
   in NHWC (or NCHW).
 """
 
 from . import layout
+from .bf16_contractions import BF16Contractions
 from .bound_constant_takes import BoundConstantTakes
 from .convert_layout import ConvertLayout
 from .desired_layouts import LAYOUT_OPS, desired_layouts
@@ -32,6 +35,7 @@ from .wrap_takes import WrapTakes
 
 __all__ = [
     "LAYOUT_OPS",
+    "BF16Contractions",
     "BoundConstantTakes",
     "ConvertLayout",
     "FoldBatchNorm",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..host import host_machine, is_host_triple, use_usable_cores
+from ..host import host_machine, is_host_triple, request_amx, use_usable_cores
 from .artifact_check import check_library, metadata_path
 from .draw import draw_detections
 from .keypoints import heatmaps_to_keypoints
@@ -175,6 +175,7 @@ class Detector:
             self.vm = load_vm(session, self.path, self.device)
         else:
             use_usable_cores()
+            request_amx(required=self.meta.get("bf16_kernels") == "amx")
             self.vm = relax.VirtualMachine(
                 tvm.runtime.load_module(str(self.path)), self.device
             )

@@ -16,6 +16,7 @@ runs on.
 ==============================  ========================================================================
 rule                            what
 ==============================  ========================================================================
+:class:`BF16Contraction`       bf16 conv2d / matmul (``precision="bf16"``) on AMX tiles (TensorIntrin)
 :class:`Conv2DNHWC`             NHWC conv2d + epilogue: register tile, packed constant weights
 :class:`DepthwiseConv2DNHWC`    NHWC depthwise conv2d + epilogue: taps unrolled over a channel vector
 :class:`Matmul`                 dense / matmul / batch matmul + epilogue: register tile, packed weights,
@@ -32,6 +33,7 @@ never offered to the rules.
 from __future__ import annotations
 
 from .base import CPURule
+from .bf16_contraction import BF16Contraction
 from .conv2d_nhwc import Conv2DNHWC
 from .depthwise import DepthwiseConv2DNHWC
 from .elementwise import Elementwise
@@ -44,6 +46,7 @@ from .winograd import WinogradTransforms
 def default_rules() -> list:
     """The rules :func:`tvm_roialign.pipeline.cpu_pipeline` applies, in order."""
     return [
+        BF16Contraction(),
         Conv2DNHWC(),
         DepthwiseConv2DNHWC(),
         Matmul(),
@@ -54,6 +57,7 @@ def default_rules() -> list:
 
 
 __all__ = [
+    "BF16Contraction",
     "CPUDefault",
     "CPUInfo",
     "CPURule",

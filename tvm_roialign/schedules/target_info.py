@@ -10,7 +10,9 @@ core count and cache sizes come from the operating system, as TVM's own runtime 
   and 16; AArch64 NEON -> 128 bits and 32 registers (SVE is scheduled as 128-bit NEON);
 * ``has_fma``: whether a multiply-add is one instruction (AVX2/FMA, AArch64);
 * cores: the target's ``num-cores``, else this machine's (for a cross target: 4);
-* caches: L1d and L2 per core from ``/sys`` for the host, else 32 KiB and 1 MiB.
+* caches: L1d and L2 per core from ``/sys`` for the host, else 32 KiB and 1 MiB;
+* matrix and dot-product units from the same features: ``has_amx_bf16``, ``has_amx_int8``,
+  ``has_avx512_bf16``, ``has_vnni`` (x86), ``has_bf16``, ``has_dotprod``, ``has_i8mm`` (AArch64).
 """
 
 from __future__ import annotations
@@ -39,6 +41,43 @@ class CPUInfo:
     l1_bytes: int
     l2_bytes: int
     arch: str
+    #: the LLVM CPU features of the target (its ``mcpu`` and ``mattr``)
+    features: frozenset = frozenset()
+
+    @property
+    def has_amx_bf16(self) -> bool:
+        """AMX tiles with the bf16 dot product (``tdpbf16ps``)."""
+        return self.arch == "x86" and {"amx-tile", "amx-bf16"} <= self.features
+
+    @property
+    def has_amx_int8(self) -> bool:
+        """AMX tiles with the int8 dot products (``tdpbusd`` ...)."""
+        return self.arch == "x86" and {"amx-tile", "amx-int8"} <= self.features
+
+    @property
+    def has_avx512_bf16(self) -> bool:
+        """The 512-bit bf16 pair dot product ``vdpbf16ps``."""
+        return self.arch == "x86" and {"avx512f", "avx512bf16"} <= self.features
+
+    @property
+    def has_vnni(self) -> bool:
+        """The u8 x s8 dot product ``vpdpbusd`` (AVX512-VNNI or AVX-VNNI)."""
+        return self.arch == "x86" and bool({"avx512vnni", "avxvnni"} & self.features)
+
+    @property
+    def has_bf16(self) -> bool:
+        """AArch64 bf16 (``bfmmla``, ``bfdot``)."""
+        return self.arch == "aarch64" and "bf16" in self.features
+
+    @property
+    def has_dotprod(self) -> bool:
+        """AArch64 int8 dot product (``sdot``, ``udot``)."""
+        return self.arch == "aarch64" and "dotprod" in self.features
+
+    @property
+    def has_i8mm(self) -> bool:
+        """AArch64 int8 matrix multiply (``smmla``)."""
+        return self.arch == "aarch64" and "i8mm" in self.features
 
     def lanes(self, dtype: str = "float32") -> int:
         """Elements of ``dtype`` per vector register."""
@@ -153,7 +192,7 @@ def _cpu_info(target: tvm.target.Target) -> CPUInfo:
         cores = _DEFAULT_CROSS_CORES
     l1 = (_host_cache_bytes(1) if host else None) or _DEFAULT_L1
     l2 = (_host_cache_bytes(2) if host else None) or _DEFAULT_L2
-    return CPUInfo(bits, regs, fma, max(int(cores or 1), 1), l1, l2, arch)
+    return CPUInfo(bits, regs, fma, max(int(cores or 1), 1), l1, l2, arch, frozenset(feats))
 
 
 __all__ = ["CPUInfo", "cpu_info"]

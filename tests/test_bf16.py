@@ -1,0 +1,231 @@
+"""``precision="bf16"``: constant-weight convolutions and matmuls on AMX tiles (tdpbf16ps) or on
+AVX512-BF16 (vdpbf16ps).
+
+The kernels are held to a float64 reference computed from the same bf16-rounded inputs and weights,
+so the bound is about the fp32 accumulation only: ``|y - ref| <= 1e-5 * sum_k |a_k| |w_k|`` per
+output (a wrong rounding of an input would cost about 4e-3 of it). The assembly is checked for the
+instructions on Sapphire Rapids and Cooper Lake targets (building needs neither); running needs a CPU
+with ``amx_bf16`` and Linux's permission for the tile state, or ``avx512_bf16`` (skipped with the
+reason elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from tvm import relax
+
+from tvm_roialign.frontend import from_exported_program
+from tvm_roialign.host import request_amx
+from tvm_roialign.pipeline import build
+from tvm_roialign.target import parse_target
+
+#: bound of the fp32 accumulation, relative to sum_k |a_k w_k| (see module docstring)
+BF16_ACCUMULATION_TOL = 1e-5
+AMX_TARGET = parse_target("llvm -mcpu=sapphirerapids")
+#: AVX512-BF16 without AMX (a Cooper Lake's features on this machine's CPU name)
+AVX512_BF16 = parse_target("llvm -mcpu=rocketlake -mattr=+avx512bf16")
+#: AVX-512 without bf16
+AVX512_ONLY = parse_target("llvm -mcpu=skylake-avx512")
+
+
+def _amx_or_skip():
+    try:
+        request_amx(required=True)
+    except RuntimeError as err:
+        pytest.skip(str(err))
+
+
+def _module(model, *args):
+    with torch.no_grad():
+        return from_exported_program(torch.export.export(model.eval(), args), keep_params_as_input=False)
+
+
+def _asm(executable) -> str:
+    return executable.mod.imports[0].inspect_source("asm")
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).to(torch.float64)
+
+
+def _run(executable, x: np.ndarray) -> np.ndarray:
+    out = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    return (out if hasattr(out, "numpy") else out[0]).numpy()
+
+
+def _check_bound(actual, reference, magnitude):
+    excess = np.abs(actual - reference.numpy()) - BF16_ACCUMULATION_TOL * magnitude.numpy()
+    assert excess.max() <= 1e-6, float(excess.max())
+
+
+def _avx512_bf16_or_skip():
+    if "avx512_bf16" not in _cpu_flags():
+        pytest.skip("this CPU has no AVX512-BF16 (avx512_bf16 in /proc/cpuinfo)")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+@pytest.mark.parametrize("unit", ["amx", "avx512bf16"])
+def test_bf16_matmul_matches_float64(unit):
+    """A linear layer on [2, 25, 100] rows (padded to the 32-row, 32-column blocks), on AMX tiles
+    and on vdpbf16ps (a target with AVX512-BF16 and no AMX)."""
+    if unit == "amx":
+        _amx_or_skip()
+        target, instruction = parse_target("native"), "tdpbf16ps"
+    else:
+        _avx512_bf16_or_skip()
+        target, instruction = AVX512_BF16, "vdpbf16ps"
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(100, 70, bias=False)
+    x = torch.randn(2, 25, 100)
+    executable = build(_module(layer, x), target, precision="bf16").executable
+    assert instruction in _asm(executable)
+    a, w = _bf16(x), _bf16(layer.weight.detach())
+    _check_bound(_run(executable, x.numpy()), a @ w.T, a.abs() @ w.abs().T)
+
+
+@pytest.mark.parametrize("kernel, stride, padding", [(3, 2, 1), (1, 1, 0)])
+def test_bf16_conv_matches_float64(kernel, stride, padding):
+    """A 3x3 stride-2 conv with zero padding (im2col'd rows) and a 1x1 conv, NHWC after the
+    pipeline's layout conversion."""
+    _amx_or_skip()
+    torch.manual_seed(1)
+    conv = torch.nn.Conv2d(16, 40, kernel, stride=stride, padding=padding, bias=False)
+    x = torch.randn(1, 16, 9, 11)
+    executable = build(_module(conv, x), parse_target("native"), precision="bf16").executable
+    a, w = _bf16(x), _bf16(conv.weight.detach())
+    ops = dict(stride=stride, padding=padding)
+    reference = torch.nn.functional.conv2d(a, w, **ops)
+    magnitude = torch.nn.functional.conv2d(a.abs(), w.abs(), **ops)
+    _check_bound(_run(executable, x.numpy()), reference, magnitude)
+
+
+def test_amx_target_assembly_has_tdpbf16ps():
+    """Built for a Sapphire Rapids target on any x86 machine: the tile instructions are there."""
+    layer = torch.nn.Linear(64, 64, bias=False)
+    asm = _asm(build(_module(layer, torch.randn(32, 64)), AMX_TARGET, precision="bf16").executable)
+    for instruction in ("ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored"):
+        assert instruction in asm, instruction
+
+
+def test_avx512_bf16_target_assembly_has_vdpbf16ps():
+    """Cooper Lake (AVX512-BF16, no AMX): the vector bf16 dot product, no tiles."""
+    layer = torch.nn.Linear(64, 64, bias=False)
+    target = parse_target("llvm -mcpu=cooperlake")
+    asm = _asm(build(_module(layer, torch.randn(32, 64)), target, precision="bf16").executable)
+    assert "vdpbf16ps" in asm and "tdpbf16ps" not in asm
+
+
+def test_bf16_without_bf16_instructions_builds_fp32_with_a_note():
+    layer = torch.nn.Linear(64, 64, bias=False)
+    with pytest.warns(UserWarning, match="has neither AMX bf16 nor AVX512-BF16"):
+        built = build(_module(layer, torch.randn(32, 64)), AVX512_ONLY, precision="bf16")
+    assert "dpbf16ps" not in _asm(built.executable)
+
+
+def test_unknown_precision_is_refused():
+    layer = torch.nn.Linear(8, 8)
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, got 'fp16'"):
+        build(_module(layer, torch.randn(2, 8)), AMX_TARGET, precision="fp16")
+
+
+class _Residual(torch.nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.norm = torch.nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return torch.relu(x + self.norm(self.conv(x)))
+
+
+def _small_convnet() -> torch.nn.Module:
+    """A resnet-like net: an RGB stem (stays fp32), a stride-2 3x3 conv, a residual 3x3 block, a
+    1x1 conv, batch norms (folded), pooling and a linear layer."""
+
+    def conv(cin, cout, kernel, stride=1):
+        return [
+            torch.nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False),
+            torch.nn.BatchNorm2d(cout),
+            torch.nn.ReLU(),
+        ]
+
+    return torch.nn.Sequential(
+        *conv(3, 16, 3), *conv(16, 32, 3, 2), _Residual(32), *conv(32, 64, 1),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 10),
+    )
+
+
+def test_convnet_bf16_close_to_fp32_on_a_photo():
+    """A small resnet-like net (random weights, batch-norm statistics from three training passes)
+    on the astronaut photo at 96x96: the bf16 build's logits against the fp32 build's."""
+    from tvm_roialign.models.detector_reference import sample_photo
+
+    _amx_or_skip()
+    torch.manual_seed(0)
+    model = _small_convnet().train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(8, 3, 96, 96))
+    photo = torch.tensor(np.asarray(sample_photo("astronaut"))).permute(2, 0, 1)[None].float() / 255
+    x = torch.nn.functional.interpolate(photo, size=(96, 96), mode="bilinear")
+    mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
+    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    x = ((x - mean) / std).contiguous()
+    mod = _module(model, x)
+    native = parse_target("native")
+    fp32 = _run(build(mod, native).executable, x.numpy()).ravel().astype(np.float64)
+    executable = build(mod, native, precision="bf16").executable
+    assert "tdpbf16ps" in _asm(executable)
+    bf16 = _run(executable, x.numpy()).ravel()
+    cosine = fp32 @ bf16 / np.linalg.norm(fp32) / np.linalg.norm(bf16)
+    assert cosine >= 0.99, cosine
+
+
+def test_cli_compile_precision_bf16_runs(pt2_model, cli_workdir, capsys):
+    """``compile --precision bf16`` of the conv + RoIAlign model: recorded in the metadata, and the
+    run (which asks for the AMX tile state) close to PyTorch's fp32 output."""
+    from tvm_roialign import cli
+
+    _amx_or_skip()
+    model, inputs, expected = pt2_model
+    lib = cli_workdir / "tiny_bf16.so"
+    assert cli.main(["-q", "compile", str(model), "-o", str(lib), "--precision", "bf16"]) == 0
+    meta = json.loads((cli_workdir / "tiny_bf16.so.json").read_text())
+    assert (meta["precision"], meta["bf16_kernels"]) == ("bf16", "amx")
+    outputs = cli_workdir / "tiny_bf16_out.npz"
+    assert cli.main(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)]) == 0
+    capsys.readouterr()
+    with np.load(outputs) as result:
+        # a 27-term product of bf16-rounded inputs and weights (relative error about 2 x 2^-9)
+        np.testing.assert_allclose(result["output_0"], expected, rtol=0, atol=0.02 * np.abs(expected).max())
+
+
+def test_cli_compile_precision_bf16_without_the_instructions_notes_fp32(pt2_model, cli_workdir, capsys):
+    """A target with neither AMX nor AVX512-BF16: a note on stderr, an fp32 library."""
+    from tvm_roialign import cli
+
+    lib = cli_workdir / "tiny_bf16_skx.so"
+    argv = ["compile", str(pt2_model[0]), "-o", str(lib), "--precision", "bf16"]
+    assert cli.main([*argv, "--target", "llvm -mcpu=skylake-avx512"]) == 0
+    assert "note: --precision bf16: llvm -mcpu=skylake-avx512" in capsys.readouterr().err
+    assert json.loads((cli_workdir / "tiny_bf16_skx.so.json").read_text())["precision"] == "fp32"
+
+
+def test_cli_precision_of_a_detector_is_refused(capsys):
+    from tvm_roialign import cli
+
+    code = cli.main(["compile", "maskrcnn_resnet50_fpn", "-o", "m.so", "--precision", "bf16"])
+    assert code != 0
+    assert "--precision: detectors are compiled in fp32 only" in capsys.readouterr().err

@@ -1,0 +1,105 @@
+"""Rule: the bf16 contraction (:mod:`tvm_roialign.topi.bf16_contraction`) on AMX tiles, or on
+``vdpbf16ps`` where the target has AVX512-BF16 and no AMX.
+
+The function has three stages, ``bf16_gather_a`` (activations rounded to bf16, im2col'd for a conv),
+``bf16_contraction`` (the GEMM, fp32 accumulation) and ``bf16_output`` (the real rows and columns in
+the op's shape), followed by whatever elementwise epilogue fusion gave it. The GEMM is cut into
+32 x 32 output blocks, each computed by the AMX micro-kernel (:mod:`.amx_intrin`; without AMX the
+AVX512-BF16 one, :mod:`.avx512_bf16_intrin`) over ``kc`` reduction elements:
+
+* when one operand's whole reduction fits in half of L2 (``kc`` = the reduction), the blocks that
+  share the other operand's rows run one after another, in one parallel loop, each block's
+  accumulators starting at zero in the micro-kernel: the weights of all columns fit -> row blocks
+  outermost (each block of ``A`` read once, from L1); else the rows of ``A`` fit -> column blocks
+  outermost;
+* otherwise (a box head's ``[1000, 12544] x [12544, 1024]``) the reduction is cut into chunks whose
+  slice of the smaller operand fits (GEMM blocking): the chunk loop outermost, the blocks zeroed in
+  a pass of their own and accumulating in the output across chunks;
+* the gather and the output stages run as parallel, vectorized passes, the epilogue inlined into the
+  output stage.
+
+Targets without either are not served (the graph pass only emits these functions for targets with
+one; elsewhere the fallback rule would compute the same values in fp32 arithmetic).
+"""
+
+from __future__ import annotations
+
+from ..topi.bf16_contraction import CONTRACTION, GATHER_A, OUTPUT
+from .amx_intrin import BLOCK, STEP, amx_bf16_intrin
+from .avx512_bf16_intrin import avx512_bf16_intrin
+from .base import CPURule, find_block, inline_epilogue, static_int
+from .elementwise import schedule_injective_block, schedule_rest
+from .target_info import cpu_info
+
+
+def choose_blocking(rows: int, columns: int, reduction: int, l2_bytes: int) -> tuple[int, bool]:
+    """``(kc, rows_outer)``: the reduction chunk and the loop order of the 32 x 32 blocks (see
+    module docstring); bf16 operands (2 bytes an element)."""
+    budget = l2_bytes // 2
+    if reduction * columns * 2 <= budget:
+        return reduction, True
+    if reduction * rows * 2 <= budget:
+        return reduction, False
+    rows_outer = columns <= rows
+    kept = columns if rows_outer else rows
+    chunk = STEP
+    for candidate in range(STEP, reduction + 1, STEP):
+        if reduction % candidate == 0 and candidate * kept * 2 <= budget:
+            chunk = candidate
+    return chunk, rows_outer
+
+
+def _shape(sch, block, index: int = 0) -> list[int | None]:
+    return [static_int(d) for d in sch.get(block).writes[index].source.ty.shape]
+
+
+def _schedule_gather(sch, gather, lanes: int) -> None:
+    """Rows in parallel, each row's reduction elements in vectors of ``lanes``: a conv's input
+    channels are contiguous within a kernel tap, and the tap's bounds test is one per vector."""
+    rows, elements = sch.get_loops(gather)
+    _, vector = sch.split(elements, [None, lanes])
+    sch.vectorize(vector)
+    sch.parallel(rows)
+
+
+class BF16Contraction(CPURule):
+    """The bf16 contraction's GEMM on AMX tiles, its gather and output as vector passes."""
+
+    def schedule(self, sch, func, target):
+        gather, acc, out = (find_block(sch, n) for n in (GATHER_A, CONTRACTION, OUTPUT))
+        if gather is None or acc is None or out is None:
+            return None
+        info = cpu_info(target)
+        if info.has_amx_bf16:
+            intrin = amx_bf16_intrin
+        elif info.has_avx512_bf16:
+            intrin = avx512_bf16_intrin
+        else:
+            return None
+        (rows, columns), (_, reduction) = _shape(sch, acc), _shape(sch, gather)
+        if None in (rows, columns, reduction) or rows % BLOCK or columns % BLOCK or reduction % STEP:
+            return None
+        kc, rows_outer = choose_blocking(rows, columns, reduction, info.l2_bytes)
+        m, n, k = sch.get_loops(acc)
+        m_out, m_in = sch.split(m, [None, BLOCK])
+        n_out, n_in = sch.split(n, [None, BLOCK])
+        spatial = [m_out, n_out] if rows_outer else [n_out, m_out]
+        if kc == reduction:
+            # the whole reduction in one call: the accumulators start at zero in the tiles
+            sch.reorder(*spatial, m_in, n_in, k)
+            sch.parallel(sch.fuse(*spatial))
+            sch.tensorize(m_in, intrin(kc, zero_init=True))
+        else:
+            k_out, k_in = sch.split(k, [None, kc])
+            sch.reorder(k_out, *spatial, m_in, n_in, k_in)
+            sch.parallel(sch.fuse(*spatial))
+            schedule_injective_block(sch, sch.decompose_reduction(acc, k_out), info.lanes())
+            sch.tensorize(m_in, intrin(kc))
+        lanes = info.lanes()
+        _schedule_gather(sch, gather, lanes)
+        inline_epilogue(sch, out)
+        schedule_rest(sch, lanes)
+        return sch
+
+
+__all__ = ["BF16Contraction", "choose_blocking"]

@@ -1,0 +1,160 @@
+"""The bf16 contraction compute: a conv2d (NHWC) or a matmul as one GEMM on bf16 tiles, fp32 result.
+
+``out = A @ B`` with
+
+bf16 values are held as their uint16 bit patterns (TVM's llvm lowering would otherwise widen a bf16
+buffer the function allocates to fp32, which the tile loads cannot read):
+
+* ``A [Mp, Kp]`` (stage ``bf16_gather_a``): the fp32 activations rounded to bf16, gathered as the rows
+  of the GEMM (a matmul's rows as they are; a convolution's im2col rows, one per output pixel, the
+  reduction running over kernel rows, kernel columns and input channels, zero outside the image)
+  and zero-padded to ``Mp`` rows and ``Kp`` columns (multiples of the micro-kernel's tile);
+* ``B [Np / 32, Kp / 2, 32, 2]``: the constant weights in bf16, packed at compile time
+  (:func:`pack_weight_vnni`): blocks of 32 columns, each in the pair layout the bf16 dot products
+  read (two consecutive reduction elements of a column side by side);
+* ``bf16_contraction [Mp, Np]``: the products summed in fp32;
+* ``bf16_output``: the real rows and columns, in the op's output shape.
+
+The schedule is :class:`tvm_roialign.schedules.bf16_contraction.BF16Contraction`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import te, tirx
+
+#: rows, reduction and columns are padded to multiples of these (the AMX micro-kernel's block)
+TILE_M, TILE_K, TILE_N = 32, 32, 32
+
+GATHER_A = "bf16_gather_a"
+CONTRACTION = "bf16_contraction"
+OUTPUT = "bf16_output"
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def to_bf16_bits(array: np.ndarray) -> np.ndarray:
+    """``array`` (float) rounded to bf16, nearest-even, as the uint16 bit patterns."""
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def pack_weight_vnni(weight: np.ndarray) -> np.ndarray:
+    """``weight [K, N]`` (float) -> bf16 bits ``[Np / 32, Kp / 2, 32, 2]``, zero-padded (see module)."""
+    k, n = weight.shape
+    kp, np_ = _round_up(k, TILE_K), _round_up(n, TILE_N)
+    padded = np.zeros((kp, np_), np.float32)
+    padded[:k, :n] = weight
+    packed = padded.reshape(kp // 2, 2, np_ // TILE_N, TILE_N).transpose(2, 0, 3, 1)
+    return to_bf16_bits(packed)
+
+
+def bf16_bits(value):
+    """The fp32 expression ``value`` rounded to bf16 (nearest-even; NaN kept), as uint16 bits."""
+    bits = tirx.reinterpret("uint32", value)
+    rounded = (bits + tirx.const(0x7FFF, "uint32") + ((bits >> 16) & tirx.const(1, "uint32"))) >> 16
+    return tirx.if_then_else(value != value, tirx.const(0x7FC0, "uint16"), rounded.astype("uint16"))
+
+
+def bf16_value(bits):
+    """The fp32 value of the bf16 ``bits`` (uint16): exact."""
+    return tirx.reinterpret("float32", bits.astype("uint32") << tirx.const(16, "uint32"))
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """An NHWC conv2d as a GEMM: output ``[n, oh, ow, o]``, kernel ``kh x kw`` over ``c`` channels."""
+
+    n: int
+    oh: int
+    ow: int
+    kh: int
+    kw: int
+    c: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+
+    @property
+    def rows(self) -> int:
+        return self.n * self.oh * self.ow
+
+    @property
+    def reduction(self) -> int:
+        return self.kh * self.kw * self.c
+
+
+def _gather_conv(x: te.Tensor, g: ConvGeometry):
+    """``(m, k) -> x`` value of im2col row ``m`` column ``k`` (zero outside the image)."""
+    height, width = int(x.shape[1]), int(x.shape[2])
+
+    def value(m, k):
+        b = m // (g.oh * g.ow)
+        oy = m // g.ow % g.oh
+        ox = m % g.ow
+        ky = k // (g.kw * g.c)
+        kx = k // g.c % g.kw
+        ch = k % g.c
+        iy = oy * g.stride[0] - g.padding[0] + ky * g.dilation[0]
+        ix = ox * g.stride[1] - g.padding[1] + kx * g.dilation[1]
+        inside = tirx.all(iy >= 0, iy < height, ix >= 0, ix < width)
+        safe_y = tirx.max(tirx.min(iy, height - 1), 0)
+        safe_x = tirx.max(tirx.min(ix, width - 1), 0)
+        return tirx.if_then_else(inside, x[b, safe_y, safe_x, ch], tirx.const(0, "float32"))
+
+    return value
+
+
+def bf16_contraction(x: te.Tensor, packed: te.Tensor, rows: int, reduction: int, out_shape,
+                     geometry: ConvGeometry | None = None) -> te.Tensor:
+    """The stages of the module docstring; ``x`` is ``[rows, reduction]`` (a matmul) or the NHWC
+    input of a conv of ``geometry``; ``packed`` the :func:`pack_weight_vnni` weights."""
+    mp, kp = _round_up(rows, TILE_M), _round_up(reduction, TILE_K)
+    np_ = int(packed.shape[0]) * TILE_N
+    source = _gather_conv(x, geometry) if geometry is not None else (lambda m, k: x[m, k])
+
+    def gather(m, k):
+        inside = tirx.all(m < rows, k < reduction)
+        safe_m, safe_k = tirx.min(m, rows - 1), tirx.min(k, reduction - 1)
+        return tirx.if_then_else(inside, bf16_bits(source(safe_m, safe_k)), tirx.const(0, "uint16"))
+
+    a = te.compute((mp, kp), gather, name=GATHER_A)
+    r = te.reduce_axis((0, kp), "k")
+    acc = te.compute(
+        (mp, np_),
+        lambda m, n: te.sum(
+            bf16_value(a[m, r]) * bf16_value(packed[n // TILE_N, r // 2, n % TILE_N, r % 2]),
+            axis=r,
+        ),
+        name=CONTRACTION,
+    )
+    out_shape = [int(d) for d in out_shape]
+
+    def output(*idx):
+        row = idx[0]
+        for dim, i in zip(out_shape[1:-1], idx[1:-1]):
+            row = row * dim + i
+        return acc[row, idx[-1]]
+
+    return te.compute(out_shape, output, name=OUTPUT)
+
+
+__all__ = [
+    "CONTRACTION",
+    "GATHER_A",
+    "OUTPUT",
+    "TILE_K",
+    "TILE_M",
+    "TILE_N",
+    "ConvGeometry",
+    "bf16_bits",
+    "bf16_contraction",
+    "bf16_value",
+    "pack_weight_vnni",
+    "to_bf16_bits",
+]
