@@ -139,7 +139,14 @@ def run_maskrcnn_report(model, image, job: JobConfig | None = None, progress=Non
     last = timed.runs[-1]
     progress("PyTorch eager pieces")
     torch_s = time_torch_pieces(model, image, last.proposals, last.detection_boxes, repeat)
-    cmp = compare_for_mode(last.detections, timed.ref, build_mode(job.fast))
+    heads = model.roi_heads
+    cmp = compare_for_mode(
+        last.detections,
+        timed.ref,
+        build_mode(job.fast),
+        nms_threshold=heads.nms_thresh,
+        max_detections=heads.detections_per_img,
+    )
 
     def best_piece(name):
         times = [r.piece_s[name] for r in timed.runs if name in r.piece_s]

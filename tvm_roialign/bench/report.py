@@ -70,6 +70,8 @@ class Comparison:
     score_threshold: float | None = _doc("fast: detections scored at least this are matched")
     checked_torch: int | None = _doc("fast: eager's detections scored at least score_threshold")
     checked_tvm: int | None = _doc("fast: TVM's detections scored at least score_threshold")
+    near_ties_torch: int | None = _doc("fast: of checked_torch, near ties (NMS's, the list's cut)")
+    near_ties_tvm: int | None = _doc("fast: of checked_tvm, near ties (NMS's, the list's cut)")
     unmatched_torch: int | None = _doc("fast: of checked_torch, not found in TVM's")
     unmatched_tvm: int | None = _doc("fast: of checked_tvm, not found in eager's")
     min_box_iou: float | None = _doc("fast: least box IoU of the matched pairs")

@@ -124,24 +124,33 @@ def passed(cmp: dict) -> bool:
 # --------------------------------------------------------------------------------------------------
 # the fast mode's criterion
 
-#: Detections scored at least this (on either side) must be found on the other side.
-FAST_SCORE_THRESHOLD = 0.3
+#: Detections scored at least this (on either side) must be found on the other side: twice
+#: torchvision's ``box_score_thresh`` (0.05), so that none is checked whose presence rounding
+#: decides at that threshold.
+FAST_SCORE_THRESHOLD = 0.1
 #: Least box IoU of a detection and the one it is matched with (same label).
 FAST_BOX_IOU = 0.99
-#: Largest score difference of a matched pair.
-FAST_SCORE_TOL = 1e-2
+#: Largest score difference of a matched pair; also how close to the lowest score of a full
+#: list (``detections_per_img`` reached) a score must be to tie with the first one left out.
+FAST_SCORE_TOL = 1e-3
 #: Least IoU of a matched pair's masks (thresholded at :data:`MASK_THRESHOLD`). The paste rounds
 #: a box's edges to whole pixels (as torchvision's ``paste_masks_in_image``), so a box that moves
 #: by a thousandth of a pixel across a pixel edge moves its mask by a pixel: a fifth of a box
 #: 5 px wide. Over all matched masks, :data:`MASK_AGREEMENT` of the pixels must be equal.
 FAST_MASK_IOU = 0.5
 #: Largest keypoint (x, y) difference of a matched pair, input pixels.
-FAST_KEYPOINT_TOL = 2.0
+FAST_KEYPOINT_TOL = 1.0
+#: How close (IoU) to the box NMS threshold a detection's overlap with a better detection of its
+#: label must be for NMS's decision on it to be a near tie.
+FAST_NMS_MARGIN = 1e-3
 
 #: What a fast build's comparison must show to pass (:func:`compare_fast`).
 FAST_CRITERIA = (
     f"every detection scored >= {FAST_SCORE_THRESHOLD:g} on either side matched on the other by "
     f"one of the same label with box IoU >= {FAST_BOX_IOU:g} (at least one such detection), "
+    f"except near ties (box IoU with a better detection of its label within {FAST_NMS_MARGIN:g} "
+    f"of the NMS threshold; when both lists are full, as many of the lowest as the other side "
+    f"has such near ties, and those scored below the other's lowest + {FAST_SCORE_TOL:g}); "
     f"matched scores within {FAST_SCORE_TOL:g}, masks at {MASK_THRESHOLD:g}: IoU >= "
     f"{FAST_MASK_IOU:g} each and >= {100 * MASK_AGREEMENT:g}% of their pixels equal, keypoints "
     f"within {FAST_KEYPOINT_TOL:g} px"
@@ -194,15 +203,57 @@ def _mask_overlap(ours: dict, ref: dict, pairs: dict[int, int], threshold: float
         least = min(least, np.count_nonzero(r & o) / union if union else 1.0)
         equal += np.count_nonzero(r == o)
         total += r.size
-    return float(least), (equal / total if total else 1.0)
+    return float(least), (float(equal / total) if total else 1.0)
 
 
-def compare_fast(ours: dict, ref: dict, mask_threshold: float = MASK_THRESHOLD) -> dict:
+def nms_near_ties(dets: dict, nms_threshold: float) -> set[int]:
+    """The detections whose box IoU with a better-scored detection of the same label is within
+    :data:`FAST_NMS_MARGIN` of ``nms_threshold``: whether NMS keeps them is a near tie."""
+    boxes = _array(dets["boxes"], np.float64).reshape(-1, 4)
+    labels, scores = _array(dets["labels"]), _array(dets["scores"], np.float64)
+    iou = box_iou(boxes, boxes)
+    near = (
+        (np.abs(iou - nms_threshold) <= FAST_NMS_MARGIN)
+        & (labels[:, None] == labels[None, :])
+        & (scores[None, :] > scores[:, None])
+    )
+    return {int(i) for i in np.nonzero(near.any(axis=1))[0]}
+
+
+def _excused(dets: dict, own_ties: set, other: dict, other_ties: int, cap: int | None) -> set[int]:
+    """The detections of one side that need not be found on the ``other``: its NMS near ties
+    and, when both lists are full (``cap`` detections), its ``other_ties`` lowest-scored (each
+    near tie kept on the other side pushes one out of this list) and those scored below the
+    other's lowest + :data:`FAST_SCORE_TOL` (cut from the other's list, or tied with its last)."""
+    scores = _array(dets["scores"], np.float64)
+    other_scores = _array(other["scores"], np.float64)
+    excused = set(own_ties)
+    if cap is not None and min(len(scores), len(other_scores)) >= cap > 0:
+        excused |= {int(i) for i in np.argsort(scores, kind="stable")[:other_ties]}
+        excused |= {int(i) for i in np.nonzero(scores <= other_scores.min() + FAST_SCORE_TOL)[0]}
+    return excused
+
+
+def _unmatched(dets: dict, pairs: dict, excused: set, threshold: float) -> int:
+    scores = _array(dets["scores"], np.float64)
+    return sum(1 for i in np.nonzero(scores >= threshold)[0] if i not in pairs and i not in excused)
+
+
+def compare_fast(
+    ours: dict,
+    ref: dict,
+    mask_threshold: float = MASK_THRESHOLD,
+    nms_threshold: float = 0.5,
+    max_detections: int | None = 100,
+) -> dict:
     """``ours`` (a fast build) against ``ref`` (PyTorch eager) for one image, by
     :data:`FAST_CRITERIA`: returns ``num_detections_tvm``, ``num_detections_torch``,
     ``score_threshold``, ``checked_torch`` / ``checked_tvm`` (detections scored at least it),
-    ``unmatched_torch`` / ``unmatched_tvm`` (of those, found on the other side by no detection
-    of the same label with box IoU >= :data:`FAST_BOX_IOU`), ``min_box_iou``, ``max_score_diff``,
+    ``near_ties_torch`` / ``near_ties_tvm`` (of those, the excused near ties: NMS's, at the box
+    IoU ``nms_threshold``, and the list's cut at ``max_detections``; torchvision's defaults),
+    ``unmatched_torch`` / ``unmatched_tvm`` (of the others, found on the other side by no
+    detection of the same label with box IoU >= :data:`FAST_BOX_IOU`), ``min_box_iou``,
+    ``max_score_diff``,
     ``min_mask_iou`` and ``mask_pixel_agreement`` of the matched pairs (eager's checked
     detections and theirs), ``max_keypoint_diff`` (only where ``ref`` has keypoints) and
     ``passed``."""
@@ -211,6 +262,9 @@ def compare_fast(ours: dict, ref: dict, mask_threshold: float = MASK_THRESHOLD) 
     to_ref = match_detections(ours, ref, threshold, FAST_BOX_IOU)
     checked_torch = int(np.count_nonzero(_array(ref["scores"]) >= threshold))
     checked_tvm = int(np.count_nonzero(_array(ours["scores"]) >= threshold))
+    ties_ref, ties_ours = nms_near_ties(ref, nms_threshold), nms_near_ties(ours, nms_threshold)
+    excused_ref = _excused(ref, ties_ref, ours, len(ties_ours), max_detections)
+    excused_ours = _excused(ours, ties_ours, ref, len(ties_ref), max_detections)
     rows, cols = list(to_ours), list(to_ours.values())
     iou = box_iou(_array(ref["boxes"]).reshape(-1, 4)[rows], _array(ours["boxes"]).reshape(-1, 4)[cols])
     scores = _array(ref["scores"], np.float64)[rows] - _array(ours["scores"], np.float64)[cols]
@@ -220,8 +274,10 @@ def compare_fast(ours: dict, ref: dict, mask_threshold: float = MASK_THRESHOLD) 
         "score_threshold": threshold,
         "checked_torch": checked_torch,
         "checked_tvm": checked_tvm,
-        "unmatched_torch": checked_torch - len(to_ours),
-        "unmatched_tvm": checked_tvm - len(to_ref),
+        "near_ties_torch": checked_torch - _unmatched(ref, {}, excused_ref, threshold),
+        "near_ties_tvm": checked_tvm - _unmatched(ours, {}, excused_ours, threshold),
+        "unmatched_torch": _unmatched(ref, to_ours, excused_ref, threshold),
+        "unmatched_tvm": _unmatched(ours, to_ref, excused_ours, threshold),
         "min_box_iou": float(np.diag(iou).min()) if rows else 1.0,
         "max_score_diff": float(np.abs(scores).max()) if rows else 0.0,
     }
@@ -244,13 +300,14 @@ def compare_fast(ours: dict, ref: dict, mask_threshold: float = MASK_THRESHOLD) 
     return result
 
 
-def compare_for_mode(ours: dict, ref: dict, mode: str = "exact") -> dict:
+def compare_for_mode(ours: dict, ref: dict, mode: str = "exact", **limits) -> dict:
     """:func:`compare_detections` of an ``"exact"`` build, :func:`compare_fast` of a ``"fast"``
-    one, with ``mode`` and ``criteria`` (what ``passed`` required) added."""
+    one (given ``limits``: ``nms_threshold``, ``max_detections``), with ``mode`` and
+    ``criteria`` (what ``passed`` required) added."""
     if mode not in ("exact", "fast"):
         raise ValueError(f"mode must be 'exact' or 'fast', got {mode!r}")
     fast = mode == "fast"
-    result = (compare_fast if fast else compare_detections)(ours, ref)
+    result = compare_fast(ours, ref, **limits) if fast else compare_detections(ours, ref)
     return {**result, "mode": mode, "criteria": FAST_CRITERIA if fast else CRITERIA}
 
 
@@ -261,6 +318,7 @@ __all__ = [
     "FAST_CRITERIA",
     "FAST_KEYPOINT_TOL",
     "FAST_MASK_IOU",
+    "FAST_NMS_MARGIN",
     "FAST_SCORE_THRESHOLD",
     "FAST_SCORE_TOL",
     "KEYPOINT_TOL",
@@ -272,6 +330,7 @@ __all__ = [
     "compare_fast",
     "compare_for_mode",
     "match_detections",
+    "nms_near_ties",
     "pair_detections",
     "passed",
 ]
