@@ -27,9 +27,9 @@ DEFAULT_MAX_SIZE = 512
 
 #: ``--fast`` of ``compile DETECTOR``, ``maskrcnn`` and ``tune maskrcnn``.
 HELP_FAST = (
-    "fast build: the 3x3 convolutions as Winograd F(4x4, 3x3); detections scored >= 0.3 match "
-    "eager's with box IoU >= 0.99 (docs/detectors.md, fast mode). Default: exact, direct "
-    "convolutions, every detection equal to eager's"
+    "fast build: the 3x3 convolutions as Winograd F(4x4, 3x3); detections scored >= 0.1 match "
+    "eager's with box IoU >= 0.99, near ties excepted (docs/detectors.md, build modes). Default: "
+    "exact, direct convolutions, every detection equal to eager's"
 )
 
 #: The options that only detector names take: (attribute, flag).

@@ -9,8 +9,9 @@ from __future__ import annotations
 #: Winograd rounds otherwise than PyTorch's direct convs, which can change near-tie decisions.
 WINOGRAD_TILE = 0
 
-#: Winograd output tile of the fast mode (``fast=True``, ``--fast``): F(4x4, 3x3), within a few
-#: float32 ulps of the sum's magnitude (:mod:`tvm_roialign.topi.winograd`).
+#: Winograd output tile of the fast mode (``fast=True``, ``--fast``): F(4x4, 3x3), 4x fewer
+#: products than a direct conv, its rounding error a few times the direct float32 conv's
+#: (F(2x2) has 2.25x fewer, its error within the direct conv's; docs/detectors.md compares them).
 FAST_WINOGRAD_TILE = 4
 
 #: The build modes, as the artifact's metadata names them (``"mode"``): ``exact`` (direct convs,
