@@ -28,6 +28,8 @@ from tvm_roialign.models import detection as det
 from tvm_roialign.runtime import Detector, detect_to_files
 
 T = cmp.FAST_SCORE_THRESHOLD
+#: one xdist worker runs this module (`--dist loadgroup`), so the fast build is compiled once
+pytestmark = pytest.mark.xdist_group("fast_mode")
 
 
 def _detections(scores, boxes, labels, masks=None, keypoints=None) -> dict:
