@@ -29,6 +29,7 @@ import torch
 
 from tvm_roialign.host import use_usable_cores
 from tvm_roialign.models import detection as det
+from tvm_roialign.models.compare import compare_fast
 from tvm_roialign.models.detector_reference import detections_as_numpy
 from tvm_roialign.runtime import Detector
 
@@ -55,9 +56,9 @@ def timed_in_turn(runners: dict, repeat: int) -> dict:
     return {name: statistics.median(values) for name, values in runs.items()}
 
 
-def compiled(model, sizes, target, path, log, what):
+def compiled(model, sizes, target, path, log, what, fast=False):
     log(f"compile {what}")
-    artifact = det.compile_detector(model, sizes, target=target)
+    artifact = det.compile_detector(model, sizes, target=target, fast=fast)
     library = artifact.export(path)
     return Detector(library), {
         "import_s": artifact.import_s,
@@ -72,6 +73,18 @@ def eager_batch(model, rgbs):
     with torch.no_grad():
         results = model(images)
     return [detections_as_numpy(result) for result in results]
+
+
+def batch_comparisons(model, detector, names) -> dict:
+    """The photos ``names`` in one call of ``detector``, against eager's batched call."""
+    every = photos()
+    batch = [every[n] for n in names]
+    ours = detector(batch)
+    return {
+        "photos": names,
+        "padded": list(ours[0]["padded"]),
+        "comparisons": [det.compare(o, r) for o, r in zip(ours, eager_batch(model, batch))],
+    }
 
 
 def print_report(report) -> None:
@@ -97,7 +110,17 @@ def print_report(report) -> None:
             f"{c['max_box_diff']:10.2e} {c.get('max_score_diff', 0):9.1e} "
             f"{c['mask_pixel_agreement']:7.5f} {c['passed']}"
         )
-    b = report["batch"]
+    for name, r in report["photos"].items():
+        if "fast_s" in r:
+            c = r["comparison_fast"]
+            print(
+                f"{name:13s} fast {r['fast_s']:.3f} s: {r['any_s'] / r['fast_s']:.2f}x the exact "
+                f"artifact, {r['eager_s'] / r['fast_s']:.2f}x eager; fast criterion {c['passed']} "
+                f"({c['checked_torch']} eager detections checked, least box IoU {c['min_box_iou']:.4f})"
+            )
+    b = report.get("batch")
+    if b is None:
+        return
     print(f"batch {b['photos']} (padded {b['padded']}): equal to eager's batched call: "
           f"{[c['passed'] for c in b['comparisons']]}")
 
@@ -105,6 +128,8 @@ def print_report(report) -> None:
 def static_artifacts(model, rgbs, args, workdir: Path, log, report) -> dict:
     """One static artifact per padded size of the ``--static`` photos, by padded size (and
     ``"photos"``: the names)."""
+    if args.static == "none":
+        return {"photos": []}
     names = list(rgbs) if args.static == "all" else [n for n in args.static.split(",") if n]
     statics = {"photos": names}
     for name in names:
@@ -124,8 +149,10 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="maskrcnn_resnet50_fpn")
     parser.add_argument("--target", default="native")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--static", default="all", help="photos timed against a static build, or all")
-    parser.add_argument("--batch", default="coffee,chelsea,grace_hopper")
+    parser.add_argument("--static", default="all", help="photos timed against a static build, all or none")
+    parser.add_argument("--batch", default="coffee,chelsea,grace_hopper", help="photos, or none")
+    parser.add_argument("--fast", action="store_true", help="time a fast-mode artifact too")
+    parser.add_argument("--photos", default="all", help="photos timed (comma-separated), or all")
     parser.add_argument("--out", default="benchmarks/results/bench_anyphoto.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(use_usable_cores())
@@ -135,11 +162,18 @@ def main(argv=None) -> int:
 
     model = det.build_torch_detector(args.model)
     rgbs = photos()
+    if args.photos != "all":
+        rgbs = {name: rgbs[name] for name in args.photos.split(",")}
     report = {"model": args.model, "target": args.target, "repeat": args.repeat, "photos": {}}
     with tempfile.TemporaryDirectory() as workdir:
         anysize, report["artifact"] = compiled(
             model, None, args.target, Path(workdir) / "any.so", log, "the any-size artifact"
         )
+        fast = None
+        if args.fast:
+            fast, report["fast_artifact"] = compiled(
+                model, None, args.target, Path(workdir) / "fast.so", log, "the fast artifact", True
+            )
         statics = static_artifacts(model, rgbs, args, Path(workdir), log, report)
         for name, rgb in rgbs.items():
             log(f"{name} {rgb.shape[0]}x{rgb.shape[1]}")
@@ -156,6 +190,14 @@ def main(argv=None) -> int:
                     return model([image])
 
             runners = {"any_s": lambda rgb=rgb: anysize(rgb), "eager_s": eager}
+            if fast is not None:
+                runners["fast_s"] = lambda rgb=rgb: fast(rgb)
+                row["comparison_fast"] = compare_fast(
+                    fast(rgb),
+                    det.torch_detections(model, rgb),
+                    nms_threshold=model.roi_heads.nms_thresh,
+                    max_detections=model.roi_heads.detections_per_img,
+                )
             static = statics.get(tuple(ours["padded"])) if name in statics.get("photos", ()) else None
             if static is not None:
                 runners["static_s"] = lambda d=static, rgb=rgb: d(rgb)
@@ -164,14 +206,9 @@ def main(argv=None) -> int:
                 row["any_over_static"] = row["any_s"] / row["static_s"]
             row["any_over_eager"] = row["any_s"] / row["eager_s"]
             report["photos"][name] = row
-        names = args.batch.split(",")
-        batch = [rgbs[n] for n in names]
-        ours = anysize(batch)
-        report["batch"] = {
-            "photos": names,
-            "padded": list(ours[0]["padded"]),
-            "comparisons": [det.compare(o, r) for o, r in zip(ours, eager_batch(model, batch))],
-        }
+        names = [] if args.batch == "none" else args.batch.split(",")
+        if names:
+            report["batch"] = batch_comparisons(model, anysize, names)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=float))

@@ -1,6 +1,8 @@
 """A user's torchvision-style detector, small enough to compile in seconds: its own three-conv
 backbone (one feature map, stride 8), its own anchors and poolers, 5 classes. Shared by the
-detector and runtime tests."""
+detector and runtime tests. :func:`wide_tiny_mask_rcnn` is one of 64 channels with stride-1 3x3
+convolutions in the backbone, the RPN head and the mask head: the convolutions a fast build
+(Winograd) rewrites."""
 
 from __future__ import annotations
 
@@ -85,3 +87,49 @@ def tiny_keypoint_rcnn(seed: int, detections_per_img: int, num_keypoints: int = 
         box_detections_per_img=detections_per_img,
         box_score_thresh=0.0,
     ).eval()
+
+
+class WideTinyBackbone(torch.nn.Module):
+    """Three stride-2 convs to stride 8, then a 64 -> 64 stride-1 3x3 conv."""
+
+    out_channels = 64
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, stride=2, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(32, 64, 3, stride=2, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(64, 64, 3, stride=2, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(64, 64, 3, padding=1),
+        )
+
+    def forward(self, x):
+        return OrderedDict([("0", self.body(x))])
+
+
+def wide_tiny_mask_rcnn(seed: int, detections_per_img: int, logit_scale: float):
+    """A Mask R-CNN of 64 channels (:class:`WideTinyBackbone`, a two-conv mask head) with random
+    weights from ``seed``, in eval mode, 160-200 pixel resize, 300 / 50 proposals; its class
+    logits scaled by ``logit_scale`` so that the scores spread over (0, 1) as a trained
+    model's do, rather than all near 1 / 5."""
+    torch.manual_seed(seed)
+    model = MaskRCNN(
+        WideTinyBackbone(),
+        min_size=160,
+        max_size=200,
+        rpn_anchor_generator=AnchorGenerator(sizes=((16, 32, 64),), aspect_ratios=((0.5, 1.0, 2.0),)),
+        box_roi_pool=MultiScaleRoIAlign(["0"], output_size=7, sampling_ratio=2),
+        box_predictor=FastRCNNPredictor(1024, 5),
+        mask_roi_pool=MultiScaleRoIAlign(["0"], output_size=14, sampling_ratio=2),
+        mask_head=MaskRCNNHeads(64, [64, 64], 1),
+        mask_predictor=MaskRCNNPredictor(64, 64, 5),
+        rpn_pre_nms_top_n_test=300,
+        rpn_post_nms_top_n_test=50,
+        box_detections_per_img=detections_per_img,
+    ).eval()
+    with torch.no_grad():
+        model.roi_heads.box_predictor.cls_score.weight.mul_(logit_scale)
+    return model

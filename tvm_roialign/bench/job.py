@@ -1,7 +1,7 @@
 """The main job: the TVM detector and PyTorch eager on one photo, into a :class:`~.report.MaskRCNNReport`.
 
 :class:`JobConfig` says how it runs (the ``maskrcnn`` command's flags); the detections are judged by
-the package's one comparison, :func:`tvm_roialign.models.compare.compare_detections`.
+the package's comparison of the build's mode, :func:`tvm_roialign.models.compare.compare_for_mode`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.compare import compare_detections
+from ..models.compare import compare_for_mode
+from ..models.detector_sizes import build_mode
 from ..models.maskrcnn.detector import TVMMaskRCNN
 from ..models.maskrcnn.pieces import PIECE_NAMES
 from ..models.maskrcnn.torch_model import DEFAULT_IMAGE, MaskRCNNConfig
@@ -37,8 +38,8 @@ class JobConfig:
     ``target``: anything :func:`~tvm_roialign.target.parse_target` takes (None: ``native``);
     ``layout``: NHWC or NCHW; ``repeat``: timed runs after a warm-up (the best is reported);
     ``roi_timing``: time RoIAlign ours vs stock TVM; ``onnxruntime``: time ONNX Runtime too;
-    ``tuning_records`` and ``shapes`` as :class:`~tvm_roialign.models.maskrcnn.TVMMaskRCNN` takes
-    them;
+    ``tuning_records``, ``shapes`` and ``fast`` as :class:`~tvm_roialign.models.maskrcnn.TVMMaskRCNN`
+    takes them;
     ``model`` and ``image_name`` (how the model and photo were made) only fill ``report.config``.
     """
 
@@ -51,6 +52,7 @@ class JobConfig:
     model: MaskRCNNConfig | None = None
     image_name: str | None = None
     shapes: str | None = None
+    fast: bool = False
 
 
 def _transposes(detector: TVMMaskRCNN) -> Transposes:
@@ -77,6 +79,7 @@ def _run_config(job: JobConfig, target, repeat, shapes) -> RunConfig:
         target=target_config(target),
         layout=job.layout,
         shapes=shapes,
+        mode=build_mode(job.fast),
         min_size=config.min_size,
         max_size=config.max_size,
         proposals=config.rpn_post_nms_top_n_test,
@@ -88,7 +91,9 @@ def _run_config(job: JobConfig, target, repeat, shapes) -> RunConfig:
 
 def _compiled_detector(model, image, job: JobConfig, progress):
     """The detector for ``job``'s target, its pieces built for ``image``'s padded size."""
-    detector = TVMMaskRCNN(model, job.target, job.layout, progress, job.tuning_records, job.shapes)
+    detector = TVMMaskRCNN(
+        model, job.target, job.layout, progress, job.tuning_records, job.shapes, fast=job.fast
+    )
     with torch.no_grad():
         image_list, _ = model.transform([image])
     return detector, detector.compile(image_list.tensors.shape)
@@ -117,7 +122,8 @@ def run_maskrcnn_report(model, image, job: JobConfig | None = None, progress=Non
     interleaved, and gather a :class:`MaskRCNNReport` (best of ``job.repeat`` after a warm-up run).
 
     ``report.detections`` holds the TVM detections (tensors) for drawing; ``report.comparison``
-    is :func:`~tvm_roialign.models.compare.compare_detections` against eager (its ``CRITERIA``).
+    is :func:`~tvm_roialign.models.compare.compare_for_mode` against eager (``CRITERIA``, or
+    ``FAST_CRITERIA`` for a fast build).
     """
     job = job or JobConfig()
     progress = progress or (lambda _msg: None)
@@ -133,7 +139,14 @@ def run_maskrcnn_report(model, image, job: JobConfig | None = None, progress=Non
     last = timed.runs[-1]
     progress("PyTorch eager pieces")
     torch_s = time_torch_pieces(model, image, last.proposals, last.detection_boxes, repeat)
-    cmp = compare_detections(last.detections, timed.ref)
+    heads = model.roi_heads
+    cmp = compare_for_mode(
+        last.detections,
+        timed.ref,
+        build_mode(job.fast),
+        nms_threshold=heads.nms_thresh,
+        max_detections=heads.detections_per_img,
+    )
 
     def best_piece(name):
         times = [r.piece_s[name] for r in timed.runs if name in r.piece_s]

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..host import usable_cores
-from ..models.compare import CRITERIA
+from ..models.compare import CRITERIA, FAST_CRITERIA
 from ..target import describe
 
 
@@ -57,14 +57,28 @@ class Totals:
 class Comparison:
     num_detections_tvm: int = _doc("detections of the TVM detector")
     num_detections_torch: int = _doc("detections of PyTorch eager")
-    same_labels: bool = _doc("the paired detections have the same labels")
+    mode: str = _doc("build mode judged: exact (CRITERIA) or fast (FAST_CRITERIA)", "exact")
+    same_labels: bool | None = _doc("exact: the paired detections have the same labels")
     reordered_pairs: int | None = _doc(
         "detections paired out of order (scores tied to float noise; paired by label + nearest box)"
     )
-    max_box_diff: float = _doc("largest box coordinate difference of the pairs, input pixels")
+    max_box_diff: float | None = _doc("exact: largest box coordinate difference of the pairs, px")
     max_score_diff: float | None = _doc("largest score difference of the pairs")
-    mask_pixel_agreement: float = _doc("fraction of mask pixels equal after thresholding at 0.5")
-    passed: bool = _doc("TVM agrees with PyTorch eager: " + CRITERIA)
+    mask_pixel_agreement: float | None = _doc(
+        "fraction of mask pixels equal after thresholding at 0.5 (fast: of the matched pairs)"
+    )
+    score_threshold: float | None = _doc("fast: detections scored at least this are matched")
+    checked_torch: int | None = _doc("fast: eager's detections scored at least score_threshold")
+    checked_tvm: int | None = _doc("fast: TVM's detections scored at least score_threshold")
+    near_ties_torch: int | None = _doc("fast: of checked_torch, near ties (NMS's, the list's cut)")
+    near_ties_tvm: int | None = _doc("fast: of checked_tvm, near ties (NMS's, the list's cut)")
+    unmatched_torch: int | None = _doc("fast: of checked_torch, not found in TVM's")
+    unmatched_tvm: int | None = _doc("fast: of checked_tvm, not found in eager's")
+    min_box_iou: float | None = _doc("fast: least box IoU of the matched pairs")
+    min_mask_iou: float | None = _doc("fast: least mask IoU of the matched pairs (at 0.5)")
+    passed: bool = _doc(
+        f"TVM agrees with PyTorch eager by the mode's criteria; exact: {CRITERIA}; fast: {FAST_CRITERIA}"
+    )
     criteria: str = _doc("what passed requires", CRITERIA)
 
 
@@ -119,6 +133,7 @@ class RunConfig:
     shapes: str = _doc(
         "any (one build serves every padded image size) or static (a build for this size)", "any"
     )
+    mode: str = _doc("exact (direct 3x3 convolutions) or fast (Winograd)", "exact")
     min_size: int = _doc("torchvision resize min_size", 0)
     max_size: int = _doc("torchvision resize max_size", 0)
     proposals: int = _doc("RPN proposals kept (box-branch rois at most)", 0)

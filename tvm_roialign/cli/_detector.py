@@ -25,6 +25,13 @@ DEFAULT_SEED = 3
 DEFAULT_MIN_SIZE = 512
 DEFAULT_MAX_SIZE = 512
 
+#: ``--fast`` of ``compile DETECTOR``, ``maskrcnn`` and ``tune maskrcnn``.
+HELP_FAST = (
+    "fast build: the 3x3 convolutions as Winograd F(4x4, 3x3); detections scored >= 0.1 match "
+    "eager's with box IoU >= 0.99, near ties excepted (docs/detectors.md, build modes). Default: "
+    "exact, direct convolutions, every detection equal to eager's"
+)
+
 #: The options that only detector names take: (attribute, flag).
 _NAME_OPTIONS = (
     ("weights", "--weights"),
@@ -49,7 +56,7 @@ def alternatives() -> str:
 def add_compile_arguments(p) -> None:
     group = p.add_argument_group(
         "detectors (MODEL is a torchvision detector name; --input-size, --min-size, --max-size, "
-        "--weights and --seed only apply to a name)"
+        "--weights and --seed only apply to a name, --fast to a name or a detector .pt2)"
     )
     group.add_argument(
         "--input-size",
@@ -74,19 +81,26 @@ def add_compile_arguments(p) -> None:
         "own 800 / 1333)",
     )
     group.add_argument("--weights", default=None, help="a state_dict (default: random weights, --seed)")
+    group.add_argument("--fast", action="store_true", default=None, help=HELP_FAST)
     group.add_argument(
         "--seed", type=int, default=None, help=f"seed of the random weights (default: {DEFAULT_SEED})"
     )
 
 
-def reject_detector_options(args) -> None:
-    """The options of detector names, given with a model file: an error naming the first."""
+def reject_detector_options(args, exported_detector: bool = False) -> None:
+    """The options of detector names, given with a model file: an error naming the first;
+    ``--fast`` too unless the file is an ``exported_detector`` (a .pt2 in the static form)."""
     for attr, flag in _NAME_OPTIONS:
         if getattr(args, attr, None) is not None:
             raise CLIError(
                 f"{flag} only applies to a detector name ({_names()}), not to the model file "
                 f"{args.model!r}"
             )
+    if not exported_detector and getattr(args, "fast", None):
+        raise CLIError(
+            f"--fast only applies to a detector (a name: {_names()}; or a .pt2 written by "
+            f"export_detector), not to the model file {args.model!r}"
+        )
 
 
 def add_run_arguments(p) -> None:
@@ -155,7 +169,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
 
     name = args.model if args.model in DETECTORS else None
     if name is None:  # an exported .pt2: its size, weights and seed are fixed in it
-        reject_detector_options(args)
+        reject_detector_options(args, exported_detector=True)
     sizes = _input_sizes(args.input_size) if name else None
     min_size, max_size = _bounds(args) if name else (None, None)
     if args.weights is not None and not Path(args.weights).is_file():
@@ -176,7 +190,10 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
                 raise CLIError(f"--weights: {first_line(err)}") from None
             times["model_s"] = time.perf_counter() - t0
         try:
-            artifact = compile_detector(model, sizes, target, layout, progress=progress, name=name)
+            fast = bool(getattr(args, "fast", False))
+            artifact = compile_detector(
+                model, sizes, target, layout, progress=progress, name=name, fast=fast
+            )
             times["import_s"], times["build_s"] = artifact.import_s, artifact.compile_s
             progress(f"export {out}")
             t0 = time.perf_counter()
@@ -189,7 +206,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
     times = add_total(times, t_start, args.startup_s)
     print(
         f"compiled {args.model} ({accepted_sizes(artifact.meta, most=8)}; {describe(target)}, "
-        f"layout {layout}) -> "
+        f"layout {layout}, {artifact.meta['mode']}) -> "
         f"{out} (+ {out.name}.json) in {format_times(times)}"
     )
     return 0
@@ -218,7 +235,7 @@ def run_main(args, session=None) -> int:
             paste = f" ({summary['total_ms']:.0f} ms with the mask paste)" if masks else ""
             print(
                 f"{summary['num_detections']} detections in {summary['run_ms']:.0f} ms{paste} "
-                f"-> {picture}, {json_path}"
+                f"({detector.mode} build) -> {picture}, {json_path}"
             )
         if args.print_time:
             _photos.print_detector_time(detector, photos, args.number, args.repeat)

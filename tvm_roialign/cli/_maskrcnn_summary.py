@@ -58,8 +58,7 @@ def print_summary(report, out, report_path) -> None:
     cmp = report.comparison
     console.print(
         f"detections: TVM {cmp.num_detections_tvm}, PyTorch {cmp.num_detections_torch}; "
-        f"same labels: {cmp.same_labels}; max box diff {cmp.max_box_diff:.2e} px; "
-        f"mask pixels equal {100 * cmp.mask_pixel_agreement:.4f}% -> {'PASS' if cmp.passed else 'FAIL'}"
+        f"{_comparison_details(cmp)} -> {'PASS' if cmp.passed else 'FAIL'}"
         + (
             " (no detections to compare: lower --score-thresh or use another --seed)"
             if cmp.num_detections_tvm == 0
@@ -94,6 +93,21 @@ def print_summary(report, out, report_path) -> None:
             soft_wrap=True,
         )
     console.print(f"wrote {out} and {report_path}", highlight=False, soft_wrap=True)
+
+
+def _comparison_details(cmp) -> str:
+    """What the comparison of the build's mode measured, in words."""
+    if cmp.mode == "fast":
+        return (
+            f"fast build: scored >= {cmp.score_threshold:g}: {cmp.checked_torch} in PyTorch "
+            f"({cmp.unmatched_torch} unmatched), {cmp.checked_tvm} in TVM ({cmp.unmatched_tvm} "
+            f"unmatched); least box IoU {cmp.min_box_iou:.4f}, least mask IoU {cmp.min_mask_iou:.4f}, "
+            f"mask pixels equal {100 * cmp.mask_pixel_agreement:.4f}%"
+        )
+    return (
+        f"same labels: {cmp.same_labels}; max box diff {cmp.max_box_diff:.2e} px; "
+        f"mask pixels equal {100 * cmp.mask_pixel_agreement:.4f}%"
+    )
 
 
 def print_compile_only(report, report_path) -> None:

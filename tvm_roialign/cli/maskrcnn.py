@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from ._common import CLIError, device_for, first_line, output_path, resolve_target
+from ._detector import HELP_FAST
 from ._progress import progress_session
 from ._tuning import add_records_argument, open_records, print_coverage
 from .compile import HELP_TARGET
@@ -46,7 +47,12 @@ def register(subparsers, parents) -> None:
         action="store_true",
         help="skip the ONNX Runtime peer (the whole model through torch.onnx.export; needs the onnx extra)",
     )
-    p.add_argument("--check", action="store_true", help="exit 3 when TVM and PyTorch disagree")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 3 when TVM and PyTorch disagree (by the criteria of the build's mode: exact, "
+        "or --fast's)",
+    )
     p.add_argument(
         "--shapes",
         choices=("any", "static"),
@@ -85,6 +91,7 @@ def add_model_arguments(p) -> None:
     p.add_argument("--proposals", type=int, default=1000, help="RPN proposals kept")
     p.add_argument("--detections", type=int, default=100, help="detections per image at most")
     p.add_argument("--score-thresh", type=float, default=0.05, help="box score threshold")
+    p.add_argument("--fast", action="store_true", help=HELP_FAST)
 
 
 def check_layout(args) -> None:
@@ -128,6 +135,7 @@ def _job_config(args, target, config, records, onnxruntime):
         model=config,
         image_name=args.image,
         shapes=args.shapes,
+        fast=args.fast,
     )
 
 

@@ -152,7 +152,7 @@ def _modules(args, target, progress) -> tuple[list, dict]:
         pieces = detector.relax_modules(detector.padded_shape(image))
         return [mod for _imported, mod, _s in pieces.values()], {
             "layout": None,
-            **graph_options(model),
+            **graph_options(model, args.fast),
         }
     mod, _layout = import_model(args, model_options(args, target), progress, {})
     return [mod], {"layout": None}

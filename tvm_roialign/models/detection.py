@@ -37,11 +37,12 @@ from ..runtime.detector import METADATA_KIND
 from .compare import compare_detections
 from .detector_import import import_detector
 from .detector_reference import SAMPLE_PHOTOS, sample_photo, torch_detections
-from .detector_sizes import ANY, WINOGRAD_TILE, bucket_sizes, graph_options
+from .detector_sizes import ANY, MODES, WINOGRAD_TILE, bucket_sizes, build_mode, graph_options
 from .detector_zoo import DETECTORS, DetectorConfig, build_torch_detector, load_program
 
 __all__ = [
     "DETECTORS",
+    "MODES",
     "SAMPLE_PHOTOS",
     "WINOGRAD_TILE",
     "DetectorArtifact",
@@ -97,6 +98,7 @@ def compile_detector(
     progress: Callable[[str], None] | None = None,
     offset_trick_max_numel: int = 4000,
     name: str | None = None,
+    fast: bool = False,
 ) -> DetectorArtifact:
     """Compile a whole torchvision detector into one artifact (see the module doc).
 
@@ -129,6 +131,10 @@ def compile_detector(
     name : str | None
         The artifact's model name in its metadata (default: the detector name, the ``.pt2``
         file's stem, or the model's class name).
+    fast : bool
+        False (the default; ``"mode": "exact"`` in the metadata): direct 3x3 convolutions, eager's
+        detections (:data:`~tvm_roialign.models.compare.CRITERIA`). True (``"fast"``): Winograd
+        ones, :data:`~tvm_roialign.models.compare.FAST_CRITERIA`.
     """
     from ..pipeline import build
     from ..target import parse_target, target_config
@@ -149,13 +155,14 @@ def compile_detector(
     progress(f"build for {target.kind.name}")
     t0 = time.perf_counter()
     # import_detector converted the layout
-    executable = build(mod, target, layout=None, **graph_options(model)).executable
+    executable = build(mod, target, layout=None, **graph_options(model, fast)).executable
     compile_s = time.perf_counter() - t0
     meta = {
         "kind": METADATA_KIND,
         "model": name or type(model).__name__,
         **meta,
         "layout": layout,
+        "mode": build_mode(fast),
         "target": target_config(target),
         "import_s": import_s,
         "compile_s": compile_s,

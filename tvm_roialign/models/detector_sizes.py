@@ -1,12 +1,28 @@
 """Which padded image sizes a detector artifact serves and its functions' names, and the
-pipeline's Winograd options for detectors (parts of :mod:`tvm_roialign.models.detection`)."""
+pipeline's Winograd options for detectors' two build modes (parts of
+:mod:`tvm_roialign.models.detection`)."""
 
 from __future__ import annotations
 
-#: Winograd output tile of the detectors' 3x3 convolutions: 0, none (direct convs). A detector's
-#: top-k, NMS and heatmap argmax turn rounding into decisions, and Winograd rounds otherwise than
-#: PyTorch's direct convs, which can change the detection set; classifiers keep F(4x4).
+#: Winograd output tile of the detectors' 3x3 convolutions in the default (exact) mode: 0, none
+#: (direct convs). A detector's top-k, NMS and heatmap argmax turn rounding into decisions, and
+#: Winograd rounds otherwise than PyTorch's direct convs, which can change near-tie decisions.
 WINOGRAD_TILE = 0
+
+#: Winograd output tile of the fast mode (``fast=True``, ``--fast``): F(4x4, 3x3), 4x fewer
+#: products than a direct conv, its rounding error a few times the direct float32 conv's
+#: (F(2x2) has 2.25x fewer, its error within the direct conv's; docs/detectors.md compares them).
+FAST_WINOGRAD_TILE = 4
+
+#: The build modes, as the artifact's metadata names them (``"mode"``): ``exact`` (direct convs,
+#: the default: detections equal to eager's, :data:`tvm_roialign.models.compare.CRITERIA`) and
+#: ``fast`` (Winograd: :data:`tvm_roialign.models.compare.FAST_CRITERIA`).
+MODES = ("exact", "fast")
+
+
+def build_mode(fast: bool) -> str:
+    """The metadata's name of a build mode: ``"fast"`` or ``"exact"``."""
+    return MODES[1] if fast else MODES[0]
 
 #: The photo sizes whose padded sizes a default artifact serves: square, 4:3 and 3:2, landscape
 #: and portrait (with the package's 512 / 512 resize: 512x512, 384x512, 512x384, 352x512,
@@ -54,14 +70,15 @@ def bucket_sizes(transform, image_sizes=None) -> list[tuple[int, int]]:
     return sizes
 
 
-def graph_options(model) -> dict:
+def graph_options(model, fast: bool = False) -> dict:
     """The pipeline's Winograd options for a detector (``compile DETECTOR``, the ``maskrcnn``
-    pieces and their tuning tasks alike): :data:`WINOGRAD_TILE`, and the side at which a
-    symbolic-size conv is judged worth it, a photo's padded longer side under ``model``'s
-    transform (the pipeline's default without one)."""
+    pieces and their tuning tasks alike): :data:`WINOGRAD_TILE` (exact), or
+    :data:`FAST_WINOGRAD_TILE` when ``fast``, and the side at which a symbolic-size conv is
+    judged worth it, a photo's padded longer side under ``model``'s transform (the pipeline's
+    default without one)."""
     from ..runtime.transform import TransformSettings
 
-    options = {"winograd": WINOGRAD_TILE}
+    options = {"winograd": FAST_WINOGRAD_TILE if fast else WINOGRAD_TILE}
     transform = getattr(model, "transform", None)
     if transform is not None:
         options["reference_side"] = TransformSettings.of(transform).longest_padded_side()
@@ -72,8 +89,11 @@ __all__ = [
     "ANY",
     "ANY_FUNCTION",
     "DEFAULT_PHOTO_SIZES",
+    "FAST_WINOGRAD_TILE",
+    "MODES",
     "WINOGRAD_TILE",
     "bucket_sizes",
+    "build_mode",
     "function_name",
     "graph_options",
 ]

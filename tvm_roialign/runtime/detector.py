@@ -182,6 +182,9 @@ class Detector:
         self.settings = TransformSettings.from_dict(self.meta["transform"])
         self.buckets = {tuple(b["padded"]): b for b in self.meta["buckets"]}
         self.any_size = self.meta.get("any_size")
+        #: the build mode: "exact" (direct convolutions; also an artifact whose metadata predates
+        #: the modes) or "fast" (Winograd)
+        self.mode = self.meta.get("mode", "exact")
         self.outputs = list(self.meta["outputs"])
         self.names = self.meta.get("categories")
         self.keypoint_names = self.meta.get("keypoint_names")
@@ -373,6 +376,7 @@ def detect_to_files(
         "resized_size": list(result["resized"]),
         "padded_size": list(result["padded"]),
         "target": meta.get("target"),
+        "mode": detector.mode,
         "run_ms": result["run_s"] * 1e3,
         "total_ms": result["total_s"] * 1e3,
         "num_detections": len(result["boxes"]),
@@ -385,7 +389,7 @@ def detect_to_files(
         where = " ".join(str(target[k]) for k in ("kind", "mcpu") if target.get(k))
         caption = (
             f"{meta.get('model') or Path(library).name}: {summary['num_detections']} "
-            f"detections, {summary['run_ms']:.0f} ms ({where or '?'})"
+            f"detections, {summary['run_ms']:.0f} ms ({where or '?'}, {detector.mode})"
         )
         draw_detections(
             rgb, result, detector.names, top, mask_threshold, caption, skeleton=detector.skeleton

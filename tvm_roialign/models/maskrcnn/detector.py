@@ -132,6 +132,10 @@ class TVMMaskRCNN:
         static); sides outside :data:`SYMBOLIC_SIDES` get a build of their own size.
         ``"static"``: a build per padded image size (its kernels tiled for that size). Default
         (None): ``"any"``, or ``"static"`` with ``tuning_records`` (tuned for one image size).
+    fast : bool
+        False (the default): direct 3x3 convolutions, detections equal to eager's
+        (:data:`~tvm_roialign.models.compare.CRITERIA`); True: Winograd 3x3 convolutions,
+        detections within :data:`~tvm_roialign.models.compare.FAST_CRITERIA` of eager's.
 
     Graphs are compiled on first use (``compile(image_shape)`` to do it ahead): once, or once per
     padded image size with ``shapes="static"``. Building for a target that this machine cannot run
@@ -146,6 +150,8 @@ class TVMMaskRCNN:
         progress: Callable | None = None,
         tuning_records=None,
         shapes: str | None = None,
+        *,
+        fast: bool = False,
     ):
         if layout not in ("NCHW", "NHWC"):
             raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
@@ -154,6 +160,7 @@ class TVMMaskRCNN:
         if shapes not in SHAPES:
             raise ValueError(f"shapes must be one of {SHAPES}, got {shapes!r}")
         self.shapes = shapes
+        self.fast = bool(fast)
         use_usable_cores()  # TVM's pool, before constant folding runs the first kernel
         self.model = model
         self.target = parse_target(target)
@@ -199,7 +206,11 @@ class TVMMaskRCNN:
             records = self.tuning_records.labelled(name) if self.tuning_records else None
             # layout=None: relax_modules converted the layout
             executable = build(
-                mod, self.target, tuning_records=records, layout=None, **graph_options(self.model)
+                mod,
+                self.target,
+                tuning_records=records,
+                layout=None,
+                **graph_options(self.model, self.fast),
             ).executable
             compile_s = time.perf_counter() - t0
             pieces[name] = Piece(name, imported, mod, executable, self.device, import_s, compile_s)
