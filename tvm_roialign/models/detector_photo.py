@@ -1,0 +1,134 @@
+"""The photo-in, detections-out function of a detector artifact: ``detect_photo`` (part of
+:mod:`tvm_roialign.models.detection`).
+
+``detect_photo(photo [H, W, 3] uint8)`` does in the graph what the Python runner
+(:class:`tvm_roialign.runtime.Detector`) does around the artifact's function for any size
+(``detect``): torchvision's transform (the resized size computed from the photo's shape in a small
+kernel and made a shape with ``R.tensor_to_shape``; normalization, bilinear resize, zero padding),
+a call of ``detect`` itself (the network is compiled once and shared), and the postprocess: the
+first ``num_detections`` rows, boxes scaled to the photo, and for Mask R-CNN each mask pasted into the
+photo and thresholded at 0.5. It returns ``boxes [D, 4]`` float32 (the photo's pixels), ``labels
+[D]`` int64, ``scores [D]`` float32 and ``masks [D, H, W]`` uint8 (Mask R-CNN), ``D`` the number of
+detections. A photo whose padded size the function does not serve stops the call with an error
+naming the sizes (``R.assert_op``). The kernels: :mod:`tvm_roialign.topi.photo`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+
+from ..runtime.transform import TransformSettings, feature_heights, min_height_for_scales, pooler_scales
+from ..topi import photo as kernels
+
+__all__ = ["PHOTO_FUNCTION", "add_photo_function", "serves_photos"]
+
+#: The artifact's photo-in, detections-out function.
+PHOTO_FUNCTION = "detect_photo"
+
+#: The outputs of :data:`PHOTO_FUNCTION` per output of the network that it reads.
+_OUTPUTS = ("boxes", "labels", "scores")
+
+
+def serves_photos(meta: dict, target) -> bool:
+    """Whether an artifact of ``meta`` built for ``target`` gets :data:`PHOTO_FUNCTION`: one
+    function for any size (``any_size``), boxes with or without masks (not keypoints, whose
+    heatmaps the runner reads), an LLVM target (the kernels' fused multiply-adds)."""
+    return bool(meta.get("any_size")) and target.kind.name == "llvm" and (
+        "keypoint_heatmaps" not in meta["outputs"]
+    )
+
+
+def lowest_heights(entry: dict, settings: TransformSettings) -> np.ndarray:
+    """Per padded height ``k * size_divisible`` up to the function's largest side, the smallest
+    resized height it serves (-1 where torchvision's poolers infer other scales than the function's
+    or the height is out of its bounds): the runner's check of a photo as a table."""
+    divisor = settings.size_divisible
+    table = np.full(entry["max_side"] // divisor + 1, -1, np.int64)
+    for k in range(len(table)):
+        padded = k * divisor
+        if padded < entry["min_side"]:
+            continue
+        heights = [feature_heights(padded, row) for row in entry["pooler_strides"]]
+        if [pooler_scales(h, padded) for h in heights] == entry["pooler_scales"]:
+            table[k] = min_height_for_scales(heights, padded, divisor)
+    return table
+
+
+def _symbolic(bb, tensor, names):
+    """Variables for the values of a 1-D int64 ``tensor`` as a shape."""
+    variables = [tirx.Var(name, "int64") for name in names]
+    shape = bb.emit(relax.op.tensor_to_shape(tensor))
+    bb.match_cast(shape, relax.ShapeType(variables))
+    return variables
+
+
+def _transform(bb, photo, meta, settings):
+    """``(images, image_size, sizes, (h, w))``: the photo through torchvision's transform."""
+    entry = meta["any_size"]
+    sizes = bb.emit_te(kernels.resized_size, photo, settings.min_size, settings.max_size)
+    table = relax.const(lowest_heights(entry, settings), "int64")
+    served = bb.emit_te(
+        kernels.size_is_served, sizes, table, settings.size_divisible,
+        (entry["min_side"], entry["max_side"]),
+    )
+    bb.emit(relax.op.assert_op(
+        served, [sizes],
+        format=(
+            "the photo is resized to {} (h, w) by torchvision's transform "
+            f"(min_size {settings.min_size}, max_size {settings.max_size}); this function takes "
+            f"padded sizes from {entry['min_side']} to {entry['max_side']} pixels a side with a "
+            "resized height at which torchvision's poolers infer the function's scales"
+        ),
+    ))
+    rows, columns = _symbolic(bb, sizes, ("resized_h", "resized_w"))
+
+    def preprocess_photo(tensor, height, width):
+        return kernels.preprocess_photo(tensor, height, width, settings, settings.resize_fma)
+
+    images = bb.emit_te(preprocess_photo, photo, rows, columns)
+    image_size = bb.emit(relax.op.astype(sizes, "float32"))
+    return images, image_size, sizes
+
+
+def _postprocess(bb, outputs, names, sizes, photo_shape):
+    """The first ``num_detections`` rows in the photo's coordinates, masks pasted."""
+    count = bb.emit(relax.TupleGetItem(outputs, names.index("num_detections")))
+    (detections,) = _symbolic(bb, count, ("num_detections",))
+    raw = {name: bb.emit(relax.TupleGetItem(outputs, i)) for i, name in enumerate(names)}
+    boxes = bb.emit_te(kernels.photo_boxes, raw["boxes"], detections, sizes, photo_shape)
+    results = [boxes]
+    for name in ("labels", "scores"):
+        results.append(bb.emit_te(kernels.first_rows, raw[name], detections))
+    if "masks" in raw:
+        mask_size = int(raw["masks"].ty.shape[-1])
+        expanded = bb.emit_te(kernels.expanded_mask_boxes, boxes, mask_size)
+        results.append(bb.emit_te(kernels.paste_masks, raw["masks"], expanded, photo_shape))
+    return results
+
+
+def add_photo_function(mod: tvm.IRModule, meta: dict) -> tuple[tvm.IRModule, dict]:
+    """``mod`` with :data:`PHOTO_FUNCTION` beside its function for any size, and ``meta`` with
+    ``photo_function``: its name and outputs (see the module doc)."""
+    settings = TransformSettings.from_dict(meta["transform"])
+    names = list(meta["outputs"])
+    height, width = tirx.Var("photo_h", "int64"), tirx.Var("photo_w", "int64")
+    photo = relax.Var("photo", relax.TensorType([height, width, 3], "uint8"))
+    bb = relax.BlockBuilder()
+    # functions added through the builder get global variables typed for calls
+    functions = {gv.name_hint: bb.add_func(func, gv.name_hint) for gv, func in mod.functions_items()}
+    network = functions[meta["any_size"]["function"]]
+    with bb.function(PHOTO_FUNCTION, [photo]):
+        images, image_size, sizes = _transform(bb, photo, meta, settings)
+        outputs = bb.emit(relax.Call(network, [images, image_size]))
+        results = _postprocess(bb, outputs, names, sizes, (height, width))
+        bb.emit_func_output(relax.Tuple(results))
+    mod = bb.get() if mod.attrs is None else bb.get().with_attrs(mod.attrs)
+    mod[PHOTO_FUNCTION] = mod[PHOTO_FUNCTION].with_attr("global_symbol", PHOTO_FUNCTION)
+    outputs = [*_OUTPUTS, *(["masks"] if "masks" in names else [])]
+    return mod, {**meta, "photo_function": {
+        "function": PHOTO_FUNCTION,
+        "outputs": outputs,
+        "mask_threshold": 0.5,
+    }}
