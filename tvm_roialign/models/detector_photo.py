@@ -10,7 +10,7 @@ first ``num_detections`` rows, boxes scaled to the photo, and for Mask R-CNN eac
 photo and thresholded at 0.5. It returns ``boxes [D, 4]`` float32 (the photo's pixels), ``labels
 [D]`` int64, ``scores [D]`` float32 and ``masks [D, H, W]`` uint8 (Mask R-CNN), ``D`` the number of
 detections. A photo whose padded size the function does not serve stops the call with an error
-naming the sizes (``R.assert_op``). The kernels: :mod:`tvm_roialign.topi.photo`.
+(a shape check of the VM). The kernels: :mod:`tvm_roialign.topi.photo`.
 """
 
 from __future__ import annotations
@@ -73,15 +73,10 @@ def _transform(bb, photo, meta, settings):
         kernels.size_is_served, sizes, table, settings.size_divisible,
         (entry["min_side"], entry["max_side"]),
     )
-    bb.emit(relax.op.assert_op(
-        served, [sizes],
-        format=(
-            "the photo is resized to {} (h, w) by torchvision's transform "
-            f"(min_size {settings.min_size}, max_size {settings.max_size}); this function takes "
-            f"padded sizes from {entry['min_side']} to {entry['max_side']} pixels a side with a "
-            "resized height at which torchvision's poolers infer the function's scales"
-        ),
-    ))
+    # a photo the function does not serve stops the call: its flag, as a shape, must match (1,)
+    # (a check of the VM itself, which TVM's runtime alone runs; R.assert_op needs the compiler's)
+    flag = bb.emit(relax.op.tensor_to_shape(served))
+    bb.match_cast(flag, relax.ShapeType([1]))
     rows, columns = _symbolic(bb, sizes, ("resized_h", "resized_w"))
 
     def preprocess_photo(tensor, height, width):

@@ -81,7 +81,7 @@ def resized_size(photo: te.Tensor, min_size: int, max_size: int) -> te.Tensor:
 
 
 def size_is_served(sizes: te.Tensor, lowest: te.Tensor, divisor: int, bounds) -> te.Tensor:
-    """``[]`` bool: whether the padded size of the resized ``sizes`` lies within ``bounds`` (the
+    """``[1]`` int64: 1 if the padded size of the resized ``sizes`` lies within ``bounds`` (the
     function's sides) and the resized height is at least ``lowest[padded height // divisor]`` (the
     smallest height at which torchvision's poolers infer the function's scales; a negative entry
     when they never do)."""
@@ -93,9 +93,10 @@ def size_is_served(sizes: te.Tensor, lowest: te.Tensor, divisor: int, bounds) ->
         height, width = padded(sizes[0]), padded(sizes[1])
         inside = tirx.all(height >= bounds[0], height <= bounds[1], width >= bounds[0], width <= bounds[1])
         index = tirx.min(height // divisor, lowest.shape[0] - 1)
-        return tirx.all(inside, lowest[index] >= 0, sizes[0] >= lowest[index])
+        ok = tirx.all(inside, lowest[index] >= 0, sizes[0] >= lowest[index])
+        return tirx.Select(ok, tirx.const(1, I64), tirx.const(0, I64))
 
-    return te.compute((), served, name="size_is_served")
+    return te.compute((1,), lambda _i: served(), name="size_is_served")
 
 
 def preprocess_photo(photo: te.Tensor, rows, columns, settings, fused: bool) -> te.Tensor:
