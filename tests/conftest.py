@@ -203,3 +203,19 @@ def pt2_lib(pt2_model, cli_workdir):
     lib = cli_workdir / "tiny_default.so"
     assert cli.main(["-q", "compile", str(pt2_model[0]), "-o", str(lib)]) == 0
     return lib
+
+
+@pytest.fixture(scope="session")
+def tiny_any_detector(tmp_path_factory):
+    """``(library, model)``: a tiny Mask R-CNN (tests/_tiny_rcnn.py, seed 1, 12 detections)
+    compiled with the defaults, one function for every photo size (tests/test_runtime.py,
+    tests/test_cpp_deploy.py)."""
+    from _tiny_rcnn import tiny_rcnn
+
+    from tvm_roialign.models import detection as det
+
+    model = tiny_rcnn(masks=True, seed=1, detections_per_img=12)
+    library = det.compile_detector(model, target="llvm").export(
+        tmp_path_factory.mktemp("any") / "tiny_any.so"
+    )
+    return library, model

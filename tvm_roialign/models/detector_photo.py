@@ -22,7 +22,7 @@ from tvm import relax, tirx
 from ..runtime.transform import TransformSettings, feature_heights, min_height_for_scales, pooler_scales
 from ..topi import photo as kernels
 
-__all__ = ["PHOTO_FUNCTION", "add_photo_function", "serves_photos"]
+__all__ = ["PHOTO_FUNCTION", "add_photo_function", "lowest_heights", "serves_photos", "transform_photo"]
 
 #: The artifact's photo-in, detections-out function.
 PHOTO_FUNCTION = "detect_photo"
@@ -64,8 +64,9 @@ def _symbolic(bb, tensor, names):
     return variables
 
 
-def _transform(bb, photo, meta, settings):
-    """``(images, image_size, sizes, (h, w))``: the photo through torchvision's transform."""
+def transform_photo(bb, photo, meta, settings):
+    """``(images, image_size, sizes)``: the photo (a Relax variable of ``bb``) through torchvision's
+    transform, ``meta`` the artifact's metadata (its ``any_size`` entry bounds the sizes)."""
     entry = meta["any_size"]
     sizes = bb.emit_te(kernels.resized_size, photo, settings.min_size, settings.max_size)
     table = relax.const(lowest_heights(entry, settings), "int64")
@@ -115,7 +116,7 @@ def add_photo_function(mod: tvm.IRModule, meta: dict) -> tuple[tvm.IRModule, dic
     functions = {gv.name_hint: bb.add_func(func, gv.name_hint) for gv, func in mod.functions_items()}
     network = functions[meta["any_size"]["function"]]
     with bb.function(PHOTO_FUNCTION, [photo]):
-        images, image_size, sizes = _transform(bb, photo, meta, settings)
+        images, image_size, sizes = transform_photo(bb, photo, meta, settings)
         outputs = bb.emit(relax.Call(network, [images, image_size]))
         results = _postprocess(bb, outputs, names, sizes, (height, width))
         bb.emit_func_output(relax.Tuple(results))
