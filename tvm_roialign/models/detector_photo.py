@@ -21,6 +21,7 @@ from tvm import relax, tirx
 
 from ..runtime.transform import TransformSettings, feature_heights, min_height_for_scales, pooler_scales
 from ..topi import photo as kernels
+from ..topi.photo_keypoints import heatmaps_to_keypoints
 
 __all__ = ["PHOTO_FUNCTION", "add_photo_function", "lowest_heights", "serves_photos", "transform_photo"]
 
@@ -35,9 +36,7 @@ def serves_photos(meta: dict, target) -> bool:
     """Whether an artifact of ``meta`` built for ``target`` gets :data:`PHOTO_FUNCTION`: one
     function for any size (``any_size``), boxes with or without masks (not keypoints, whose
     heatmaps the runner reads), an LLVM target (the kernels' fused multiply-adds)."""
-    return bool(meta.get("any_size")) and target.kind.name == "llvm" and (
-        "keypoint_heatmaps" not in meta["outputs"]
-    )
+    return bool(meta.get("any_size")) and target.kind.name == "llvm"
 
 
 def lowest_heights(entry: dict, settings: TransformSettings) -> np.ndarray:
@@ -88,8 +87,27 @@ def transform_photo(bb, photo, meta, settings):
     return images, image_size, sizes
 
 
-def _postprocess(bb, outputs, names, sizes, photo_shape):
-    """The first ``num_detections`` rows in the photo's coordinates, masks pasted."""
+def _keypoints(bb, raw, count, detections, sizes, photo):
+    """``[keypoints [n, K, 3], keypoints_scores [n, K]]`` in the photo's pixels."""
+    heatmaps = raw["keypoint_heatmaps"]
+    most, num_keypoints, _, size = (int(v) for v in heatmaps.ty.shape.values[1:5])
+    kernel = bb.add_func(heatmaps_to_keypoints(most, num_keypoints, size), "heatmaps_to_keypoints")
+    out = bb.emit(relax.call_tir(
+        kernel,
+        [heatmaps, raw["boxes"], count, sizes, bb.emit_te(kernels.photo_size, photo)],
+        [relax.TensorType([most, num_keypoints, 3], "float32"),
+         relax.TensorType([most, num_keypoints], "float32")],
+    ))
+    return [
+        bb.emit_te(kernels.leading_rows, bb.emit(relax.TupleGetItem(out, i)), detections)
+        for i in range(2)
+    ]
+
+
+def _postprocess(bb, outputs, names, sizes, photo):
+    """The first ``num_detections`` rows in the photo's coordinates, masks pasted, keypoints
+    read from their heatmaps."""
+    photo_shape = tuple(photo.ty.shape.values[:2])
     count = bb.emit(relax.TupleGetItem(outputs, names.index("num_detections")))
     (detections,) = _symbolic(bb, count, ("num_detections",))
     raw = {name: bb.emit(relax.TupleGetItem(outputs, i)) for i, name in enumerate(names)}
@@ -101,6 +119,8 @@ def _postprocess(bb, outputs, names, sizes, photo_shape):
         mask_size = int(raw["masks"].ty.shape[-1])
         expanded = bb.emit_te(kernels.expanded_mask_boxes, boxes, mask_size)
         results.append(bb.emit_te(kernels.paste_masks, raw["masks"], expanded, photo_shape))
+    if "keypoint_heatmaps" in raw:
+        results.extend(_keypoints(bb, raw, count, detections, sizes, photo))
     return results
 
 
@@ -118,11 +138,13 @@ def add_photo_function(mod: tvm.IRModule, meta: dict) -> tuple[tvm.IRModule, dic
     with bb.function(PHOTO_FUNCTION, [photo]):
         images, image_size, sizes = transform_photo(bb, photo, meta, settings)
         outputs = bb.emit(relax.Call(network, [images, image_size]))
-        results = _postprocess(bb, outputs, names, sizes, (height, width))
+        results = _postprocess(bb, outputs, names, sizes, photo)
         bb.emit_func_output(relax.Tuple(results))
     mod = bb.get() if mod.attrs is None else bb.get().with_attrs(mod.attrs)
     mod[PHOTO_FUNCTION] = mod[PHOTO_FUNCTION].with_attr("global_symbol", PHOTO_FUNCTION)
     outputs = [*_OUTPUTS, *(["masks"] if "masks" in names else [])]
+    if "keypoint_heatmaps" in names:
+        outputs += ["keypoints", "keypoints_scores"]
     return mod, {**meta, "photo_function": {
         "function": PHOTO_FUNCTION,
         "outputs": outputs,

@@ -17,8 +17,10 @@ from tvm import te, tirx
 __all__ = [
     "expanded_mask_boxes",
     "first_rows",
+    "leading_rows",
     "paste_masks",
     "photo_boxes",
+    "photo_size",
     "preprocess_photo",
     "resized_size",
     "size_is_served",
@@ -137,6 +139,16 @@ def photo_boxes(boxes: te.Tensor, count, sizes: te.Tensor, photo_size) -> te.Ten
 def first_rows(values: te.Tensor, count) -> te.Tensor:
     """``[count]``: the first ``count`` entries of ``values [1, D]``."""
     return te.compute((count,), lambda i: values[0, i], name="first_rows")
+
+
+def leading_rows(values: te.Tensor, count) -> te.Tensor:
+    """``[count, ...]``: the first ``count`` rows of ``values [D, ...]``."""
+    return te.compute((count, *values.shape[1:]), lambda *i: values[i], name="leading_rows")
+
+
+def photo_size(photo: te.Tensor) -> te.Tensor:
+    """``[2]`` int64: the ``(H, W)`` of a ``[H, W, 3]`` photo."""
+    return te.compute((2,), lambda i: tirx.Select(i == 0, photo.shape[0], photo.shape[1]), name="photo_size")
 
 
 def expanded_mask_boxes(boxes: te.Tensor, mask_size: int, padding: int = 1) -> te.Tensor:
