@@ -210,6 +210,7 @@ def tiny_any_detector(tmp_path_factory):
     """``(library, model)``: a tiny Mask R-CNN (tests/_tiny_rcnn.py, seed 1, 12 detections)
     compiled with the defaults, one function for every photo size (tests/test_runtime.py,
     tests/test_cpp_deploy.py)."""
+    pytest.importorskip("torchvision")
     from _tiny_rcnn import tiny_rcnn
 
     from tvm_roialign.models import detection as det
@@ -217,5 +218,22 @@ def tiny_any_detector(tmp_path_factory):
     model = tiny_rcnn(masks=True, seed=1, detections_per_img=12)
     library = det.compile_detector(model, target="llvm").export(
         tmp_path_factory.mktemp("any") / "tiny_any.so"
+    )
+    return library, model
+
+
+@pytest.fixture(scope="session")
+def tiny_keypoint_detector(tmp_path_factory):
+    """``(library, model)``: a small Keypoint R-CNN (tests/_tiny_rcnn.py, seed 2, 12 detections,
+    COCO's 17 keypoints) compiled with the defaults, one function for every photo size
+    (tests/test_cli_outputs.py, tests/test_cpp_deploy.py)."""
+    pytest.importorskip("torchvision")
+    from _tiny_rcnn import tiny_keypoint_rcnn
+
+    from tvm_roialign.models import detection as det
+
+    model = tiny_keypoint_rcnn(seed=2, detections_per_img=12, num_keypoints=17)
+    library = det.compile_detector(model, target="llvm").export(
+        tmp_path_factory.mktemp("keypoints") / "kp.so"
     )
     return library, model

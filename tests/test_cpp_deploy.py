@@ -7,7 +7,7 @@ postprocess in the graph) and the C++ program of examples/cpp that runs it with 
 * the C++ program (built with CMake against the apache-tvm wheel; skipped where no C++ compiler or
   CMake is found) on the astronaut, coffee and a portrait photo against the Python runner
   (:class:`tvm_roialign.runtime.Detector`): same labels, boxes within 1e-3 px, masks at least
-  99.99% equal.
+  99.99% equal, keypoints within 1e-3 px (a Keypoint R-CNN with COCO's 17 keypoints).
 """
 
 from __future__ import annotations
@@ -147,13 +147,7 @@ def _decode(runs, size) -> np.ndarray:
 def test_cpp_program_equals_the_python_runner(cpp_program, tiny_any_detector, tmp_path, name):
     library, _ = tiny_any_detector
     rgb = _photo(name)
-    photo = tmp_path / f"{name}.ppm"
-    Image.fromarray(rgb).save(photo)
-    out = tmp_path / "result.json"
-    done = subprocess.run([str(cpp_program), str(library), str(photo), str(out)],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    ours = json.loads(out.read_text())
+    ours = _run(cpp_program, library, rgb, tmp_path)
     ref = Detector(library)(rgb)
     found = ours["detections"]
     assert ours["image_size"] == list(rgb.shape[:2])
@@ -165,6 +159,33 @@ def test_cpp_program_equals_the_python_runner(cpp_program, tiny_any_detector, tm
         pasted = _decode(d["mask_rle"], mask.size).reshape(mask.shape)
         assert d["mask_pixels"] == int(pasted.sum())
         assert (pasted == (mask > 0.5)).mean() >= 0.9999
+
+
+def _run(program, library, rgb, folder: Path) -> dict:
+    photo = folder / "photo.ppm"
+    Image.fromarray(rgb).save(photo)
+    out = folder / "result.json"
+    done = subprocess.run([str(program), str(library), str(photo), str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("name", ["coffee", "portrait"])
+def test_cpp_program_keypoints_equal_the_python_runner(
+    cpp_program, tiny_keypoint_detector, tmp_path, name
+):
+    library, _ = tiny_keypoint_detector
+    rgb = _photo(name)
+    found = _run(cpp_program, library, rgb, tmp_path)["detections"]
+    ref = Detector(library)(rgb)
+    assert len(found) == len(ref["labels"]) > 0
+    np.testing.assert_array_equal([d["label"] for d in found], ref["labels"])
+    np.testing.assert_allclose([d["box"] for d in found], ref["boxes"], rtol=0, atol=1e-3)
+    ours = np.array([d["keypoints"] for d in found])
+    assert ours.shape == (len(found), 17, 3)
+    np.testing.assert_allclose(ours[..., :2], ref["keypoints"][..., :2], rtol=0, atol=1e-3)
+    np.testing.assert_allclose(ours[..., 2], ref["keypoints_scores"], rtol=0, atol=1e-5)
 
 
 def test_cpp_program_refuses_a_photo_out_of_bounds(cpp_program, tiny_any_detector, tmp_path):

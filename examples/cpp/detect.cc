@@ -4,9 +4,10 @@
 //
 // The artifact's function `detect_photo` takes the photo as it is ([H, W, 3] uint8 RGB) and returns
 // boxes [D, 4] (x1, y1, x2, y2 in the photo's pixels), labels [D], scores [D] and, for Mask R-CNN,
-// masks [D, H, W] (uint8, 0 or 1). The program writes them as JSON (stdout without a third
-// argument); each mask as its pixel count and a run-length code of its rows (row-major counts of
-// alternating 0 and 1 runs, starting with 0).
+// masks [D, H, W] (uint8, 0 or 1), for Keypoint R-CNN keypoints [D, K, 3] (x, y, 1) and their
+// scores [D, K]. The program writes them as JSON (stdout without a third argument); each mask as
+// its pixel count and a run-length code of its rows (row-major counts of alternating 0 and 1 runs,
+// starting with 0), each keypoint as [x, y, score].
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/extra/module.h>
@@ -106,11 +107,23 @@ std::vector<int64_t> RunLengths(const uint8_t* mask, size_t size, int64_t* pixel
   return runs;
 }
 
+bool IsMasks(const tvm::ffi::Tensor& tensor) {
+  const DLDataType dtype = tensor.GetDLTensorPtr()->dtype;
+  return dtype.code == kDLUInt && dtype.bits == 8;
+}
+
 std::string Json(const std::vector<tvm::ffi::Tensor>& out, const Photo& photo, double run_ms) {
   std::vector<float> boxes = Values<float>(out[0]), scores = Values<float>(out[2]);
   std::vector<int64_t> labels = Values<int64_t>(out[1]);
   std::vector<uint8_t> masks;
-  if (out.size() > 3) masks = Values<uint8_t>(out[3]);
+  std::vector<float> keypoints, keypoint_scores;
+  int64_t num_keypoints = 0;
+  if (out.size() == 4 && IsMasks(out[3])) masks = Values<uint8_t>(out[3]);
+  if (out.size() == 5) {  // keypoints [D, K, 3], their scores [D, K]
+    keypoints = Values<float>(out[3]);
+    keypoint_scores = Values<float>(out[4]);
+    num_keypoints = out[4].GetDLTensorPtr()->shape[1];
+  }
   const size_t area = static_cast<size_t>(photo.height * photo.width);
   std::ostringstream json;
   json.precision(9);
@@ -125,6 +138,15 @@ std::string Json(const std::vector<tvm::ffi::Tensor>& out, const Photo& photo, d
       std::vector<int64_t> runs = RunLengths(masks.data() + i * area, area, &pixels);
       json << ", \"mask_pixels\": " << pixels << ", \"mask_rle\": [";
       for (size_t k = 0; k < runs.size(); ++k) json << (k ? ", " : "") << runs[k];
+      json << "]";
+    }
+    if (num_keypoints > 0) {
+      json << ", \"keypoints\": [";
+      for (int64_t k = 0; k < num_keypoints; ++k) {
+        const size_t at = i * static_cast<size_t>(num_keypoints) + static_cast<size_t>(k);
+        json << (k ? ", " : "") << "[" << keypoints[3 * at] << ", " << keypoints[3 * at + 1] << ", "
+             << keypoint_scores[at] << "]";
+      }
       json << "]";
     }
     json << "}";

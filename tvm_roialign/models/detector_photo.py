@@ -6,11 +6,13 @@
 (``detect``): torchvision's transform (the resized size computed from the photo's shape in a small
 kernel and made a shape with ``R.tensor_to_shape``; normalization, bilinear resize, zero padding),
 a call of ``detect`` itself (the network is compiled once and shared), and the postprocess: the
-first ``num_detections`` rows, boxes scaled to the photo, and for Mask R-CNN each mask pasted into the
-photo and thresholded at 0.5. It returns ``boxes [D, 4]`` float32 (the photo's pixels), ``labels
-[D]`` int64, ``scores [D]`` float32 and ``masks [D, H, W]`` uint8 (Mask R-CNN), ``D`` the number of
-detections. A photo whose padded size the function does not serve stops the call with an error
-(a shape check of the VM). The kernels: :mod:`tvm_roialign.topi.photo`.
+first ``num_detections`` rows, boxes scaled to the photo, for Mask R-CNN each mask pasted into the
+photo and thresholded at 0.5, for Keypoint R-CNN the keypoints read from their heatmaps. It returns
+``boxes [D, 4]`` float32 (the photo's pixels), ``labels [D]`` int64, ``scores [D]`` float32, and
+``masks [D, H, W]`` uint8 (Mask R-CNN) or ``keypoints [D, K, 3]`` and ``keypoints_scores [D, K]``
+(Keypoint R-CNN), ``D`` the number of detections. A photo whose padded size the function does not
+serve stops the call with an error (a shape check of the VM). The kernels: :mod:`tvm_roialign.topi.photo` and
+:mod:`tvm_roialign.topi.photo_keypoints`.
 """
 
 from __future__ import annotations
@@ -118,7 +120,10 @@ def _postprocess(bb, outputs, names, sizes, photo):
     if "masks" in raw:
         mask_size = int(raw["masks"].ty.shape[-1])
         expanded = bb.emit_te(kernels.expanded_mask_boxes, boxes, mask_size)
-        results.append(bb.emit_te(kernels.paste_masks, raw["masks"], expanded, photo_shape))
+        columns = bb.emit_te(kernels.mask_columns, raw["masks"], expanded, photo_shape[1])
+        rows = bb.emit_te(kernels.mask_rows, expanded, photo_shape[0], mask_size)
+        weights = [bb.emit(relax.TupleGetItem(rows, j)) for j in range(2)]
+        results.append(bb.emit_te(kernels.paste_masks, columns, *weights, expanded))
     if "keypoint_heatmaps" in raw:
         results.extend(_keypoints(bb, raw, count, detections, sizes, photo))
     return results

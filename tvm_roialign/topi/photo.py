@@ -18,6 +18,8 @@ __all__ = [
     "expanded_mask_boxes",
     "first_rows",
     "leading_rows",
+    "mask_columns",
+    "mask_rows",
     "paste_masks",
     "photo_boxes",
     "photo_size",
@@ -167,25 +169,72 @@ def expanded_mask_boxes(boxes: te.Tensor, mask_size: int, padding: int = 1) -> t
     return te.compute((boxes.shape[0], 4), corner, name="expanded_mask_boxes")
 
 
-def paste_masks(masks: te.Tensor, expanded: te.Tensor, photo_size, threshold: float = 0.5) -> te.Tensor:
-    """``[n, H, W]`` uint8: each ``masks [1, D, M, M]`` probability map, padded by one pixel of
-    zeros, resized bilinearly to its ``expanded`` box and pasted into the photo, thresholded
-    (``> threshold``): torchvision's ``paste_masks_in_image`` (:func:`~tvm_roialign.runtime.paste_masks`)."""
+def _box_extent(expanded, i, axis):
+    """``(low, high, length)`` of detection ``i``'s expanded box along ``axis`` (0: x, 1: y)."""
+    low, high = expanded[i, axis], expanded[i, axis + 2]
+    return low, high, tirx.max(high - low + 1, 1)
+
+
+def mask_columns(masks: te.Tensor, expanded: te.Tensor, width) -> te.Tensor:
+    """``[n, M + 2, W]``: the rows of each zero-padded ``masks [1, D, M, M]`` map resized along the
+    width to its ``expanded`` box, at the photo's columns (zero outside the box): the first pass of
+    :func:`paste_masks`' separable resize."""
     size = masks.shape[-1]
-    padded_side = size + 2
+
+    def value(i, r, x):
+        x0, x1, length = _box_extent(expanded, i, 0)
+
+        def read(q):
+            # the padding's zeros; the indices clamped too, for a vectorized select reads both sides
+            inside = tirx.all(r >= 1, r <= size, q >= 1, q <= size)
+            row, column = (tirx.min(tirx.max(v - 1, 0), size - 1) for v in (r, q))
+            return tirx.Select(inside, masks[0, i, row, column], _f32(0.0))
+
+        q0, q1, w0, w1 = _source(size + 2, length, x - x0, True)
+        resized = _lerp(read(q0), w0, read(q1), w1, True)
+        return tirx.if_then_else(tirx.all(x >= x0, x <= x1), resized, _f32(0.0))
+
+    return te.compute((expanded.shape[0], size + 2, width), value, name="mask_columns")
+
+
+def mask_rows(expanded: te.Tensor, height, size: int):
+    """``(rows [n, H, 2] int64, weights [n, H, 2])``: per photo row, the two rows of
+    :func:`mask_columns` and their weights of the resize along the height (``size``: M)."""
+
+    def source(i, y):
+        y0, _, length = _box_extent(expanded, i, 1)
+        return _source(tirx.const(size + 2, I64), length, y - y0, True)
+
+    def row(i, y, j):
+        r0, r1, _, _ = source(i, y)
+        return tirx.Select(j == 0, r0, r1)
+
+    def weight(i, y, j):
+        _, _, w0, w1 = source(i, y)
+        return tirx.Select(j == 0, w0, w1)
+
+    shape = (expanded.shape[0], height, 2)
+    return te.compute(shape, row, name="mask_rows"), te.compute(shape, weight, name="mask_row_weights")
+
+
+def paste_masks(
+    columns: te.Tensor, rows: te.Tensor, weights: te.Tensor, expanded: te.Tensor,
+    threshold: float = 0.5,
+) -> te.Tensor:
+    """``[n, H, W]`` uint8: each mask map (padded by one pixel of zeros) resized bilinearly to its
+    ``expanded`` box and pasted into the photo, thresholded (``> threshold``): torchvision's
+    ``paste_masks_in_image`` (:func:`~tvm_roialign.runtime.paste_masks`), from the width pass
+    ``columns`` (:func:`mask_columns`) and the rows and weights of the height pass
+    (:func:`mask_rows`)."""
 
     def pixel(i, y, x):
-        x0, y0, x1, y1 = (expanded[i, k] for k in range(4))
-        width = tirx.max(x1 - x0 + 1, 1)
-        height = tirx.max(y1 - y0 + 1, 1)
-
-        def read(r, q):
-            inside = tirx.all(r >= 1, r <= size, q >= 1, q <= size)
-            return tirx.if_then_else(inside, masks[0, i, r - 1, q - 1], _f32(0.0))
-
-        value = _bilinear(read, height, width, padded_side, padded_side, y - y0, x - x0, True)
+        x0, x1, _ = _box_extent(expanded, i, 0)
+        y0, y1, _ = _box_extent(expanded, i, 1)
+        top, bottom = columns[i, rows[i, y, 0], x], columns[i, rows[i, y, 1], x]
+        value = _lerp(top, weights[i, y, 0], bottom, weights[i, y, 1], True)
         inside = tirx.all(x >= x0, x <= x1, y >= y0, y <= y1)
-        hit = tirx.if_then_else(inside, value > _f32(threshold), tirx.const(False, "bool"))
-        return hit.astype("uint8")
+        hit = tirx.all(inside, value > _f32(threshold))
+        return tirx.Select(hit, tirx.const(1, "uint8"), tirx.const(0, "uint8"))
 
-    return te.compute((expanded.shape[0], photo_size[0], photo_size[1]), pixel, name="paste_masks")
+    shape = (expanded.shape[0], rows.shape[1], columns.shape[2])
+    return te.compute(shape, pixel, name="paste_masks")
