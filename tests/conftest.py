@@ -60,11 +60,22 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one)")
 
 
+#: Session fixtures that compile a detector: the tests using one run on one xdist worker
+#: (``--dist loadgroup``), so that each is compiled once.
+COMPILING_FIXTURES = ("tiny_any_detector", "tiny_keypoint_detector")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU (TVM and torch)")
     for item in items:
         if item.get_closest_marker("cuda") is not None and not cuda_available():
             item.add_marker(skip)
+        fixtures = getattr(item, "fixturenames", ())
+        if item.get_closest_marker("xdist_group") is None and any(
+            name in fixtures for name in COMPILING_FIXTURES
+        ):
+            item.add_marker(pytest.mark.xdist_group("tiny_detectors"))
 
 
 # --------------------------------------------------------------------------------------------------
