@@ -20,8 +20,10 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax, tirx
+from tvm.s_tir import Schedule
 
 from ..runtime.transform import TransformSettings, feature_heights, min_height_for_scales, pooler_scales
+from ..strategies.base import mark_scheduled
 from ..topi import photo as kernels
 from ..topi.photo_keypoints import heatmaps_to_keypoints
 
@@ -32,6 +34,20 @@ PHOTO_FUNCTION = "detect_photo"
 
 #: The outputs of :data:`PHOTO_FUNCTION` per output of the network that it reads.
 _OUTPUTS = ("boxes", "labels", "scores")
+
+
+#: The kernels with one output per pixel, whose rows run in parallel (:func:`_rows_in_parallel`).
+_PER_PIXEL = ("preprocess_photo", "mask_columns", "paste_masks")
+
+
+def _rows_in_parallel(func, block: str):
+    """``func`` (one block, ``block``) with its loops but the last fused and parallel, the last
+    (the photo's columns) left whole, marked as scheduled: a fused loop over the symbolic sizes,
+    as the generic rules make it, divides its index back into coordinates at every element."""
+    sch = Schedule(func)
+    loops = sch.get_loops(sch.get_sblock(block))
+    sch.parallel(sch.fuse(*loops[:-1]))
+    return mark_scheduled(sch.mod["main"])
 
 
 def serves_photos(meta: dict, target) -> bool:
@@ -146,6 +162,9 @@ def add_photo_function(mod: tvm.IRModule, meta: dict) -> tuple[tvm.IRModule, dic
         results = _postprocess(bb, outputs, names, sizes, photo)
         bb.emit_func_output(relax.Tuple(results))
     mod = bb.get() if mod.attrs is None else bb.get().with_attrs(mod.attrs)
+    for gv, func in mod.functions_items():
+        if gv.name_hint in _PER_PIXEL:
+            mod[gv] = _rows_in_parallel(func, gv.name_hint)
     mod[PHOTO_FUNCTION] = mod[PHOTO_FUNCTION].with_attr("global_symbol", PHOTO_FUNCTION)
     outputs = [*_OUTPUTS, *(["masks"] if "masks" in names else [])]
     if "keypoint_heatmaps" in names:

@@ -89,7 +89,7 @@ def heatmaps_to_keypoints(detections: int, num_keypoints: int, size: int):
         keypoints: T.Buffer((D, K, 3), "float32"),
         scores: T.Buffer((D, K), "float32"),
     ):
-        T.func_attr({"tir.noalias": True, "tir.is_scheduled": True})
+        T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
         for i in T.parallel(D):
             for k in range(K):
                 width = T.max(boxes[0, i, 2] - boxes[0, i, 0], T.float32(1.0))
