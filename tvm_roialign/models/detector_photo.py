@@ -169,8 +169,7 @@ def add_photo_function(mod: tvm.IRModule, meta: dict) -> tuple[tvm.IRModule, dic
     outputs = [*_OUTPUTS, *(["masks"] if "masks" in names else [])]
     if "keypoint_heatmaps" in names:
         outputs += ["keypoints", "keypoints_scores"]
-    return mod, {**meta, "photo_function": {
-        "function": PHOTO_FUNCTION,
-        "outputs": outputs,
-        "mask_threshold": 0.5,
-    }}
+    entry = {"function": PHOTO_FUNCTION, "outputs": outputs}
+    if "masks" in names:
+        entry["mask_threshold"] = 0.5
+    return mod, {**meta, "photo_function": entry}
