@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -165,15 +166,18 @@ int main(int argc, char** argv) {
   try {
     Photo photo = ReadPpm(argv[2]);
     DLDevice cpu{kDLCPU, 0};
-    tvm::ffi::Module library = tvm::ffi::Module::LoadFromFile(argv[1]);
+    // an absolute path: dlopen looks a bare file name up in the library search path
+    const std::string path = std::filesystem::absolute(argv[1]).string();
+    if (!std::filesystem::is_regular_file(path)) throw std::runtime_error("library '" + path + "' does not exist");
+    tvm::ffi::Module library = tvm::ffi::Module::LoadFromFile(path);
     tvm::ffi::Module vm = library->GetFunction("vm_load_executable").value()().cast<tvm::ffi::Module>();
     const int pooled = 2;  // tvm::runtime::memory::kPooled
     vm->GetFunction("vm_initialization").value()(static_cast<int>(kDLCPU), 0, pooled);
     auto detect = vm->GetFunction("detect_photo");
     if (!detect.has_value()) {
       throw std::runtime_error(std::string("'") + argv[1] +
-                               "' has no function detect_photo (compile it with tvm-roialign 0.x "
-                               "for any photo size)");
+                               "' has no function detect_photo (compile the detector for any photo "
+                               "size, without --input-size, for a CPU target)");
     }
     int64_t shape[3] = {photo.height, photo.width, 3};
     tvm::ffi::Tensor input = tvm::ffi::Tensor::FromNDAlloc(
