@@ -60,11 +60,22 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one)")
 
 
+#: Session fixtures that compile a detector: the tests using one run on one xdist worker
+#: (``--dist loadgroup``), so that each is compiled once.
+COMPILING_FIXTURES = ("tiny_any_detector", "tiny_keypoint_detector")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU (TVM and torch)")
     for item in items:
         if item.get_closest_marker("cuda") is not None and not cuda_available():
             item.add_marker(skip)
+        fixtures = getattr(item, "fixturenames", ())
+        if item.get_closest_marker("xdist_group") is None and any(
+            name in fixtures for name in COMPILING_FIXTURES
+        ):
+            item.add_marker(pytest.mark.xdist_group("tiny_detectors"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -203,3 +214,37 @@ def pt2_lib(pt2_model, cli_workdir):
     lib = cli_workdir / "tiny_default.so"
     assert cli.main(["-q", "compile", str(pt2_model[0]), "-o", str(lib)]) == 0
     return lib
+
+
+@pytest.fixture(scope="session")
+def tiny_any_detector(tmp_path_factory):
+    """``(library, model)``: a tiny Mask R-CNN (tests/_tiny_rcnn.py, seed 1, 12 detections)
+    compiled with the defaults, one function for every photo size (tests/test_runtime.py,
+    tests/test_cpp_deploy.py)."""
+    pytest.importorskip("torchvision")
+    from _tiny_rcnn import tiny_rcnn
+
+    from tvm_roialign.models import detection as det
+
+    model = tiny_rcnn(masks=True, seed=1, detections_per_img=12)
+    library = det.compile_detector(model, target="llvm").export(
+        tmp_path_factory.mktemp("any") / "tiny_any.so"
+    )
+    return library, model
+
+
+@pytest.fixture(scope="session")
+def tiny_keypoint_detector(tmp_path_factory):
+    """``(library, model)``: a small Keypoint R-CNN (tests/_tiny_rcnn.py, seed 2, 12 detections,
+    COCO's 17 keypoints) compiled with the defaults, one function for every photo size
+    (tests/test_cli_outputs.py, tests/test_cpp_deploy.py)."""
+    pytest.importorskip("torchvision")
+    from _tiny_rcnn import tiny_keypoint_rcnn
+
+    from tvm_roialign.models import detection as det
+
+    model = tiny_keypoint_rcnn(seed=2, detections_per_img=12, num_keypoints=17)
+    library = det.compile_detector(model, target="llvm").export(
+        tmp_path_factory.mktemp("keypoints") / "kp.so"
+    )
+    return library, model

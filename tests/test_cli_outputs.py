@@ -121,22 +121,20 @@ def test_torchvision_drawer_draws_masks_as_clearly(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def keypoint_run(tmp_path_factory):
-    """A small Keypoint R-CNN with COCO's 17 keypoints and two classes, compiled for the coffee
-    photo's padded size and run by ``run --image``: (model, photo, JSON, picture)."""
+def keypoint_run(tiny_keypoint_detector, tmp_path_factory):
+    """A small Keypoint R-CNN with COCO's 17 keypoints and two classes, compiled for any photo
+    size and run by ``run --image`` on the coffee photo: (model, photo, JSON, picture)."""
     pytest.importorskip("torch")
     pytest.importorskip("torchvision")
-    from _tiny_rcnn import tiny_keypoint_rcnn
     from PIL import Image
 
     from tvm_roialign import cli
     from tvm_roialign.models import detection as det
 
     root = tmp_path_factory.mktemp("keypoints")
-    model = tiny_keypoint_rcnn(seed=2, detections_per_img=12, num_keypoints=17)
+    library, model = tiny_keypoint_detector
     rgb = det.sample_photo("coffee")
     Image.fromarray(rgb).save(root / "coffee.png")
-    library = det.compile_detector(model, rgb.shape[:2], target="llvm").export(root / "kp.so")
     argv = ["--quiet", "run", str(library), "--image", str(root / "coffee.png"), "--out",
             str(root / "out.png"), "--draw-top", "3"]
     assert cli.main(argv) == 0

@@ -467,13 +467,9 @@ def test_fresh_venv_with_the_core_install_runs_the_artifact(artifact, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def any_artifact(tmp_path_factory):
+def any_artifact(tiny_any_detector):
     """``(library, model)``: the tiny Mask R-CNN compiled with the defaults (one function)."""
-    model = _tiny_mask_rcnn()
-    library = det.compile_detector(model, target="llvm").export(
-        tmp_path_factory.mktemp("any") / "tiny_any.so"
-    )
-    return library, model
+    return tiny_any_detector
 
 
 def _photo(name: str) -> np.ndarray:

@@ -36,6 +36,7 @@ from ..runtime.artifact_check import RECORD_KEY, library_record
 from ..runtime.detector import METADATA_KIND
 from .compare import compare_detections
 from .detector_import import import_detector
+from .detector_photo import add_photo_function, serves_photos
 from .detector_reference import SAMPLE_PHOTOS, sample_photo, torch_detections
 from .detector_sizes import ANY, MODES, WINOGRAD_TILE, bucket_sizes, build_mode, graph_options
 from .detector_zoo import DETECTORS, DetectorConfig, build_torch_detector, load_program
@@ -151,6 +152,8 @@ def compile_detector(
         offset_trick_max_numel=offset_trick_max_numel,
         float64=target.kind.name != "metal",  # Metal has no double
     )
+    if serves_photos(meta, target):
+        mod, meta = add_photo_function(mod, meta)
     import_s = time.perf_counter() - t0
     progress(f"build for {target.kind.name}")
     t0 = time.perf_counter()

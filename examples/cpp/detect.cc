@@ -1,0 +1,202 @@
+// Runs a tvm-roialign detector artifact on a photo with TVM's runtime alone (no Python).
+//
+//   detect model.so photo.ppm [result.json]
+//
+// The artifact's function `detect_photo` takes the photo as it is ([H, W, 3] uint8 RGB) and returns
+// boxes [D, 4] (x1, y1, x2, y2 in the photo's pixels), labels [D], scores [D] and, for Mask R-CNN,
+// masks [D, H, W] (uint8, 0 or 1), for Keypoint R-CNN keypoints [D, K, 3] (x, y, 1) and their
+// scores [D, K]. The program writes them as JSON (stdout without a third argument); each mask as
+// its pixel count and a run-length code of its rows (row-major counts of alternating 0 and 1 runs,
+// starting with 0), each keypoint as [x, y, score].
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/extra/module.h>
+#include <tvm/ffi/function.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Photo {
+  int64_t height = 0, width = 0;
+  std::vector<uint8_t> rgb;  // [height, width, 3]
+};
+
+// The next header token of a binary PPM, skipping whitespace and comments.
+std::string PpmToken(std::istream& in) {
+  std::string token;
+  int c;
+  while ((c = in.get()) != EOF) {
+    if (c == '#') {
+      while ((c = in.get()) != EOF && c != '\n') {
+      }
+    } else if (!isspace(c)) {
+      token.push_back(static_cast<char>(c));
+      while ((c = in.peek()) != EOF && !isspace(c) && c != '#') token.push_back(static_cast<char>(in.get()));
+      return token;
+    }
+  }
+  return token;
+}
+
+// A binary PPM (P6, 8 bits a sample) as [H, W, 3] RGB.
+Photo ReadPpm(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("photo '" + path + "' cannot be opened");
+  if (PpmToken(in) != "P6") throw std::runtime_error("photo '" + path + "' is not a binary PPM (P6)");
+  Photo photo;
+  photo.width = std::stoll(PpmToken(in));
+  photo.height = std::stoll(PpmToken(in));
+  if (std::stoll(PpmToken(in)) != 255) throw std::runtime_error("photo '" + path + "' is not 8-bit");
+  in.get();  // the one whitespace byte before the pixels
+  photo.rgb.resize(static_cast<size_t>(photo.height * photo.width * 3));
+  in.read(reinterpret_cast<char*>(photo.rgb.data()), static_cast<std::streamsize>(photo.rgb.size()));
+  if (!in) throw std::runtime_error("photo '" + path + "' is truncated");
+  return photo;
+}
+
+// Host memory for tensors, aligned as TVM's kernels expect (64 bytes).
+struct AlignedAlloc {
+  void AllocData(DLTensor* tensor) {
+    size_t size = (tvm::ffi::GetDataSize(*tensor) + 63) / 64 * 64;
+    tensor->data = std::aligned_alloc(64, size ? size : 64);
+    if (tensor->data == nullptr) throw std::bad_alloc();
+  }
+  void FreeData(DLTensor* tensor) { std::free(tensor->data); }
+};
+
+template <typename T>
+std::vector<T> Values(const tvm::ffi::Tensor& tensor) {
+  const DLTensor* view = tensor.GetDLTensorPtr();
+  if (view->device.device_type != kDLCPU || !tensor.IsContiguous()) {
+    throw std::runtime_error("an output is not a contiguous host tensor");
+  }
+  size_t count = 1;
+  for (int i = 0; i < view->ndim; ++i) count *= static_cast<size_t>(view->shape[i]);
+  const T* data = reinterpret_cast<const T*>(static_cast<const char*>(view->data) + view->byte_offset);
+  return std::vector<T>(data, data + count);
+}
+
+// Run lengths of a 0/1 mask in row-major order, starting with a run of zeros.
+std::vector<int64_t> RunLengths(const uint8_t* mask, size_t size, int64_t* pixels) {
+  std::vector<int64_t> runs;
+  uint8_t current = 0;
+  int64_t length = 0;
+  *pixels = 0;
+  for (size_t i = 0; i < size; ++i) {
+    uint8_t value = mask[i] ? 1 : 0;
+    *pixels += value;
+    if (value != current) {
+      runs.push_back(length);
+      current = value;
+      length = 0;
+    }
+    ++length;
+  }
+  runs.push_back(length);
+  return runs;
+}
+
+bool IsMasks(const tvm::ffi::Tensor& tensor) {
+  const DLDataType dtype = tensor.GetDLTensorPtr()->dtype;
+  return dtype.code == kDLUInt && dtype.bits == 8;
+}
+
+std::string Json(const std::vector<tvm::ffi::Tensor>& out, const Photo& photo, double run_ms) {
+  std::vector<float> boxes = Values<float>(out[0]), scores = Values<float>(out[2]);
+  std::vector<int64_t> labels = Values<int64_t>(out[1]);
+  std::vector<uint8_t> masks;
+  std::vector<float> keypoints, keypoint_scores;
+  int64_t num_keypoints = 0;
+  if (out.size() == 4 && IsMasks(out[3])) masks = Values<uint8_t>(out[3]);
+  if (out.size() == 5) {  // keypoints [D, K, 3], their scores [D, K]
+    keypoints = Values<float>(out[3]);
+    keypoint_scores = Values<float>(out[4]);
+    num_keypoints = out[4].GetDLTensorPtr()->shape[1];
+  }
+  const size_t area = static_cast<size_t>(photo.height * photo.width);
+  std::ostringstream json;
+  json.precision(9);
+  json << "{\"image_size\": [" << photo.height << ", " << photo.width << "], \"run_ms\": " << run_ms
+       << ", \"num_detections\": " << labels.size() << ", \"detections\": [";
+  for (size_t i = 0; i < labels.size(); ++i) {
+    json << (i ? ",\n  " : "\n  ") << "{\"label\": " << labels[i] << ", \"score\": " << scores[i]
+         << ", \"box\": [" << boxes[4 * i] << ", " << boxes[4 * i + 1] << ", " << boxes[4 * i + 2] << ", "
+         << boxes[4 * i + 3] << "]";
+    if (!masks.empty()) {
+      int64_t pixels = 0;
+      std::vector<int64_t> runs = RunLengths(masks.data() + i * area, area, &pixels);
+      json << ", \"mask_pixels\": " << pixels << ", \"mask_rle\": [";
+      for (size_t k = 0; k < runs.size(); ++k) json << (k ? ", " : "") << runs[k];
+      json << "]";
+    }
+    if (num_keypoints > 0) {
+      json << ", \"keypoints\": [";
+      for (int64_t k = 0; k < num_keypoints; ++k) {
+        const size_t at = i * static_cast<size_t>(num_keypoints) + static_cast<size_t>(k);
+        json << (k ? ", " : "") << "[" << keypoints[3 * at] << ", " << keypoints[3 * at + 1] << ", "
+             << keypoint_scores[at] << "]";
+      }
+      json << "]";
+    }
+    json << "}";
+  }
+  json << "\n]}\n";
+  return json.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3 || argc > 4) {
+    std::cerr << "usage: " << argv[0] << " model.so photo.ppm [result.json]\n";
+    return 2;
+  }
+  try {
+    Photo photo = ReadPpm(argv[2]);
+    DLDevice cpu{kDLCPU, 0};
+    // an absolute path: dlopen looks a bare file name up in the library search path
+    const std::string path = std::filesystem::absolute(argv[1]).string();
+    if (!std::filesystem::is_regular_file(path)) throw std::runtime_error("library '" + path + "' does not exist");
+    tvm::ffi::Module library = tvm::ffi::Module::LoadFromFile(path);
+    tvm::ffi::Module vm = library->GetFunction("vm_load_executable").value()().cast<tvm::ffi::Module>();
+    const int pooled = 2;  // tvm::runtime::memory::kPooled
+    vm->GetFunction("vm_initialization").value()(static_cast<int>(kDLCPU), 0, pooled);
+    auto detect = vm->GetFunction("detect_photo");
+    if (!detect.has_value()) {
+      throw std::runtime_error(std::string("'") + argv[1] +
+                               "' has no function detect_photo (compile the detector for any photo "
+                               "size, without --input-size, for a CPU target)");
+    }
+    int64_t shape[3] = {photo.height, photo.width, 3};
+    tvm::ffi::Tensor input = tvm::ffi::Tensor::FromNDAlloc(
+        AlignedAlloc(), tvm::ffi::ShapeView(shape, 3), DLDataType{kDLUInt, 8, 1}, cpu);
+    std::memcpy(input.data_ptr(), photo.rgb.data(), photo.rgb.size());
+    auto start = std::chrono::steady_clock::now();
+    auto result = (*detect)(input).cast<tvm::ffi::Array<tvm::ffi::Any>>();
+    double run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    std::vector<tvm::ffi::Tensor> outputs;
+    for (const tvm::ffi::Any& item : result) outputs.push_back(item.cast<tvm::ffi::Tensor>());
+    std::string json = Json(outputs, photo, run_ms);
+    if (argc == 4) {
+      std::ofstream(argv[3]) << json;
+    } else {
+      std::cout << json;
+    }
+  } catch (const std::exception& err) {
+    std::cerr << "detect: error: " << err.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

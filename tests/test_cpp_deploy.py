@@ -1,0 +1,198 @@
+"""Deployment without Python: the artifact's ``detect_photo`` (torchvision's transform and
+postprocess in the graph) and the C++ program of examples/cpp that runs it with TVM's runtime alone.
+
+* the in-graph transform against torchvision's ``GeneralizedRCNNTransform``: the resized size of
+  every photo size of a grid under three resize settings, and the resized, normalized, padded
+  tensor bit for bit on odd sizes;
+* the C++ program (built with CMake against the apache-tvm wheel; skipped where no C++ compiler or
+  CMake is found) on the astronaut, coffee and a portrait photo against the Python runner
+  (:class:`tvm_roialign.runtime.Detector`): same labels, boxes within 1e-3 px, masks at least
+  99.99% equal, keypoints within 1e-3 px (a Keypoint R-CNN with COCO's 17 keypoints).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+import tvm
+from PIL import Image
+from torchvision.models.detection.transform import GeneralizedRCNNTransform, _resize_image_and_masks
+from tvm import relax
+
+from tvm_roialign.frontend.static_rcnn import torch_bilinear_fused
+from tvm_roialign.models import detection as det
+from tvm_roialign.models.detector_photo import transform_photo
+from tvm_roialign.runtime import Detector
+from tvm_roialign.runtime.transform import TransformSettings
+from tvm_roialign.topi import photo as kernels
+
+REPO = Path(__file__).resolve().parents[1]
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+#: (min_size, max_size): the tiny test models', the package's default and torchvision's own.
+RESIZES = [(160, 200), (512, 512), (800, 1333)]
+
+
+# --------------------------------------------------------------------------------------------------
+# the transform in the graph against torchvision's
+
+
+def _transform_module(min_size: int, max_size: int):
+    """A module of ``sizes(photo)`` (the resized size) and ``transform(photo)`` (the network's
+    input), built for this CPU, and torchvision's transform of the same settings."""
+    transform = GeneralizedRCNNTransform(min_size, max_size, MEAN, STD)
+    settings = TransformSettings.of(transform, torch_bilinear_fused(30, 57))
+    meta = {"any_size": {"min_side": 32, "max_side": 4096, "pooler_strides": [], "pooler_scales": []}}
+    bb = relax.BlockBuilder()
+    height, width = tvm.tirx.Var("h", "int64"), tvm.tirx.Var("w", "int64")
+    for name in ("sizes", "transform"):
+        photo = relax.Var("photo", relax.TensorType([height, width, 3], "uint8"))
+        with bb.function(name, [photo]):
+            if name == "sizes":
+                out = bb.emit_te(kernels.resized_size, photo, min_size, max_size)
+            else:
+                out = transform_photo(bb, photo, {**meta, "transform": settings.to_dict()}, settings)[0]
+            bb.emit_func_output(out)
+    executable = tvm.compile(bb.get(), target=tvm.target.Target({"kind": "llvm"}))
+    return relax.VirtualMachine(executable, tvm.cpu()), transform
+
+
+@pytest.fixture(scope="module", params=RESIZES, ids=lambda r: f"{r[0]}-{r[1]}")
+def transform_module(request):
+    return _transform_module(*request.param)
+
+
+def test_resized_size_is_torchvisions_on_a_grid(transform_module, monkeypatch):
+    """Every (H, W) of a grid of sides from 33 to 1400 (steps of 29, squares included): the
+    graph's resized size is the one torchvision's resize gives (its scale and PyTorch's
+    ``interpolate`` output size; the bilinear kernel itself is replaced by an empty tensor of the
+    size it is asked for, to keep the grid quick)."""
+    vm, transform = transform_module
+
+    def sized(image, output_size, align_corners, scale_factors):
+        return torch.empty(*image.shape[:2], *output_size)
+
+    monkeypatch.setattr(torch._C._nn, "upsample_bilinear2d", sized)
+    sides = list(range(33, 1401, 29))
+    for height in sides:
+        for width in sides:
+            image = torch.empty(1, height, width)
+            resized, _ = _resize_image_and_masks(image, transform.min_size[-1], transform.max_size)
+            ours = vm["sizes"](tvm.runtime.empty((height, width, 3), "uint8")).numpy()
+            assert tuple(ours) == tuple(resized.shape[-2:]), (height, width)
+
+
+@pytest.mark.parametrize("size", [(37, 211), (333, 97), (401, 599), (512, 512), (1001, 777)])
+def test_transform_is_torchvisions_bit_for_bit(transform_module, size):
+    """Odd photo sizes, random pixels: the graph's normalized, resized, zero-padded image equals
+    torchvision's ``GeneralizedRCNNTransform`` output (``images.tensors``) exactly."""
+    vm, transform = transform_module
+    rgb = np.random.default_rng(sum(size)).integers(0, 256, (*size, 3), dtype=np.uint8)
+    with torch.no_grad():
+        images, _ = transform.eval()([torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0])
+    ours = vm["transform"](tvm.runtime.tensor(rgb)).numpy()
+    np.testing.assert_array_equal(ours, images.tensors.numpy())
+
+
+# --------------------------------------------------------------------------------------------------
+# the C++ program against the Python runner
+
+
+def _missing_tools() -> str | None:
+    if shutil.which("cmake") is None:
+        return "no cmake on PATH"
+    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        return "no C++ compiler (c++, g++, clang++) on PATH"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cpp_program(tmp_path_factory):
+    """The C++ program of examples/cpp, built with CMake in a temporary folder."""
+    missing = _missing_tools()
+    if missing:
+        pytest.skip(missing)
+    build = tmp_path_factory.mktemp("cpp")
+    configure = ["cmake", "-S", str(REPO / "examples" / "cpp"), "-B", str(build),
+                 f"-DPython_EXECUTABLE={sys.executable}"]
+    for command in (configure, ["cmake", "--build", str(build)]):
+        done = subprocess.run(command, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+    return build / "detect"
+
+
+def _photo(name: str) -> np.ndarray:
+    if name == "portrait":
+        return np.ascontiguousarray(np.rot90(det.sample_photo("coffee")))
+    return det.sample_photo(name)
+
+
+def _decode(runs, size) -> np.ndarray:
+    """A mask from the program's run lengths (row-major, starting with zeros)."""
+    values = np.arange(len(runs)) % 2
+    mask = np.repeat(values.astype(np.uint8), runs)
+    assert mask.size == size
+    return mask
+
+
+@pytest.mark.parametrize("name", ["astronaut", "coffee", "portrait"])
+def test_cpp_program_equals_the_python_runner(cpp_program, tiny_any_detector, tmp_path, name):
+    library, _ = tiny_any_detector
+    rgb = _photo(name)
+    ours = _run(cpp_program, library, rgb, tmp_path)
+    ref = Detector(library)(rgb)
+    found = ours["detections"]
+    assert ours["image_size"] == list(rgb.shape[:2])
+    assert len(found) == len(ref["labels"]) > 0
+    np.testing.assert_array_equal([d["label"] for d in found], ref["labels"])
+    np.testing.assert_allclose([d["box"] for d in found], ref["boxes"], rtol=0, atol=1e-3)
+    np.testing.assert_allclose([d["score"] for d in found], ref["scores"], rtol=0, atol=1e-6)
+    for d, mask in zip(found, ref["masks"]):
+        pasted = _decode(d["mask_rle"], mask.size).reshape(mask.shape)
+        assert d["mask_pixels"] == int(pasted.sum())
+        assert (pasted == (mask > 0.5)).mean() >= 0.9999
+
+
+def _run(program, library, rgb, folder: Path) -> dict:
+    photo = folder / "photo.ppm"
+    Image.fromarray(rgb).save(photo)
+    out = folder / "result.json"
+    done = subprocess.run([str(program), str(library), str(photo), str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("name", ["coffee", "portrait"])
+def test_cpp_program_keypoints_equal_the_python_runner(
+    cpp_program, tiny_keypoint_detector, tmp_path, name
+):
+    library, _ = tiny_keypoint_detector
+    rgb = _photo(name)
+    found = _run(cpp_program, library, rgb, tmp_path)["detections"]
+    ref = Detector(library)(rgb)
+    assert len(found) == len(ref["labels"]) > 0
+    np.testing.assert_array_equal([d["label"] for d in found], ref["labels"])
+    np.testing.assert_allclose([d["box"] for d in found], ref["boxes"], rtol=0, atol=1e-3)
+    ours = np.array([d["keypoints"] for d in found])
+    assert ours.shape == (len(found), 17, 3)
+    np.testing.assert_allclose(ours[..., :2], ref["keypoints"][..., :2], rtol=0, atol=1e-3)
+    np.testing.assert_allclose(ours[..., 2], ref["keypoints_scores"], rtol=0, atol=1e-5)
+
+
+def test_cpp_program_refuses_a_photo_out_of_bounds(cpp_program, tiny_any_detector, tmp_path):
+    """100x600 is padded to 64x224, under the function's 96-pixel side: an error, no result."""
+    library, _ = tiny_any_detector
+    photo = tmp_path / "wide.ppm"
+    Image.fromarray(np.zeros((100, 600, 3), np.uint8)).save(photo)
+    done = subprocess.run([str(cpp_program), str(library), str(photo)], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("detect: error:") and "match_cast" in done.stderr
