@@ -18,6 +18,7 @@ rule                            what
 ==============================  ========================================================================
 :class:`Conv2DNHWC`             NHWC conv2d + epilogue: register tile, packed constant weights
 :class:`DepthwiseConv2DNHWC`    NHWC depthwise conv2d + epilogue: taps unrolled over a channel vector
+:class:`GroupedConv2DNHWC`      grouped NHWC conv2d + epilogue: a register tile per group, packed weights
 :class:`Matmul`                 dense / matmul / batch matmul + epilogue: register tile, packed weights,
                                 reduction chunks for long reductions
 :class:`WinogradTransforms`     input / output transforms of a Winograd conv (unrolled tile points)
@@ -36,6 +37,7 @@ from .conv2d_nhwc import Conv2DNHWC
 from .depthwise import DepthwiseConv2DNHWC
 from .elementwise import Elementwise
 from .fallback import CPUDefault
+from .grouped import GroupedConv2DNHWC
 from .matmul import Matmul
 from .target_info import CPUInfo, cpu_info
 from .winograd import WinogradTransforms
@@ -46,6 +48,7 @@ def default_rules() -> list:
     return [
         Conv2DNHWC(),
         DepthwiseConv2DNHWC(),
+        GroupedConv2DNHWC(),
         Matmul(),
         WinogradTransforms(),
         Elementwise(),
@@ -60,6 +63,7 @@ __all__ = [
     "Conv2DNHWC",
     "DepthwiseConv2DNHWC",
     "Elementwise",
+    "GroupedConv2DNHWC",
     "Matmul",
     "WinogradTransforms",
     "cpu_info",
