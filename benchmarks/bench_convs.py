@@ -4,9 +4,9 @@
                                      [--symbolic] [--baseline CHECKOUT] [--out benchmarks/results]
 
 The distinct conv / matmul shapes of Mask R-CNN's backbone, FPN and heads at 512x512 and of resnet50
-at 224x224, plus a grouped conv (ResNeXt) and depthwise convs (MobileNet v2, ConvNeXt). Each kernel
-is a Relax module ``relu(conv2d(x, w) + b)`` (NHWC data, HWIO constant weights, as the pipeline's
-layout conversion leaves a model) or ``relu(x @ w + b)``, built with
+at 224x224, plus the grouped convs of ResNeXt 50 (32x4d) and depthwise convs (MobileNet v2,
+ConvNeXt). Each kernel is a Relax module ``relu(conv2d(x, w) + b)`` (NHWC data, HWIO constant
+weights, as the pipeline's layout conversion leaves a model) or ``relu(x @ w + b)``, built with
 :func:`tvm_roialign.pipeline.build` for this machine's CPU with the default options except Winograd
 (``--winograd``, 0 by default: the direct rules), with static shapes (``--symbolic``: the height and
 width, or a matmul's rows, symbolic as in an any-size model). ``--baseline`` times another
@@ -100,7 +100,11 @@ SHAPES = [
     _conv("r50 l3 ds 1x1 s2", "1x1 s2", 1, 28, 512, 1024, 1, 2),
     Shape("r50 fc", "matmul", 1, 0, 0, 2048, 1000, 0),
     # grouped and depthwise
+    # resnext50_32x4d at 224: the 3x3 conv of each stage (4, 8, 16, 32 channels per group)
     _conv("resnext l1 3x3 g32", "grouped", 1, 56, 128, 128, 3, 1, 32),
+    _conv("resnext l2 3x3 g32", "grouped", 1, 28, 256, 256, 3, 1, 32),
+    _conv("resnext l3 3x3 g32", "grouped", 1, 14, 512, 512, 3, 1, 32),
+    _conv("resnext l4 3x3 g32", "grouped", 1, 7, 1024, 1024, 3, 1, 32),
     _conv("mbv2 dw 3x3 144", "depthwise", 1, 56, 144, 144, 3, 1, 144),
     _conv("convnext dw 7x7 96", "depthwise", 1, 56, 96, 96, 7, 1, 96),
 ]

@@ -4,6 +4,8 @@ each rule recognizes what it should and declines the rest, and tiles come from t
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,15 @@ from tvm import relax
 from tvm.s_tir.dlight.base.transform import ApplyDefaultSchedule
 
 from tvm_roialign.pipeline import build
-from tvm_roialign.schedules import Conv2DNHWC, CPUDefault, Elementwise, Matmul, cpu_info
+from tvm_roialign.schedules import (
+    Conv2DNHWC,
+    CPUDefault,
+    DepthwiseConv2DNHWC,
+    Elementwise,
+    GroupedConv2DNHWC,
+    Matmul,
+    cpu_info,
+)
 from tvm_roialign.schedules.base import pick_lanes
 from tvm_roialign.schedules.contraction_tiles import pick_tile
 
@@ -84,6 +94,15 @@ CONVS = {
     "7x7-stem": (1, 12, 12, 3, 16, 7, 2, 3, 1, 1),
     "dilated": (1, 10, 10, 8, 16, 3, 1, 2, 2, 1),
     "grouped": (1, 6, 6, 16, 32, 3, 1, 1, 1, 4),
+    # ResNeXt 32x4d's first stage: 4 channels per group, fewer than a vector's lanes
+    "grouped-4-per-group": (1, 5, 14, 64, 64, 3, 1, 1, 1, 16),
+    # 32 channels per group (two 16-lane vectors), a width no vector count divides
+    "grouped-32-per-group": (1, 4, 7, 64, 64, 3, 1, 1, 1, 2),
+    # 12 channels per group (not a multiple of the lanes), 24 strided
+    "grouped-12-per-group": (1, 5, 6, 36, 36, 3, 1, 1, 1, 3),
+    "grouped-24-strided": (2, 7, 5, 48, 48, 3, 2, 1, 1, 2),
+    # 2 channels per group: below the narrowest vector, left to the fallback
+    "grouped-2-per-group": (1, 5, 5, 8, 8, 3, 1, 1, 1, 4),
     "depthwise": (1, 6, 6, 16, 16, 3, 1, 1, 1, 16),
     "odd-in": (1, 5, 5, 3, 5, 3, 1, 0, 1, 1),
     # a row extent the register tile does not divide (its padding rows computed unguarded)
@@ -417,3 +436,70 @@ def test_symbolic_conv_runs_and_keeps_no_whole_output_local_buffer(rng):
         padding=1,
     ).relu().permute(0, 2, 3, 1).numpy()
     np.testing.assert_allclose(got, expected, rtol=RTOL, atol=RTOL * np.abs(expected).max())
+
+
+def _grouped_primfunc(rng, channels, groups, x_shape=(1, 6, 6)):
+    weight = rng.standard_normal((3, 3, channels // groups, channels)).astype("float32")
+    mod = _conv_module(
+        (*x_shape, channels), weight, np.zeros(channels, "float32"), 1, 1, 1, groups, "NHWC"
+    )
+    (func,) = _fused_primfuncs(mod).values()
+    return func
+
+
+def test_grouped_rule_takes_grouped_convs_only(rng):
+    """Grouped NHWC convs of 4 or more channels per group go to the grouped rule (a tile whose
+    vector lanes divide the channels of a group); depthwise, plain and 2-per-group ones do not."""
+    lanes = cpu_info(HOST).lanes()
+    grouped = _grouped_primfunc(rng, 128, 32)
+    sch = GroupedConv2DNHWC().apply(grouped, HOST, False)
+    assert sch is not None
+    text = sch.mod["main"].script()
+    assert "T.vectorized" in text and "T.parallel" in text
+    assert Conv2DNHWC().apply(grouped, HOST, False) is None
+    assert DepthwiseConv2DNHWC().apply(grouped, HOST, False) is None
+    wide = GroupedConv2DNHWC().apply(_grouped_primfunc(rng, 64, 2), HOST, False)
+    assert f"T.vectorized(T.int64({lanes}))" in wide.mod["main"].script()
+    for channels, groups in ((16, 16), (8, 4)):
+        assert GroupedConv2DNHWC().apply(_grouped_primfunc(rng, channels, groups), HOST, False) is None
+    plain = _grouped_primfunc(rng, 16, 1)
+    assert GroupedConv2DNHWC().apply(plain, HOST, False) is None
+
+
+def test_symbolic_grouped_conv_matches_torch(rng):
+    """A grouped conv of symbolic height and width is tiled without a ``local`` accumulator of the
+    output's symbolic shape and equals eager torch."""
+    h, w = tvm.tirx.Var("h", "int64"), tvm.tirx.Var("w", "int64")
+    weight = rng.standard_normal((3, 3, 4, 32)).astype("float32")
+    bias = rng.standard_normal(32).astype("float32")
+    mod = _conv_module((1, h, w, 32), weight, bias, 1, 1, 1, 8, "NHWC")
+    from tvm_roialign.pipeline import cpu_schedule_pass, prepare_pipeline
+
+    with HOST:
+        scheduled = cpu_schedule_pass()(prepare_pipeline(HOST)(mod))
+    prims = {gv: f for gv, f in scheduled.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    compacted = tvm.transform.Sequential(
+        [
+            tvm.s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+            tvm.s_tir.transform.ConvertBlocksToOpaque(),
+            tvm.s_tir.transform.CompactBufferAllocation(),
+        ]
+    )(tvm.IRModule(prims))
+    local = [
+        line
+        for _gv, f in compacted.functions_items()
+        for line in f.script().splitlines()
+        if 'scope="local"' in line and "alloc_buffer" in line
+    ]
+    # the accumulator is one tile: static, whatever the image size
+    assert local and not any(re.search(r"\b[hw]\b", line) for line in local), local
+    data = rng.standard_normal((1, 11, 13, 32)).astype("float32")
+    got = _run(mod, data)
+    expected = torch.nn.functional.conv2d(
+        torch.from_numpy(data).permute(0, 3, 1, 2).double(),
+        torch.from_numpy(weight).permute(3, 2, 0, 1).double(),
+        torch.from_numpy(bias).double(),
+        padding=1,
+        groups=8,
+    ).relu().permute(0, 2, 3, 1).numpy()
+    _close(got, expected)

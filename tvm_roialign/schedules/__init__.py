@@ -19,6 +19,7 @@ rule                            what
 :class:`BF16Contraction`       bf16 conv2d / matmul (``precision="bf16"``) on AMX tiles (TensorIntrin)
 :class:`Conv2DNHWC`             NHWC conv2d + epilogue: register tile, packed constant weights
 :class:`DepthwiseConv2DNHWC`    NHWC depthwise conv2d + epilogue: taps unrolled over a channel vector
+:class:`GroupedConv2DNHWC`      grouped NHWC conv2d + epilogue: a register tile per group, packed weights
 :class:`Matmul`                 dense / matmul / batch matmul + epilogue: register tile, packed weights,
                                 reduction chunks for long reductions
 :class:`WinogradTransforms`     input / output transforms of a Winograd conv (unrolled tile points)
@@ -38,6 +39,7 @@ from .conv2d_nhwc import Conv2DNHWC
 from .depthwise import DepthwiseConv2DNHWC
 from .elementwise import Elementwise
 from .fallback import CPUDefault
+from .grouped import GroupedConv2DNHWC
 from .matmul import Matmul
 from .target_info import CPUInfo, cpu_info
 from .winograd import WinogradTransforms
@@ -49,6 +51,7 @@ def default_rules() -> list:
         BF16Contraction(),
         Conv2DNHWC(),
         DepthwiseConv2DNHWC(),
+        GroupedConv2DNHWC(),
         Matmul(),
         WinogradTransforms(),
         Elementwise(),
@@ -64,6 +67,7 @@ __all__ = [
     "Conv2DNHWC",
     "DepthwiseConv2DNHWC",
     "Elementwise",
+    "GroupedConv2DNHWC",
     "Matmul",
     "WinogradTransforms",
     "cpu_info",

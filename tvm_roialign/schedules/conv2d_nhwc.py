@@ -11,7 +11,8 @@ parallel, vectorized pass over the input: inlined into the conv it would put a b
 of every broadcast load of the inner loop. A producer that is a plain copy (``pad_temp`` of a 1x1
 conv without padding) is inlined. Grouped and depthwise convs (whose weight shares the channel
 axis with the data) and NCHW convs are not contractions of this form: depthwise NHWC ones go to
-:class:`~.depthwise.DepthwiseConv2DNHWC`, the others to :class:`~.fallback.CPUDefault`.
+:class:`~.depthwise.DepthwiseConv2DNHWC`, grouped NHWC ones to :class:`~.grouped.GroupedConv2DNHWC`,
+the others to :class:`~.fallback.CPUDefault`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Rule: the fallback for every llvm PrimFunc the specific rules leave (pooling, reductions,
-grouped and NCHW convolutions, RoIAlign-like gathers that are not yet scheduled).
+NCHW convolutions, RoIAlign-like gathers that are not yet scheduled).
 
 * inline every injective producer (padding) and consumer (bias, ReLU, residual add) it can;
 * for the remaining reduction block with loops ``S... R...``: tile the two innermost spatial axes
