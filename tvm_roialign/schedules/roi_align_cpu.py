@@ -1,9 +1,12 @@
 """RoIAlign's CPU schedule rule (x86, ARM and generic llvm strategies) and the vector-width policy.
 
-Both layouts compute one bin ``(roi, ph, pw)`` at a time for all channels: the bin's accumulator is
-computed at the bin, its sampling loops are moved outside the channel loop, so that each sample's four
-positions and four weights are computed once and shared across channels (the pre-calculation of
-torchvision's CPU kernel, without its buffer). Rois x rows of bins are spread over TVM's thread pool.
+Both layouts compute one bin ``(roi, ph, pw)`` at a time for all channels, with the bin's sampling
+loops outside the channel loop, so that each sample's four positions and four weights are computed
+once and shared across channels (the pre-calculation of torchvision's CPU kernel, without its
+buffer); the bin's channel vectors are unrolled when their accumulators fit in half the target's
+vector registers. NHWC spreads rois x rows of bins over TVM's thread pool and writes each bin's
+channel vectors. NCHW spreads rois: a roi's bins accumulate channels-last and its output is written
+row by row once they are all done (its channels are ``PH * PW`` elements apart in the output).
 
 Vector lanes (:func:`vector_lanes`, one policy for x86 and ARM, also used by the adaptive-grid kernel
 of :mod:`.roi_align_kernel`) are counted in *data* elements of one vector register: 2 for float64, 4
@@ -46,7 +49,8 @@ def vector_lanes(target: tvm.target.Target, dtype: str) -> int:
 
 
 class RoIAlignCPU(RoIAlignRule, CPUScheduleRule):
-    """Parallel over (roi, bin row), channels innermost and vectorized by :func:`vector_lanes`.
+    """Parallel over (roi, bin row) in NHWC, over rois in NCHW; channels innermost and vectorized
+    by :func:`vector_lanes`.
 
     ``vectorize=False`` gives the plain schedule of the generic llvm strategy (no vector width is
     assumed for an unknown CPU). Returns None for a PrimFunc that is not a RoIAlign of this package.
