@@ -43,6 +43,20 @@ def median_ms(fn, repeat):
     return 1e3 * statistics.median(times)
 
 
+def interleaved_ms(fns, repeat):
+    """Milliseconds per function of ``fns``: the median of ``repeat`` rounds that call each once in
+    turn (after one warm-up call each), so that a machine's load reaches them alike."""
+    for fn in fns:
+        fn()  # warm-up
+    times = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, own in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            own.append(time.perf_counter() - start)
+    return [1e3 * statistics.median(own) for own in times]
+
+
 def one_op_runner(mod, data_nchw, rois, layout, target):
     """``(run, result)`` of a module ``main(data, rois)`` built for ``target``: ``run()`` calls it
     on ``data_nchw`` (given in ``layout``), ``result()`` returns its output in NCHW."""

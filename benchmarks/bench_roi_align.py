@@ -6,8 +6,9 @@ Shapes (fp32, aligned=False, random rois inside the image):
   C: features 1x256x50x68, spatial_scale 1/16, 1000 rois, 7x7
 
 Both layouts; torchvision has NCHW only, so its NCHW time is the reference for both. Stock TVM is
-measured inside ``tvm_roialign.stock_tvm()``. Each time is the median of ``--repeat`` runs after one
-warm-up. Prints a table of ratios, writes JSON and a PNG bar chart to ``--out`` (a folder).
+measured inside ``tvm_roialign.stock_tvm()``. Each time is the median of ``--repeat`` rounds after one
+warm-up, each round calling torchvision, ours and stock TVM once in turn (a machine's load reaches them
+alike). Prints a table of ratios, writes JSON and a PNG bar chart to ``--out`` (a folder).
 
     python benchmarks/bench_roi_align.py [--repeat 7] [--shapes A,B,C] [--out benchmarks/results]
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torchvision
-from _common import host_target, layout_shape, median_ms, one_op_runner, random_rois, run_meta
+from _common import host_target, interleaved_ms, layout_shape, one_op_runner, random_rois, run_meta
 from rich.console import Console
 from rich.table import Table
 
@@ -77,19 +78,19 @@ def main(argv=None):
             False,
         )
 
-        tv_ms = median_ms(torchvision_run, args.repeat)
         expected = torchvision_run().numpy()
         for layout in args.layouts.split(","):
             console.print(f"[bold]shape {shape} {layout}[/]: compiling ours ...")
             run, result = tvm_runner(shape, layout, target, data, rois)
-            ours_ms = median_ms(run, args.repeat)
             err = float(np.abs(result() - expected).max())
-            stock_ms = None
+            runs = [torchvision_run, run]
             if not args.no_stock:
                 console.print(f"[bold]shape {shape} {layout}[/]: compiling stock TVM ...")
                 with tvm_roialign.stock_tvm():
                     stock_run, _ = tvm_runner(shape, layout, target, data, rois)
-                    stock_ms = median_ms(stock_run, max(3, args.repeat // 2))
+                runs.append(stock_run)
+            tv_ms, ours_ms, *stock = interleaved_ms(runs, args.repeat)
+            stock_ms = stock[0] if stock else None
             rows.append(
                 dict(
                     shape=shape,

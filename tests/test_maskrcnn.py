@@ -400,6 +400,20 @@ def test_bad_layout_rejected(model):
         mr.TVMMaskRCNN(model, "llvm", "NWHC")
 
 
+def test_glue_runs_on_glue_threads(model):
+    """A run sets PyTorch's thread count to ``glue_threads`` and gives the caller's count back."""
+    before = torch.get_num_threads()
+    seen = []
+    for glue_threads, expected in ((1, 1), (None, before)):
+        detector = mr.TVMMaskRCNN(model, "llvm", glue_threads=glue_threads)
+        detector._run = lambda _image: seen.append(torch.get_num_threads())
+        detector.run(None)
+        assert seen[-1] == expected
+        assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="glue_threads"):
+        mr.TVMMaskRCNN(model, "llvm", glue_threads=0)
+
+
 def test_default_target_is_this_machine(model):
     from tvm_roialign.target import host_config, target_config
 

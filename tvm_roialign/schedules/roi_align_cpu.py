@@ -1,9 +1,12 @@
 """RoIAlign's CPU schedule rule (x86, ARM and generic llvm strategies) and the vector-width policy.
 
-Both layouts compute one bin ``(roi, ph, pw)`` at a time for all channels: the bin's accumulator is
-computed at the bin, its sampling loops are moved outside the channel loop, so that each sample's four
-positions and four weights are computed once and shared across channels (the pre-calculation of
-torchvision's CPU kernel, without its buffer). Rois x rows of bins are spread over TVM's thread pool.
+Both layouts compute one bin ``(roi, ph, pw)`` at a time for all channels, with the bin's sampling
+loops outside the channel loop, so that each sample's four positions and four weights are computed
+once and shared across channels (the pre-calculation of torchvision's CPU kernel, without its
+buffer); the bin's channel vectors are unrolled when their accumulators fit in half the target's
+vector registers. NHWC spreads rois x rows of bins over TVM's thread pool and writes each bin's
+channel vectors. NCHW spreads rois: a roi's bins accumulate channels-last and its output is written
+row by row once they are all done (its channels are ``PH * PW`` elements apart in the output).
 
 Vector lanes (:func:`vector_lanes`, one policy for x86 and ARM, also used by the adaptive-grid kernel
 of :mod:`.roi_align_kernel`) are counted in *data* elements of one vector register: 2 for float64, 4
@@ -46,7 +49,8 @@ def vector_lanes(target: tvm.target.Target, dtype: str) -> int:
 
 
 class RoIAlignCPU(RoIAlignRule, CPUScheduleRule):
-    """Parallel over (roi, bin row), channels innermost and vectorized by :func:`vector_lanes`.
+    """Parallel over (roi, bin row) in NHWC, over rois in NCHW; channels innermost and vectorized
+    by :func:`vector_lanes`.
 
     ``vectorize=False`` gives the plain schedule of the generic llvm strategy (no vector width is
     assumed for an unknown CPU). Returns None for a PrimFunc that is not a RoIAlign of this package.
@@ -66,16 +70,49 @@ class RoIAlignCPU(RoIAlignRule, CPUScheduleRule):
         gathered = func.attrs is not None and bool(func.attrs.get(GATHERED_CHANNELS_ATTR, False))
         if lanes > 1 and layout == "NCHW" and not gathered:
             _channels_last_copies(sch, acc, lanes)
-        acc, fused, c_out, c_acc, decompose_at = _bin_major(sch, layout)
-        if lanes > 1:
-            _, inner = sch.split(c_acc, [None, lanes])
-            sch.vectorize(inner)
-            if layout == "NHWC":  # NCHW output stores are strided: leave them scalar
+        if lanes > 1 and layout == "NCHW":
+            acc, parallel, c_acc, decompose_at = _roi_major(sch)
+        else:
+            acc, parallel, c_out, c_acc, decompose_at = _bin_major(sch, layout)
+            if lanes > 1:
                 _, inner = sch.split(c_out, [None, lanes])
                 sch.vectorize(inner)
-        sch.parallel(fused)
+        if lanes > 1:
+            vectors, inner = sch.split(c_acc, [None, lanes])
+            sch.vectorize(inner)
+            _unroll_to_registers(sch, vectors, target)
+        sch.parallel(parallel)
         sch.decompose_reduction(acc, decompose_at)
         return sch
+
+
+def _unroll_to_registers(sch: Schedule, vectors, target) -> None:
+    """Unroll the bin's channel vectors when their accumulators fit in half the target's vector
+    registers (the other half holds the four weights and the loaded data), so that they stay in
+    registers over the sampling loops."""
+    extent = loop_extent(sch, vectors)
+    if extent is not None and extent <= cpu_info(target).vector_registers // 2:
+        sch.unroll(vectors)
+
+
+def _roi_major(sch: Schedule):
+    """NCHW: one roi per parallel iteration. Its bins accumulate channels-last (``[PH, PW, C]``:
+    contiguous channel vectors, the sampling loops outside the channel loop as in
+    :func:`_bin_major`), and its output ``[C, PH, PW]`` is written in one contiguous pass once every
+    bin is done: a bin's channels lie ``PH * PW`` elements apart in the output, so writing them per
+    bin would store to a different cache line for each channel. Returns (acc, the roi loop, acc
+    channel loop, the loop to decompose the reduction at)."""
+    acc, out = find_roi_blocks(sch)
+    sch.transform_layout(acc, ("write", 0), lambda k, c, ph, pw: (k, ph, pw, c))
+    k, _, _, pw_out = sch.get_loops(out)
+    # each output row of PW elements as one vector (its elements are PH * PW bins of the
+    # accumulator apart, which are loaded one by one)
+    sch.vectorize(pw_out)
+    sch.compute_at(acc, k, preserve_unit_loops=True)
+    # the accumulator's own loops under k: (k, c, ph, pw, iy, ix)
+    _, c_acc, ph, pw, iy, ix = sch.get_loops(acc)[1:]
+    sch.reorder(ph, pw, iy, ix, c_acc)
+    return acc, k, c_acc, iy
 
 
 def _bins_at(sch: Schedule, layout: str, block):

@@ -7,6 +7,7 @@ proposals, detection boxes) and how long each step took, for reports and timings
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -136,6 +137,11 @@ class TVMMaskRCNN:
         False (the default): direct 3x3 convolutions, detections equal to eager's
         (:data:`~tvm_roialign.models.compare.CRITERIA`); True: Winograd 3x3 convolutions,
         detections within :data:`~tvm_roialign.models.compare.FAST_CRITERIA` of eager's.
+    glue_threads : int or None
+        PyTorch's intra-op threads while :meth:`run` runs (restored after it; None: PyTorch's own
+        setting). Default 1: the glue's operations are small, and PyTorch's OpenMP threads, which
+        wait actively between parallel regions, slow both the glue and the TVM pieces after it
+        many times over on a busy machine (see docs/pipeline.md, "Threads and registration").
 
     Graphs are compiled on first use (``compile(image_shape)`` to do it ahead): once, or once per
     padded image size with ``shapes="static"``. Building for a target that this machine cannot run
@@ -152,6 +158,7 @@ class TVMMaskRCNN:
         shapes: str | None = None,
         *,
         fast: bool = False,
+        glue_threads: int | None = 1,
     ):
         if layout not in ("NCHW", "NHWC"):
             raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
@@ -161,6 +168,9 @@ class TVMMaskRCNN:
             raise ValueError(f"shapes must be one of {SHAPES}, got {shapes!r}")
         self.shapes = shapes
         self.fast = bool(fast)
+        if glue_threads is not None and int(glue_threads) < 1:
+            raise ValueError(f"glue_threads must be a positive integer or None, got {glue_threads!r}")
+        self.glue_threads = glue_threads
         use_usable_cores()  # TVM's pool, before constant folding runs the first kernel
         self.model = model
         self.target = parse_target(target)
@@ -275,6 +285,10 @@ class TVMMaskRCNN:
 
     def run(self, image) -> DetectionRun:
         """Detect on one image ``[3, H, W]``; the detections and what the pieces got."""
+        with torch_threads(self.glue_threads):
+            return self._run(image)
+
+    def _run(self, image) -> DetectionRun:
         run = DetectionRun(detections={})
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -385,6 +399,21 @@ class TVMMaskRCNN:
         return out
 
 
+@contextlib.contextmanager
+def torch_threads(count: int | None):
+    """PyTorch's intra-op thread count set to ``count`` inside the block and restored after it
+    (None: left alone)."""
+    if count is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(count))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def symbolic_dims(layout: str) -> dict[str, dict]:
     """Per piece, the ``dynamic_shapes`` of its one-build export: the image's height and width
     (within :data:`SYMBOLIC_SIDES`), and each of the four pooled feature maps' height and width
@@ -417,4 +446,5 @@ __all__ = [
     "TVMMaskRCNN",
     "convert_layout",
     "symbolic_dims",
+    "torch_threads",
 ]
