@@ -111,6 +111,27 @@ def test_bf16_conv_matches_float64(kernel, stride, padding):
     _check_bound(_run(executable, x.numpy()), reference, magnitude)
 
 
+def test_bf16_conv_of_symbolic_size_matches_float64():
+    """A 3x3 stride-2 conv exported with a symbolic height and width (an any-size detector's
+    kernels): one build, run on sizes whose row counts are not multiples of the 32-row block."""
+    _amx_or_skip()
+    torch.manual_seed(2)
+    conv = torch.nn.Conv2d(16, 40, 3, stride=2, padding=1, bias=False).eval()
+    dims = {2: torch.export.Dim("height", min=4, max=64), 3: torch.export.Dim("width", min=4, max=64)}
+    with torch.no_grad():
+        program = torch.export.export(conv, (torch.randn(1, 16, 8, 8),), dynamic_shapes=(dims,))
+    mod = from_exported_program(program, keep_params_as_input=False)
+    executable = build(mod, parse_target("native"), precision="bf16").executable
+    assert "tdpbf16ps" in _asm(executable)
+    w = _bf16(conv.weight.detach())
+    for height, width in [(9, 11), (23, 6)]:
+        x = torch.randn(1, 16, height, width)
+        a = _bf16(x)
+        reference = torch.nn.functional.conv2d(a, w, stride=2, padding=1)
+        magnitude = torch.nn.functional.conv2d(a.abs(), w.abs(), stride=2, padding=1)
+        _check_bound(_run(executable, x.numpy()), reference, magnitude)
+
+
 def test_amx_target_assembly_has_tdpbf16ps():
     """Built for a Sapphire Rapids target on any x86 machine: the tile instructions are there."""
     layer = torch.nn.Linear(64, 64, bias=False)
