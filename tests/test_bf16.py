@@ -244,9 +244,37 @@ def test_cli_compile_precision_bf16_without_the_instructions_notes_fp32(pt2_mode
     assert json.loads((cli_workdir / "tiny_bf16_skx.so.json").read_text())["precision"] == "fp32"
 
 
-def test_cli_precision_of_a_detector_is_refused(capsys):
-    from tvm_roialign import cli
+def test_user_facing_bf16_needs_amx():
+    """``compile``/``compile_detector``: bf16 on AMX; fp32 with a note saying why elsewhere (the
+    AVX512-BF16 kernels run slower than fp32, docs/precision.md)."""
+    from tvm_roialign.pipeline_phases import chosen_precision
 
-    code = cli.main(["compile", "maskrcnn_resnet50_fpn", "-o", "m.so", "--precision", "bf16"])
-    assert code != 0
-    assert "--precision: detectors are compiled in fp32 only" in capsys.readouterr().err
+    assert chosen_precision("bf16", AMX_TARGET) == ("bf16", None)
+    assert chosen_precision("fp32", AVX512_ONLY) == ("fp32", None)
+    precision, note = chosen_precision("bf16", AVX512_BF16)
+    assert precision == "fp32" and "has AVX512-BF16 but no AMX, where bf16 runs slower than fp32" in note
+    precision, note = chosen_precision("bf16", AVX512_ONLY)
+    assert precision == "fp32" and note.endswith("has no AMX or AVX512-BF16; building fp32")
+
+
+def test_match_confident_counts_same_label_pairs_both_ways():
+    """Confident-detection matching on hand-made detections (box IoUs by hand: 95 / 105 for a
+    10 x 10 box shifted by 0.5, 81 / 119 shifted by 1 in x and y; mask IoU 3 / 4)."""
+    from tvm_roialign.models.compare import box_iou, match_confident
+
+    box = [0.0, 0.0, 10.0, 10.0]
+    ref = {"boxes": np.array([box, [20, 20, 30, 30], [50, 50, 60, 60]]), "labels": np.array([1, 2, 3]),
+           "scores": np.array([0.9, 0.8, 0.3])}
+    # the first matched; the second (IoU 0.68) not; a same-box detection of another label not
+    ours = {"boxes": np.array([[0.5, 0, 10.5, 10], [21, 21, 31, 31], [50, 50, 60, 60]]),
+            "labels": np.array([1, 2, 4]), "scores": np.array([0.85, 0.7, 0.6])}
+    ref["masks"] = np.zeros((3, 1, 2, 2)) + np.array([[0.9, 0.9], [0.9, 0.9]])
+    ours["masks"] = np.zeros((3, 1, 2, 2)) + np.array([[0.9, 0.9], [0.9, 0.1]])
+    np.testing.assert_allclose(box_iou(ref["boxes"][:1], ours["boxes"][:1]), [[95 / 105]])
+    result = match_confident(ref, ours)
+    assert (result["ref_confident"], result["ref_matched"]) == (2, 1)
+    assert (result["ours_confident"], result["ours_matched"]) == (3, 1)
+    assert result["score_diff_max"] == pytest.approx(0.05)
+    assert result["mask_iou_min"] == pytest.approx(0.75)
+    low = match_confident(ref, ours, score=0.2, iou=0.6)
+    assert (low["ref_confident"], low["ref_matched"], low["ours_matched"]) == (3, 2, 2)

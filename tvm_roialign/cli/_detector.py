@@ -145,7 +145,8 @@ def _bounds(args) -> tuple[int, int]:
     return low, high
 
 
-def compile_main(args, target, out: Path, layout: str, t_start: float, link_note=None) -> int:
+def compile_main(args, target, out: Path, layout: str, t_start: float, link_note=None,
+                 precision: str = "fp32") -> int:
     """``compile`` of a whole detector (``layout``: NHWC or NCHW); ``t_start``: when ``main``
     started (the total time printed counts from it); ``link_note``: how ``out`` is linked
     (:func:`tvm_roialign.linking.choose_library`)."""
@@ -176,7 +177,9 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
                 raise CLIError(f"--weights: {first_line(err)}") from None
             times["model_s"] = time.perf_counter() - t0
         try:
-            artifact = compile_detector(model, sizes, target, layout, progress=progress, name=name)
+            artifact = compile_detector(
+                model, sizes, target, layout, progress=progress, name=name, precision=precision
+            )
             times["import_s"], times["build_s"] = artifact.import_s, artifact.compile_s
             progress(f"export {out}")
             t0 = time.perf_counter()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,7 @@ def compile_detector(
     progress: Callable[[str], None] | None = None,
     offset_trick_max_numel: int = 4000,
     name: str | None = None,
+    precision: str = "fp32",
 ) -> DetectorArtifact:
     """Compile a whole torchvision detector into one artifact (see the module doc).
 
@@ -129,12 +131,19 @@ def compile_detector(
     name : str | None
         The artifact's model name in its metadata (default: the detector name, the ``.pt2``
         file's stem, or the model's class name).
+    precision : str
+        ``"fp32"`` (the default) or ``"bf16"``: the convolutions and matmuls with constant
+        weights as bf16 contractions on AMX (:class:`~tvm_roialign.passes.BF16Contractions`);
+        RoIAlign, NMS, box decoding and the post-processing stay fp32. On a target without AMX
+        bf16 the build is fp32, with a one-line warning saying why (``docs/precision.md``).
     """
     from ..pipeline import build
+    from ..pipeline_phases import precision_metadata
     from ..target import parse_target, target_config
 
     progress = progress or (lambda _msg: None)
     target = parse_target(target)
+    precision = _detector_precision(precision, target)
     model, name = _torch_model(model, config, name, progress)
     progress(_import_message(model, image_sizes))
     t0 = time.perf_counter()
@@ -149,18 +158,29 @@ def compile_detector(
     progress(f"build for {target.kind.name}")
     t0 = time.perf_counter()
     # import_detector converted the layout
-    executable = build(mod, target, layout=None, **graph_options(model)).executable
+    executable = build(mod, target, layout=None, precision=precision, **graph_options(model)).executable
     compile_s = time.perf_counter() - t0
     meta = {
         "kind": METADATA_KIND,
         "model": name or type(model).__name__,
         **meta,
         "layout": layout,
+        **precision_metadata(precision, target),
         "target": target_config(target),
         "import_s": import_s,
         "compile_s": compile_s,
     }
     return DetectorArtifact(executable, mod, meta, import_s, compile_s)
+
+
+def _detector_precision(precision: str, target) -> str:
+    """The precision the detector is built in (a warning where bf16 falls back to fp32)."""
+    from ..pipeline_phases import chosen_precision
+
+    precision, note = chosen_precision(precision, target)
+    if note:
+        warnings.warn(note, stacklevel=3)
+    return precision
 
 
 def _torch_model(model, config, name, progress):
