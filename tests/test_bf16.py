@@ -12,6 +12,7 @@ reason elsewhere).
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -255,6 +256,35 @@ def test_user_facing_bf16_needs_amx():
     assert precision == "fp32" and "has AVX512-BF16 but no AMX, where bf16 runs slower than fp32" in note
     precision, note = chosen_precision("bf16", AVX512_ONLY)
     assert precision == "fp32" and note.endswith("has no AMX or AVX512-BF16; building fp32")
+
+
+@pytest.mark.skipif(
+    not os.environ.get("TVM_ROIALIGN_BF16_DETECTOR"),
+    reason="a detector build (minutes): set TVM_ROIALIGN_BF16_DETECTOR=1",
+)
+def test_any_size_detector_bf16_keeps_eager_detections(tmp_path):
+    """A small Mask R-CNN (tests/_tiny_rcnn.py) built any-size in bf16: on the coffee photo, its
+    detections against torchvision eager fp32's, matched by label at box IoU >= 0.9 both ways
+    (eager's top ten scores; random weights give no score near 0.5)."""
+    from _tiny_rcnn import tiny_rcnn
+
+    from tvm_roialign.models import detection as det
+    from tvm_roialign.models.compare import match_confident
+    from tvm_roialign.runtime import Detector
+
+    _amx_or_skip()
+    model = tiny_rcnn(masks=True, seed=0, detections_per_img=20)
+    artifact = det.compile_detector(model, None, "native", precision="bf16")
+    assert (artifact.meta["precision"], artifact.meta["bf16_kernels"]) == ("bf16", "amx")
+    assert "tdpbf16ps" in _asm(artifact.executable)
+    rgb = det.sample_photo("coffee")
+    ref, ours = det.torch_detections(model, rgb), Detector(artifact.export(tmp_path / "bf16.so"))(rgb)
+    score = float(np.sort(ref["scores"])[-10])
+    result = match_confident(ref, ours, score=score, iou=0.9)
+    assert result["ref_confident"] >= 10 and result["ours_confident"] >= 5, result
+    assert result["ref_matched"] >= 0.9 * result["ref_confident"], result
+    assert result["ours_matched"] >= 0.9 * result["ours_confident"], result
+    assert result["mask_iou_mean"] >= 0.9, result
 
 
 def test_match_confident_counts_same_label_pairs_both_ways():
