@@ -12,7 +12,6 @@ reason elsewhere).
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -258,10 +257,6 @@ def test_user_facing_bf16_needs_amx():
     assert precision == "fp32" and note.endswith("has no AMX or AVX512-BF16; building fp32")
 
 
-@pytest.mark.skipif(
-    not os.environ.get("TVM_ROIALIGN_BF16_DETECTOR"),
-    reason="a detector build (minutes): set TVM_ROIALIGN_BF16_DETECTOR=1",
-)
 def test_any_size_detector_bf16_keeps_eager_detections(tmp_path):
     """A small Mask R-CNN (tests/_tiny_rcnn.py) built any-size in bf16: on the coffee photo, its
     detections against torchvision eager fp32's, matched by label at box IoU >= 0.9 both ways
