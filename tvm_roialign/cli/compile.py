@@ -203,6 +203,12 @@ def _precision(args, target) -> str:
     return precision
 
 
+def _precision_metadata(precision: str, target) -> dict:
+    from ..pipeline_phases import precision_metadata
+
+    return precision_metadata(precision, target)
+
+
 def _build(mod, target, records, precision: str = "fp32"):
     """The pipeline's build without its own layout conversion (``--desired-layout`` decided it):
     ``(Built, the last Relax module)``; the records' coverage is printed by :func:`main`, not
@@ -257,7 +263,6 @@ def _write_dumps(out: Path, formats, mod, tir_mod, executable) -> list[str]:
 def main(args) -> int:
     from .._version import __version__
     from ..linking import choose_library, export_library
-    from ..pipeline_phases import precision_metadata
     from ..profiling import kernel_signatures
     from ..target import describe, target_config
 
@@ -305,7 +310,7 @@ def main(args) -> int:
     meta = {
         "target": target_config(target),
         "layout": layout_name,
-        **precision_metadata(precision, target),
+        **_precision_metadata(precision, target),
         "inputs": signature(mod),
         "times": times,
         "kernels": kernel_signatures(tir_mod) if tir_mod is not None else [],

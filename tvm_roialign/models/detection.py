@@ -132,10 +132,7 @@ def compile_detector(
         The artifact's model name in its metadata (default: the detector name, the ``.pt2``
         file's stem, or the model's class name).
     precision : str
-        ``"fp32"`` (the default) or ``"bf16"``: the convolutions and matmuls with constant
-        weights as bf16 contractions on AMX (:class:`~tvm_roialign.passes.BF16Contractions`);
-        RoIAlign, NMS, box decoding and the post-processing stay fp32. On a target without AMX
-        bf16 the build is fp32, with a one-line warning saying why (``docs/precision.md``).
+        ``"fp32"`` or ``"bf16"`` (convs and matmuls on AMX; fp32 with a warning without AMX)
     """
     from ..pipeline import build
     from ..pipeline_phases import precision_metadata
