@@ -111,6 +111,27 @@ def test_bf16_conv_matches_float64(kernel, stride, padding):
     _check_bound(_run(executable, x.numpy()), reference, magnitude)
 
 
+def test_bf16_conv_of_symbolic_size_matches_float64():
+    """A 3x3 stride-2 conv exported with a symbolic height and width (an any-size detector's
+    kernels): one build, run on sizes whose row counts are not multiples of the 32-row block."""
+    _amx_or_skip()
+    torch.manual_seed(2)
+    conv = torch.nn.Conv2d(16, 40, 3, stride=2, padding=1, bias=False).eval()
+    dims = {2: torch.export.Dim("height", min=4, max=64), 3: torch.export.Dim("width", min=4, max=64)}
+    with torch.no_grad():
+        program = torch.export.export(conv, (torch.randn(1, 16, 8, 8),), dynamic_shapes=(dims,))
+    mod = from_exported_program(program, keep_params_as_input=False)
+    executable = build(mod, parse_target("native"), precision="bf16").executable
+    assert "tdpbf16ps" in _asm(executable)
+    w = _bf16(conv.weight.detach())
+    for height, width in [(9, 11), (23, 6)]:
+        x = torch.randn(1, 16, height, width)
+        a = _bf16(x)
+        reference = torch.nn.functional.conv2d(a, w, stride=2, padding=1)
+        magnitude = torch.nn.functional.conv2d(a.abs(), w.abs(), stride=2, padding=1)
+        _check_bound(_run(executable, x.numpy()), reference, magnitude)
+
+
 def test_amx_target_assembly_has_tdpbf16ps():
     """Built for a Sapphire Rapids target on any x86 machine: the tile instructions are there."""
     layer = torch.nn.Linear(64, 64, bias=False)
@@ -223,9 +244,62 @@ def test_cli_compile_precision_bf16_without_the_instructions_notes_fp32(pt2_mode
     assert json.loads((cli_workdir / "tiny_bf16_skx.so.json").read_text())["precision"] == "fp32"
 
 
-def test_cli_precision_of_a_detector_is_refused(capsys):
-    from tvm_roialign import cli
+def test_user_facing_bf16_needs_amx():
+    """``compile``/``compile_detector``: bf16 on AMX; fp32 with a note saying why elsewhere (the
+    AVX512-BF16 kernels run slower than fp32, docs/precision.md)."""
+    from tvm_roialign.pipeline_phases import chosen_precision
 
-    code = cli.main(["compile", "maskrcnn_resnet50_fpn", "-o", "m.so", "--precision", "bf16"])
-    assert code != 0
-    assert "--precision: detectors are compiled in fp32 only" in capsys.readouterr().err
+    assert chosen_precision("bf16", AMX_TARGET) == ("bf16", None)
+    assert chosen_precision("fp32", AVX512_ONLY) == ("fp32", None)
+    precision, note = chosen_precision("bf16", AVX512_BF16)
+    assert precision == "fp32" and "has AVX512-BF16 but no AMX, where bf16 runs slower than fp32" in note
+    precision, note = chosen_precision("bf16", AVX512_ONLY)
+    assert precision == "fp32" and note.endswith("has no AMX or AVX512-BF16; building fp32")
+
+
+def test_any_size_detector_bf16_keeps_eager_detections(tmp_path):
+    """A small Mask R-CNN (tests/_tiny_rcnn.py) built any-size in bf16: on the coffee photo, its
+    detections against torchvision eager fp32's, matched by label at box IoU >= 0.9 both ways
+    (eager's top ten scores; random weights give no score near 0.5)."""
+    from _tiny_rcnn import tiny_rcnn
+
+    from tvm_roialign.models import detection as det
+    from tvm_roialign.models.compare import match_confident
+    from tvm_roialign.runtime import Detector
+
+    _amx_or_skip()
+    model = tiny_rcnn(masks=True, seed=0, detections_per_img=20)
+    artifact = det.compile_detector(model, None, "native", precision="bf16")
+    assert (artifact.meta["precision"], artifact.meta["bf16_kernels"]) == ("bf16", "amx")
+    assert "tdpbf16ps" in _asm(artifact.executable)
+    rgb = det.sample_photo("coffee")
+    ref, ours = det.torch_detections(model, rgb), Detector(artifact.export(tmp_path / "bf16.so"))(rgb)
+    score = float(np.sort(ref["scores"])[-10])
+    result = match_confident(ref, ours, score=score, iou=0.9)
+    assert result["ref_confident"] >= 10 and result["ours_confident"] >= 5, result
+    assert result["ref_matched"] >= 0.9 * result["ref_confident"], result
+    assert result["ours_matched"] >= 0.9 * result["ours_confident"], result
+    assert result["mask_iou_mean"] >= 0.9, result
+
+
+def test_match_confident_counts_same_label_pairs_both_ways():
+    """Confident-detection matching on hand-made detections (box IoUs by hand: 95 / 105 for a
+    10 x 10 box shifted by 0.5, 81 / 119 shifted by 1 in x and y; mask IoU 3 / 4)."""
+    from tvm_roialign.models.compare import box_iou, match_confident
+
+    box = [0.0, 0.0, 10.0, 10.0]
+    ref = {"boxes": np.array([box, [20, 20, 30, 30], [50, 50, 60, 60]]), "labels": np.array([1, 2, 3]),
+           "scores": np.array([0.9, 0.8, 0.3])}
+    # the first matched; the second (IoU 0.68) not; a same-box detection of another label not
+    ours = {"boxes": np.array([[0.5, 0, 10.5, 10], [21, 21, 31, 31], [50, 50, 60, 60]]),
+            "labels": np.array([1, 2, 4]), "scores": np.array([0.85, 0.7, 0.6])}
+    ref["masks"] = np.zeros((3, 1, 2, 2)) + np.array([[0.9, 0.9], [0.9, 0.9]])
+    ours["masks"] = np.zeros((3, 1, 2, 2)) + np.array([[0.9, 0.9], [0.9, 0.1]])
+    np.testing.assert_allclose(box_iou(ref["boxes"][:1], ours["boxes"][:1]), [[95 / 105]])
+    result = match_confident(ref, ours)
+    assert (result["ref_confident"], result["ref_matched"]) == (2, 1)
+    assert (result["ours_confident"], result["ours_matched"]) == (3, 1)
+    assert result["score_diff_max"] == pytest.approx(0.05)
+    assert result["mask_iou_min"] == pytest.approx(0.75)
+    low = match_confident(ref, ours, score=0.2, iou=0.6)
+    assert (low["ref_confident"], low["ref_matched"], low["ours_matched"]) == (3, 2, 2)

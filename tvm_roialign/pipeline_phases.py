@@ -101,6 +101,36 @@ def bf16_supported(target: tvm.target.Target, note: bool = True) -> bool:
     return False
 
 
+def chosen_precision(precision: str, target: tvm.target.Target) -> tuple[str, str | None]:
+    """``(precision the build uses, note)`` for the user-facing ``compile``/``compile_detector``:
+    bf16 where ``target`` has AMX bf16; else fp32 and a one-line note saying why (no bf16
+    instructions, or AVX512-BF16 only, where the bf16 kernels run slower than fp32: see
+    docs/precision.md). ``pipeline.build`` itself builds bf16 on AVX512-BF16 when asked."""
+    from .schedules import cpu_info
+    from .target import describe
+
+    if check_precision(precision) != "bf16":
+        return precision, None
+    info = cpu_info(target)
+    if info.has_amx_bf16:
+        return "bf16", None
+    if info.has_avx512_bf16:
+        why = "has AVX512-BF16 but no AMX, where bf16 runs slower than fp32"
+    else:
+        why = "has no AMX or AVX512-BF16"
+    return "fp32", f"--precision bf16: {describe(target)} {why}; building fp32"
+
+
+def precision_metadata(precision: str, target: tvm.target.Target) -> dict:
+    """An artifact's metadata ``precision``, and for bf16 the kernels' instructions (``amx`` or
+    ``avx512bf16``: whether running the library needs the AMX tile state)."""
+    from .schedules import cpu_info
+
+    if precision != "bf16":
+        return {"precision": precision}
+    return {"precision": precision, "bf16_kernels": "amx" if cpu_info(target).has_amx_bf16 else "avx512bf16"}
+
+
 def _try_pass(inner: tvm.transform.Pass) -> tvm.transform.Pass:
     """``inner``, or the module unchanged (with a warning) where ``inner`` fails: a layout
     conversion is an optimization, and TVM's ConvertLayout runs out of memory on some graphs
@@ -170,6 +200,8 @@ __all__ = [
     "PRECISIONS",
     "bf16_supported",
     "check_precision",
+    "chosen_precision",
     "cpu_schedule_pass",
+    "precision_metadata",
     "prepare_pipeline",
 ]

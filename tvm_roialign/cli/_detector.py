@@ -159,7 +159,8 @@ def _bounds(args) -> tuple[int, int]:
     return low, high
 
 
-def compile_main(args, target, out: Path, layout: str, t_start: float, link_note=None) -> int:
+def compile_main(args, target, out: Path, layout: str, t_start: float, link_note=None,
+                 precision: str = "fp32") -> int:
     """``compile`` of a whole detector (``layout``: NHWC or NCHW); ``t_start``: when ``main``
     started (the total time printed counts from it); ``link_note``: how ``out`` is linked
     (:func:`tvm_roialign.linking.choose_library`)."""
@@ -192,7 +193,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
         try:
             fast = bool(getattr(args, "fast", False))
             artifact = compile_detector(
-                model, sizes, target, layout, progress=progress, name=name, fast=fast
+                model, sizes, target, layout, progress=progress, name=name, fast=fast, precision=precision
             )
             times["import_s"], times["build_s"] = artifact.import_s, artifact.compile_s
             progress(f"export {out}")

@@ -76,8 +76,8 @@ def register(subparsers, parents) -> None:
         "--precision",
         default="fp32",
         choices=("fp32", "bf16"),
-        help="bf16: convolutions and matmuls in bf16 with fp32 accumulation, on AMX or AVX512-BF16 "
-        "(a target without either builds fp32, with a note); models only (default fp32)",
+        help="bf16: convolutions and matmuls in bf16 with fp32 accumulation, on AMX (a target "
+        "without AMX builds fp32, with a note saying why); models and detectors (default fp32)",
     )
     add_model_arguments(p)
     add_records_argument(p)
@@ -193,29 +193,20 @@ class _LastRelaxModule:
 
 
 def _precision(args, target) -> str:
-    """The precision the build uses: ``--precision``, fp32 (with a note on stderr, unless ``-q``)
-    where ``target`` lacks the bf16 instructions; detectors are fp32 only."""
-    from ..pipeline_phases import bf16_supported
-    from ..target import describe
+    """The precision the build uses: ``--precision``, or fp32 (with a note on stderr, unless
+    ``-q``) where ``target`` has no AMX bf16 (:func:`~tvm_roialign.pipeline_phases.chosen_precision`)."""
+    from ..pipeline_phases import chosen_precision
 
-    if args.precision != "fp32" and _detector.is_detector(args.model):
-        raise CLIError("--precision: detectors are compiled in fp32 only; use --precision fp32")
-    if args.precision == "bf16" and not bf16_supported(target, note=False):
-        if not args.quiet:
-            note = f"note: --precision bf16: {describe(target)} has no AMX or AVX512-BF16; building fp32"
-            print(note, file=sys.stderr)
-        return "fp32"
-    return args.precision
+    precision, note = chosen_precision(args.precision, target)
+    if note and not args.quiet:
+        print(f"note: {note}", file=sys.stderr)
+    return precision
 
 
-def _precision_meta(precision: str, target) -> dict:
-    """The metadata's ``precision``, and for bf16 the kernels' instructions (``amx`` or
-    ``avx512bf16``: whether running the library needs the AMX tile state)."""
-    from ..schedules import cpu_info
+def _precision_metadata(precision: str, target) -> dict:
+    from ..pipeline_phases import precision_metadata
 
-    if precision != "bf16":
-        return {"precision": precision}
-    return {"precision": precision, "bf16_kernels": "amx" if cpu_info(target).has_amx_bf16 else "avx512bf16"}
+    return precision_metadata(precision, target)
 
 
 def _build(mod, target, records, precision: str = "fp32"):
@@ -284,7 +275,7 @@ def main(args) -> int:
     if _detector.is_detector(args.model):
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
-        return _detector.compile_main(args, target, out, layout, t_start, link_note)
+        return _detector.compile_main(args, target, out, layout, t_start, link_note, precision)
     check_model_file(Path(args.model), _detector.alternatives())
     _detector.reject_detector_options(args)
     times = {}
@@ -319,7 +310,7 @@ def main(args) -> int:
     meta = {
         "target": target_config(target),
         "layout": layout_name,
-        **_precision_meta(precision, target),
+        **_precision_metadata(precision, target),
         "inputs": signature(mod),
         "times": times,
         "kernels": kernel_signatures(tir_mod) if tir_mod is not None else [],

@@ -3,7 +3,9 @@ two build modes.
 
 Both model routes judge their detections here: the three-piece Mask R-CNN
 (:mod:`tvm_roialign.models.maskrcnn`, the ``maskrcnn`` command's report) and the standalone
-detector artifact (:mod:`tvm_roialign.models.detection`). A detection dict holds ``boxes [n, 4]``,
+detector artifact (:mod:`tvm_roialign.models.detection`). A reduced-precision (bf16) build is
+judged against the fp32 build by :func:`match_confident` instead (confident detections matched
+by label and box IoU, not equality). A detection dict holds ``boxes [n, 4]``,
 ``labels [n]``, ``scores [n]`` and optionally ``masks`` (``[n, H, W]`` or ``[n, 1, H, W]``
 probabilities) and ``keypoints [n, K, 3]``, as NumPy arrays or CPU tensors. Only NumPy is needed.
 
@@ -311,8 +313,81 @@ def compare_for_mode(ours: dict, ref: dict, mode: str = "exact", **limits) -> di
     return {**result, "mode": mode, "criteria": FAST_CRITERIA if fast else CRITERIA}
 
 
+#: A confident detection (:func:`match_confident`): score at least this.
+CONFIDENT_SCORE = 0.5
+#: Least box IoU of a same-label pair that :func:`match_confident` counts as matched.
+MATCH_IOU = 0.9
+
+
+def _confident_pairs(src: dict, dst: dict, score: float, iou: float) -> tuple[int, list]:
+    """``(count, pairs)``: how many of ``src``'s detections score at least ``score``, and their
+    :func:`match_detections` pairs ``(i, j)`` in ``dst``."""
+    count = int((_array(src["scores"], np.float64) >= score).sum())
+    return count, sorted(match_detections(src, dst, score, iou).items())
+
+
+def _mask_ious(src: dict, dst: dict, pairs: list) -> list[float]:
+    if not pairs or src.get("masks") is None or dst.get("masks") is None:
+        return []
+    ms, md = _array(src["masks"]), _array(dst["masks"])
+    out = []
+    for i, j in pairs:
+        a, b = ms[i] > MASK_THRESHOLD, md[j] > MASK_THRESHOLD
+        union = np.logical_or(a, b).sum()
+        out.append(float(np.logical_and(a, b).sum() / union) if union else 1.0)
+    return out
+
+
+def match_confident(ref: dict, ours: dict, score: float = CONFIDENT_SCORE, iou: float = MATCH_IOU) -> dict:
+    """How well ``ours`` (a bf16 build's detections) keeps ``ref``'s (the fp32 build's) confident
+    ones, for one image: ``ref_confident`` (detections of score >= ``score``) and ``ref_matched``
+    (of those, the ones paired with a detection of ``ours`` of the same label at box IoU >= ``iou``),
+    the same both ways round (``ours_confident``, ``ours_matched``), and over the pairs of ``ref``'s
+    confident detections: ``mask_iou_min``/``mask_iou_mean`` (masks at :data:`MASK_THRESHOLD`;
+    absent without masks) and ``score_diff_max``/``score_diff_mean`` (absolute). Sum the counts
+    over images with :func:`sum_matches`."""
+    n_ref, pairs = _confident_pairs(ref, ours, score, iou)
+    n_ours, back = _confident_pairs(ours, ref, score, iou)
+    result = {
+        "score": score, "iou": iou, "ref_confident": n_ref, "ref_matched": len(pairs),
+        "ours_confident": n_ours, "ours_matched": len(back),
+    }
+    diffs = [
+        abs(float(_array(ref["scores"])[i]) - float(_array(ours["scores"])[j])) for i, j in pairs
+    ]
+    if diffs:
+        result.update(score_diff_max=max(diffs), score_diff_mean=float(np.mean(diffs)))
+    mask_ious = _mask_ious(ref, ours, pairs)
+    if mask_ious:
+        result.update(mask_iou_min=min(mask_ious), mask_iou_mean=float(np.mean(mask_ious)))
+    return result
+
+
+def sum_matches(results: list[dict]) -> dict:
+    """:func:`match_confident` of several images together: counts summed, the shares
+    ``ref_share``/``ours_share`` (1 where nothing was confident), the worst minimum and maximum,
+    means weighted by pairs."""
+    keys = ("ref_confident", "ref_matched", "ours_confident", "ours_matched")
+    total = {k: sum(r[k] for r in results) for k in keys}
+    if results:
+        total.update(score=results[0]["score"], iou=results[0]["iou"])
+    total["ref_share"] = total["ref_matched"] / total["ref_confident"] if total["ref_confident"] else 1.0
+    total["ours_share"] = (
+        total["ours_matched"] / total["ours_confident"] if total["ours_confident"] else 1.0
+    )
+    for name, worst in (("score_diff", max), ("mask_iou", min)):
+        rows = [r for r in results if f"{name}_mean" in r]
+        if rows:
+            limit = "max" if worst is max else "min"
+            total[f"{name}_{limit}"] = worst(r[f"{name}_{limit}"] for r in rows)
+            weights = [r["ref_matched"] for r in rows]
+            total[f"{name}_mean"] = float(np.average([r[f"{name}_mean"] for r in rows], weights=weights))
+    return total
+
+
 __all__ = [
     "BOX_TOL",
+    "CONFIDENT_SCORE",
     "CRITERIA",
     "FAST_BOX_IOU",
     "FAST_CRITERIA",
@@ -324,13 +399,16 @@ __all__ = [
     "KEYPOINT_TOL",
     "MASK_AGREEMENT",
     "MASK_THRESHOLD",
+    "MATCH_IOU",
     "SCORE_TOL",
     "box_iou",
     "compare_detections",
     "compare_fast",
     "compare_for_mode",
+    "match_confident",
     "match_detections",
     "nms_near_ties",
     "pair_detections",
     "passed",
+    "sum_matches",
 ]

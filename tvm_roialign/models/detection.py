@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,7 @@ def compile_detector(
     offset_trick_max_numel: int = 4000,
     name: str | None = None,
     fast: bool = False,
+    precision: str = "fp32",
 ) -> DetectorArtifact:
     """Compile a whole torchvision detector into one artifact (see the module doc).
 
@@ -133,18 +135,45 @@ def compile_detector(
         The artifact's model name in its metadata (default: the detector name, the ``.pt2``
         file's stem, or the model's class name).
     fast : bool
-        False (the default; ``"mode": "exact"`` in the metadata): direct 3x3 convolutions, eager's
-        detections (:data:`~tvm_roialign.models.compare.CRITERIA`). True (``"fast"``): Winograd
-        ones, :data:`~tvm_roialign.models.compare.FAST_CRITERIA`.
+        False (``"mode": "exact"``): direct 3x3 convolutions, detections by :data:`~.compare.CRITERIA`;
+        True (``"fast"``): Winograd ones, :data:`~.compare.FAST_CRITERIA`.
+    precision : str
+        ``"fp32"`` or ``"bf16"`` (convs and matmuls on AMX; fp32 with a warning without AMX)
     """
     from ..pipeline import build
+    from ..pipeline_phases import precision_metadata
     from ..target import parse_target, target_config
 
     progress = progress or (lambda _msg: None)
     target = parse_target(target)
+    precision = _detector_precision(precision, target)
     model, name = _torch_model(model, config, name, progress)
     progress(_import_message(model, image_sizes))
     t0 = time.perf_counter()
+    mod, meta = _import(model, image_sizes, layout, target, offset_trick_max_numel)
+    import_s = time.perf_counter() - t0
+    progress(f"build for {target.kind.name}")
+    t0 = time.perf_counter()
+    # import_detector converted the layout
+    options = graph_options(model, fast)
+    executable = build(mod, target, layout=None, precision=precision, **options).executable
+    compile_s = time.perf_counter() - t0
+    meta = {
+        "kind": METADATA_KIND,
+        "model": name or type(model).__name__,
+        **meta,
+        "layout": layout,
+        "mode": build_mode(fast),
+        **precision_metadata(precision, target),
+        "target": target_config(target),
+        "import_s": import_s,
+        "compile_s": compile_s,
+    }
+    return DetectorArtifact(executable, mod, meta, import_s, compile_s)
+
+
+def _import(model, image_sizes, layout: str, target, offset_trick_max_numel: int):
+    """``(mod, meta)`` of the detector, with the photo function where the target serves it."""
     mod, meta = import_detector(
         model,
         image_sizes,
@@ -154,23 +183,17 @@ def compile_detector(
     )
     if serves_photos(meta, target):
         mod, meta = add_photo_function(mod, meta)
-    import_s = time.perf_counter() - t0
-    progress(f"build for {target.kind.name}")
-    t0 = time.perf_counter()
-    # import_detector converted the layout
-    executable = build(mod, target, layout=None, **graph_options(model, fast)).executable
-    compile_s = time.perf_counter() - t0
-    meta = {
-        "kind": METADATA_KIND,
-        "model": name or type(model).__name__,
-        **meta,
-        "layout": layout,
-        "mode": build_mode(fast),
-        "target": target_config(target),
-        "import_s": import_s,
-        "compile_s": compile_s,
-    }
-    return DetectorArtifact(executable, mod, meta, import_s, compile_s)
+    return mod, meta
+
+
+def _detector_precision(precision: str, target) -> str:
+    """The precision the detector is built in (a warning where bf16 falls back to fp32)."""
+    from ..pipeline_phases import chosen_precision
+
+    precision, note = chosen_precision(precision, target)
+    if note:
+        warnings.warn(note, stacklevel=3)
+    return precision
 
 
 def _torch_model(model, config, name, progress):

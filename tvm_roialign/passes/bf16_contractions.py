@@ -1,9 +1,10 @@
 """Convolutions and matmuls with constant weights as bf16 contractions (``precision="bf16"``).
 
 Each ungrouped NHWC ``conv2d`` (1x1, or larger over a multiple of :data:`TAP_CHANNELS` input
-channels) and each 2-D ``matmul`` of a constant weight, in float32 and of static shape, becomes a
-call of :func:`tvm_roialign.topi.bf16_contraction.bf16_contraction`: the weight is rounded to bf16
-and packed into the pair layout here, once, at compile time; the activations are rounded to bf16
+channels) and each 2-D ``matmul`` of a constant weight, in float32, becomes a call of
+:func:`tvm_roialign.topi.bf16_contraction.bf16_contraction` (its channels static; its batch and image
+size, so the GEMM's row count, may be symbolic, as in an any-size detector): the weight is rounded
+to bf16 and packed into the pair layout here, once, at compile time; the activations are rounded to bf16
 inside the kernel, the products accumulated in fp32 and the result is fp32, so every other op of
 the model (bias, residual adds, RoIAlign, NMS, post-processing) stays as it was:
 
@@ -36,8 +37,13 @@ def _is_f32(expr) -> bool:
     return isinstance(ty, relax.TensorType) and str(ty.dtype) == "float32"
 
 
-def _static(shape) -> bool:
-    return shape is not None and None not in shape
+def _dims(expr) -> list | None:
+    """The shape of the tensor ``expr`` as ints and (symbolic) PrimExprs, or None when its rank is
+    unknown or its last dimension (the channels) is not static."""
+    shape = tensor_shape(expr)
+    if shape is None or shape[-1] is None:
+        return None
+    return [s if s is not None else d for s, d in zip(shape, expr.ty.shape.values)]
 
 
 @mutator
@@ -51,14 +57,14 @@ class _BF16Rewriter(FunctionRewriter):
             new = self._matmul(call)
         return call if new is None else new
 
-    def _emit(self, name: str, x, weight: np.ndarray, rows: int, out_shape, geometry=None):
+    def _emit(self, name: str, x, weight: np.ndarray, rows, out_shape, geometry=None):
         self.changed = True
         packed = relax.const(pack_weight_vnni(weight))
         compute = functools.partial(
             bf16_contraction,
             rows=rows,
             reduction=int(weight.shape[0]),
-            out_shape=[int(d) for d in out_shape],
+            out_shape=list(out_shape),
             geometry=geometry,
         )
         return self.builder_.call_te(compute, x, packed, primfunc_name_hint=name)
@@ -67,14 +73,15 @@ class _BF16Rewriter(FunctionRewriter):
         attrs = call.attrs
         x, weight = call.args
         value = const_value(weight)
-        in_shape, out_shape = tensor_shape(x), tensor_shape(call)
+        in_shape, out_shape = _dims(x), _dims(call)
         if (
             value is None
             or int(attrs.groups) != 1
             or str(attrs.data_layout) != "NHWC"
             or str(attrs.out_layout or attrs.data_layout) != "NHWC"
             or not (_is_f32(x) and _is_f32(call))
-            or not (_static(in_shape) and _static(out_shape))
+            or in_shape is None
+            or out_shape is None
         ):
             return None
         layout = str(attrs.kernel_layout)
@@ -99,16 +106,17 @@ class _BF16Rewriter(FunctionRewriter):
     def _matmul(self, call):
         x, weight = call.args
         value = const_value(weight)
-        in_shape, out_shape = tensor_shape(x), tensor_shape(call)
+        in_shape, out_shape = _dims(x), _dims(call)
         if (
             value is None
             or value.ndim != 2
             or not (_is_f32(x) and _is_f32(call))
-            or not (_static(in_shape) and _static(out_shape))
+            or in_shape is None
+            or out_shape is None
             or len(in_shape) < 2
         ):
             return None
-        rows = int(np.prod(in_shape[:-1]))
+        rows = functools.reduce(lambda a, b: a * b, in_shape[:-1])
         flat = x if len(in_shape) == 2 else self.builder_.emit(
             relax.op.reshape(x, [rows, in_shape[-1]])
         )

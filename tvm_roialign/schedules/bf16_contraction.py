@@ -3,7 +3,8 @@
 
 The function has three stages, ``bf16_gather_a`` (activations rounded to bf16, im2col'd for a conv),
 ``bf16_contraction`` (the GEMM, fp32 accumulation) and ``bf16_output`` (the real rows and columns in
-the op's shape), followed by whatever elementwise epilogue fusion gave it. The GEMM is cut into
+the op's shape), followed by whatever elementwise epilogue fusion gave it. The GEMM's row count is
+static or (an any-size image) ``ceil(M / 32) * 32`` of a symbolic ``M``. The GEMM is cut into
 32 x 32 output blocks, each computed by the AMX micro-kernel (:mod:`.amx_intrin`; without AMX the
 AVX512-BF16 one, :mod:`.avx512_bf16_intrin`) over ``kc`` reduction elements:
 
@@ -32,12 +33,15 @@ from .elementwise import schedule_injective_block, schedule_rest
 from .target_info import cpu_info
 
 
-def choose_blocking(rows: int, columns: int, reduction: int, l2_bytes: int) -> tuple[int, bool]:
+def choose_blocking(rows: int | None, columns: int, reduction: int, l2_bytes: int) -> tuple[int, bool]:
     """``(kc, rows_outer)``: the reduction chunk and the loop order of the 32 x 32 blocks (see
-    module docstring); bf16 operands (2 bytes an element)."""
+    module docstring); bf16 operands (2 bytes an element). ``rows`` None: a symbolic row count
+    (an any-size image), taken as larger than the columns and than any L2."""
     budget = l2_bytes // 2
     if reduction * columns * 2 <= budget:
         return reduction, True
+    if rows is None:
+        rows = reduction * columns + budget
     if reduction * rows * 2 <= budget:
         return reduction, False
     rows_outer = columns <= rows
@@ -77,7 +81,8 @@ class BF16Contraction(CPURule):
         else:
             return None
         (rows, columns), (_, reduction) = _shape(sch, acc), _shape(sch, gather)
-        if None in (rows, columns, reduction) or rows % BLOCK or columns % BLOCK or reduction % STEP:
+        # a symbolic row count is a multiple of the block by construction (the gather's padding)
+        if None in (columns, reduction) or (rows or 0) % BLOCK or columns % BLOCK or reduction % STEP:
             return None
         kc, rows_outer = choose_blocking(rows, columns, reduction, info.l2_bytes)
         m, n, k = sch.get_loops(acc)

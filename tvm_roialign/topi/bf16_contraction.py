@@ -33,8 +33,9 @@ CONTRACTION = "bf16_contraction"
 OUTPUT = "bf16_output"
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
+def _round_up(value, multiple: int):
+    """``value`` (an int, or a symbolic row count) rounded up to a multiple of ``multiple``."""
+    return (value + multiple - 1) // multiple * multiple
 
 
 def to_bf16_bits(array: np.ndarray) -> np.ndarray:
@@ -68,11 +69,12 @@ def bf16_value(bits):
 
 @dataclass(frozen=True)
 class ConvGeometry:
-    """An NHWC conv2d as a GEMM: output ``[n, oh, ow, o]``, kernel ``kh x kw`` over ``c`` channels."""
+    """An NHWC conv2d as a GEMM: output ``[n, oh, ow, o]``, kernel ``kh x kw`` over ``c`` channels
+    (``n``, ``oh``, ``ow`` ints, or expressions of a symbolic image size)."""
 
-    n: int
-    oh: int
-    ow: int
+    n: object
+    oh: object
+    ow: object
     kh: int
     kw: int
     c: int
@@ -81,7 +83,7 @@ class ConvGeometry:
     dilation: tuple[int, int]
 
     @property
-    def rows(self) -> int:
+    def rows(self):
         return self.n * self.oh * self.ow
 
     @property
@@ -91,7 +93,7 @@ class ConvGeometry:
 
 def _gather_conv(x: te.Tensor, g: ConvGeometry):
     """``(m, k) -> x`` value of im2col row ``m`` column ``k`` (zero outside the image)."""
-    height, width = int(x.shape[1]), int(x.shape[2])
+    height, width = x.shape[1], x.shape[2]
 
     def value(m, k):
         b = m // (g.oh * g.ow)
@@ -110,10 +112,13 @@ def _gather_conv(x: te.Tensor, g: ConvGeometry):
     return value
 
 
-def bf16_contraction(x: te.Tensor, packed: te.Tensor, rows: int, reduction: int, out_shape,
+def bf16_contraction(x: te.Tensor, packed: te.Tensor, rows, reduction: int, out_shape,
                      geometry: ConvGeometry | None = None) -> te.Tensor:
     """The stages of the module docstring; ``x`` is ``[rows, reduction]`` (a matmul) or the NHWC
-    input of a conv of ``geometry``; ``packed`` the :func:`pack_weight_vnni` weights."""
+    input of a conv of ``geometry``; ``packed`` the :func:`pack_weight_vnni` weights. ``rows``
+    and the output's leading dimensions may be symbolic (an any-size image): the gathered rows
+    are then padded to ``Mp = ceil(rows / 32) * 32``, so every 32-row block the micro-kernel
+    loads and stores lies inside the buffers, its padding rows zero and never read back."""
     mp, kp = _round_up(rows, TILE_M), _round_up(reduction, TILE_K)
     np_ = int(packed.shape[0]) * TILE_N
     source = _gather_conv(x, geometry) if geometry is not None else (lambda m, k: x[m, k])
@@ -133,7 +138,7 @@ def bf16_contraction(x: te.Tensor, packed: te.Tensor, rows: int, reduction: int,
         ),
         name=CONTRACTION,
     )
-    out_shape = [int(d) for d in out_shape]
+    out_shape = list(out_shape)
 
     def output(*idx):
         row = idx[0]

@@ -1,0 +1,165 @@
+"""A detector's any-size artifact in bf16 against fp32 and OpenVINO (default precision and f32):
+time on photos of three sizes, and the bf16 build's detections against the fp32 build's.
+
+One process; on each photo the runners take turns, round after round (median of ``--rounds``).
+Accuracy (:func:`tvm_roialign.models.compare.match_confident`): the fp32 artifact's detections of
+score >= 0.5 matched by a same-label bf16 detection at box IoU >= 0.9, both ways, with the mask IoU
+and score difference of the pairs; also at ``--low-score`` (random weights may give few
+confident detections) and at IoU >= 0.5 (random weights give clusters of near-equal boxes and
+scores, which a small perturbation reshuffles).
+
+    python benchmarks/bench_detector_precision.py [--fp32 fp32.so --bf16 bf16.so] [--rounds 5]
+        [--photos astronaut,coffee,portrait] [--out benchmarks/results/bench_detector_precision.json]
+
+Without ``--fp32``/``--bf16`` the artifacts are compiled first (each takes many minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tvm_roialign.host import use_usable_cores
+from tvm_roialign.models import detection as det
+from tvm_roialign.models.compare import match_confident, sum_matches
+from tvm_roialign.runtime import Detector
+
+
+def photos(names) -> dict:
+    """The bundled photos by name; ``portrait``: coffee turned upright (600 x 400 -> 400 x 600)."""
+    out = {}
+    for name in names:
+        if name == "portrait":
+            out[name] = np.ascontiguousarray(np.rot90(det.sample_photo("coffee")))
+        else:
+            out[name] = det.sample_photo(name)
+    return out
+
+
+class _Outputs(torch.nn.Module):
+    """The detector on one image, returning tensors (what ``openvino.convert_model`` traces)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, image):
+        out = self.model([image])[0]
+        return out["boxes"], out["labels"], out["scores"], out["masks"]
+
+
+def openvino_runners(model, rgb) -> dict:
+    """OpenVINO's default precision (bf16 on AMX) and f32, converted for this photo's size."""
+    import openvino
+
+    image = torch.from_numpy(rgb).permute(2, 0, 1).float().div(255.0).contiguous()
+    with torch.no_grad():
+        converted = openvino.convert_model(_Outputs(model).eval(), example_input=(image,))
+    data = image.numpy()
+    runners = {}
+    for label, config in (("OpenVINO default", {}), ("OpenVINO f32", {"INFERENCE_PRECISION_HINT": "f32"})):
+        compiled = openvino.compile_model(converted, "CPU", config)
+        hint = compiled.get_property("INFERENCE_PRECISION_HINT")
+        request = compiled.create_infer_request()
+        runners[f"{label} ({getattr(hint, 'get_type_name', lambda h=hint: str(h))()})"] = (
+            lambda r=request: r.infer([data])
+        )
+    return runners
+
+
+def interleaved(runners: dict, rounds: int) -> dict:
+    """Median seconds of each runner, taking turns round after round (one warm-up call each)."""
+    for run in runners.values():
+        run()
+    times = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, run in runners.items():
+            t0 = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def artifacts(args, model, workdir: Path) -> dict:
+    """The fp32 and bf16 any-size artifacts (given, or compiled here) as Detectors."""
+    out = {}
+    for precision in ("fp32", "bf16"):
+        path = getattr(args, precision)
+        if path is None:
+            print(f"compile the {precision} any-size artifact", file=sys.stderr, flush=True)
+            art = det.compile_detector(model, None, args.target, precision=precision)
+            path = art.export(workdir / f"{precision}.so")
+        out[precision] = Detector(path)
+        meta = out[precision].meta
+        if meta.get("precision", "fp32") != precision:
+            raise SystemExit(f"--{precision} {path}: the artifact's precision is {meta.get('precision')}")
+    return out
+
+
+def print_report(report) -> None:
+    names = list(next(iter(report["photos"].values()))["seconds"])
+    print(f"{'photo':10s} {'size':>8s} " + " ".join(f"{n:>26s}" for n in names))
+    for photo, row in report["photos"].items():
+        cells = " ".join(f"{1e3 * row['seconds'][n]:23.0f} ms" for n in names)
+        print(f"{photo:10s} {'x'.join(map(str, row['size'])):>8s} {cells}")
+    for acc in report["accuracy"].values():
+        line = (f"all photos, score >= {acc['score']:g}, IoU >= {acc['iou']:g}: fp32 {acc['ref_matched']}/"
+                f"{acc['ref_confident']} matched, bf16 {acc['ours_matched']}/{acc['ours_confident']}")
+        if "mask_iou_mean" in acc:
+            line += f"; mask IoU min {acc['mask_iou_min']:.3f} mean {acc['mask_iou_mean']:.3f}"
+        if "score_diff_mean" in acc:
+            line += f"; |score diff| max {acc['score_diff_max']:.4f} mean {acc['score_diff_mean']:.4f}"
+        print(line)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="maskrcnn_resnet50_fpn")
+    parser.add_argument("--target", default="native")
+    parser.add_argument("--fp32", type=Path, default=None, help="a compiled fp32 any-size artifact")
+    parser.add_argument("--bf16", type=Path, default=None, help="a compiled bf16 any-size artifact")
+    parser.add_argument("--photos", default="astronaut,coffee,portrait")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--low-score", type=float, default=0.1)
+    parser.add_argument("--out", default="benchmarks/results/bench_detector_precision.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(use_usable_cores())
+    model = det.build_torch_detector(args.model)
+    report = {"model": args.model, "target": args.target, "rounds": args.rounds, "photos": {}}
+    matches = {(0.5, 0.9): [], (args.low_score, 0.9): [], (0.5, 0.5): []}
+    with tempfile.TemporaryDirectory() as workdir:
+        tvm = artifacts(args, model, Path(workdir))
+        for name, rgb in photos(args.photos.split(",")).items():
+            print(f"{name} {rgb.shape[0]}x{rgb.shape[1]}", file=sys.stderr, flush=True)
+            fp32, bf16 = tvm["fp32"](rgb), tvm["bf16"](rgb)
+            for (score, iou), found in matches.items():
+                found.append(match_confident(fp32, bf16, score=score, iou=iou))
+            runners = {
+                "tvm-roialign bf16": lambda rgb=rgb: tvm["bf16"](rgb),
+                "tvm-roialign fp32": lambda rgb=rgb: tvm["fp32"](rgb),
+                **openvino_runners(model, rgb),
+            }
+            report["photos"][name] = {
+                "size": list(rgb.shape[:2]),
+                "seconds": interleaved(runners, args.rounds),
+                "accuracy": {f"score {s:g}, IoU {i:g}": m[-1] for (s, i), m in matches.items()},
+            }
+    report["accuracy"] = {f"score {s:g}, IoU {i:g}": sum_matches(m) for (s, i), m in matches.items()}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2, default=float))
+    print_report(report)
+    print(f"written {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
