@@ -303,3 +303,44 @@ def test_match_confident_counts_same_label_pairs_both_ways():
     assert result["mask_iou_min"] == pytest.approx(0.75)
     low = match_confident(ref, ours, score=0.2, iou=0.6)
     assert (low["ref_confident"], low["ref_matched"], low["ours_matched"]) == (3, 2, 2)
+
+
+_RUN_WITH_TVM_ALONE = """
+import sys
+import numpy as np
+import tvm
+from tvm import relax
+
+x = np.load(sys.argv[2])
+vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())
+out = vm["main"](tvm.runtime.tensor(x))
+np.save(sys.argv[3], (out if hasattr(out, "numpy") else out[0]).numpy())
+"""
+
+
+def test_amx_library_runs_through_tvm_alone(tmp_path):
+    """A process that loads an AMX library with TVM's own API (as a C++ program would), without the
+    package and its request for the AMX tile state: the kernels ask Linux for it themselves, so the
+    first tile instruction does not kill the process."""
+    import subprocess
+    import sys
+
+    _amx_or_skip()
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 32, bias=False)
+    x = torch.randn(40, 64)
+    executable = build(_module(layer, x), parse_target("native"), precision="bf16").executable
+    assert "tdpbf16ps" in _asm(executable)
+    library = tmp_path / "amx.so"
+    executable.export_library(str(library))
+    np.save(tmp_path / "x.npy", x.numpy())
+    files = [str(library), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")]
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_WITH_TVM_ALONE, *files],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    a, w = _bf16(x), _bf16(layer.weight.detach())
+    _check_bound(np.load(tmp_path / "y.npy"), a @ w.T, a.abs() @ w.abs().T)

@@ -91,7 +91,7 @@ def cpu_pipeline(
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    from .passes import FoldLayoutRewrite
+    from .passes import FoldLayoutRewrite, RequestAMXState
 
     prepare = prepare_pipeline(target, **graph_options) if target is not None else None
 
@@ -107,6 +107,8 @@ def cpu_pipeline(
                 phases.append(_tuning_pass(tuning_records, tgt))
             # 5. default schedule rules (skip tirx.is_scheduled functions)
             phases.append(cpu_schedule_pass(rules))
+            # AMX kernels ask Linux for the tile state themselves (a library may be run from C++)
+            phases.append(RequestAMXState())
             if symbolic_report is not None:
                 from .schedules.symbolic_report import symbolic_report_pass
 

@@ -12,7 +12,8 @@
   indices in mode ``"clip"`` (no out-of-bounds warning from TVM); :class:`WrapTakes`
   (:mod:`.wrap_takes`): a detector's gathers in mode ``"wrap"``, torch's indexing;
 * :class:`BF16Contractions` (:mod:`.bf16_contractions`): constant-weight conv2d / matmul as bf16
-  contractions (``precision="bf16"``);
+  contractions (``precision="bf16"``); :class:`RequestAMXState` (:mod:`.request_amx_state`, a TIR
+  pass): kernels with AMX tiles ask Linux for the tile state themselves;
 * :func:`desired_layouts` (:mod:`.desired_layouts`): the ConvertLayout dictionary for a whole model
   in NHWC (or NCHW).
 """
@@ -30,6 +31,7 @@ from .fold_permute_dims import FoldPermuteDims
 from .layout import register
 from .normalize_squeeze_axes import NormalizeSqueezeAxes
 from .pad_channels import PadChannels
+from .request_amx_state import RequestAMXState
 from .winograd import WinogradConv2D
 from .wrap_takes import WrapTakes
 
@@ -45,6 +47,7 @@ __all__ = [
     "FoldPermuteDims",
     "NormalizeSqueezeAxes",
     "PadChannels",
+    "RequestAMXState",
     "WinogradConv2D",
     "WrapTakes",
     "desired_layouts",

@@ -25,6 +25,7 @@ one; elsewhere the fallback rule would compute the same values in fp32 arithmeti
 
 from __future__ import annotations
 
+from ..passes.request_amx_state import AMX_TILES
 from ..topi.bf16_contraction import CONTRACTION, GATHER_A, OUTPUT
 from .amx_intrin import BLOCK, STEP, amx_bf16_intrin
 from .avx512_bf16_intrin import avx512_bf16_intrin
@@ -76,6 +77,8 @@ class BF16Contraction(CPURule):
         info = cpu_info(target)
         if info.has_amx_bf16:
             intrin = amx_bf16_intrin
+            # the function asks Linux for the tile state (passes.RequestAMXState)
+            sch.annotate(find_block(sch, "root"), AMX_TILES, 1)
         elif info.has_avx512_bf16:
             intrin = avx512_bf16_intrin
         else:
