@@ -225,7 +225,7 @@ def test_users_own_detector_from_pt2(tmp_path, capfd):
     meta = json.loads((tmp_path / "tiny.so.json").read_text())
     assert meta["kind"] == "detector" and meta["model"] == "tiny"
     assert meta["outputs"] == ["boxes", "scores", "labels", "num_detections"]
-    assert meta["mode"] == "exact" and "layout NHWC, exact)" in out, out  # the default mode
+    assert meta["mode"] == "exact" and "layout NHWC, exact, fp32)" in out, out  # the default mode
     detector = Detector(library)
     assert detector.names is None  # not COCO: labels only
     assert_equal_detections(detector(rgb), ref, 20)

@@ -207,7 +207,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
     times = add_total(times, t_start, args.startup_s)
     print(
         f"compiled {args.model} ({accepted_sizes(artifact.meta, most=8)}; {describe(target)}, "
-        f"layout {layout}, {artifact.meta['mode']}) -> "
+        f"layout {layout}, {artifact.meta['mode']}, {artifact.meta.get('precision', 'fp32')}) -> "
         f"{out} (+ {out.name}.json) in {format_times(times)}"
     )
     return 0

@@ -336,7 +336,8 @@ def main(args) -> int:
     for coverage in symbolic:
         print(coverage)
     print(
-        f"compiled {args.model} -> {out} ({describe(target)}, layout {layout_name}) in "
+        f"compiled {args.model} -> {out} ({describe(target)}, layout {layout_name}, "
+        f"{meta.get('precision', 'fp32')}) in "
         f"{format_times(times)}{extra}"
     )
     return 0
