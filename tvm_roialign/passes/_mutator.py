@@ -48,7 +48,7 @@ class ConstantFolder(FunctionRewriter):
         if value is None:
             return call
         self.changed = True
-        return relax.const(value)
+        return relax.const(value, str(value.dtype))
 
 
 def rewrite_module(rewriter_cls, mod: tvm.IRModule, **attrs) -> tvm.IRModule:

@@ -2,10 +2,11 @@
 
 A model imported with its weights as constants, then moved to another layout, holds every weight
 as ``permute_dims(constant)``; a decomposed batch-norm holds ``sqrt``, ``divide``, ``multiply`` of
-constants. ``relax.transform.FoldConstant`` legalizes, compiles and runs each such call (about a
-tenth of a second each: seconds for a ResNet). The ops below are evaluated here with NumPy instead,
-in the constant's own dtype (IEEE-rounded like the compiled code); anything else is left for
-``FoldConstant``.
+constants; torch.roll gathers at ``(arange(n) + shift) % n``. ``relax.transform.FoldConstant``
+legalizes, compiles and runs each such call (about a tenth of a second each: seconds for a ResNet;
+``arange`` of scalars it leaves alone, and so the gather its indices feed). The ops below are
+evaluated here with NumPy instead, in the constant's own dtype (IEEE-rounded like the compiled
+code); anything else is left for ``FoldConstant``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ _BINARY = {
     "relax.subtract": np.subtract,
     "relax.multiply": np.multiply,
     "relax.divide": np.divide,
+    "relax.mod": np.fmod,
+    "relax.floor_mod": np.mod,
 }
 _UNARY = {"relax.sqrt": np.sqrt, "relax.negative": np.negative, "relax.exp": np.exp}
 
@@ -47,15 +50,33 @@ def _bound(expr, lookup):
     return expr
 
 
+def _scalar(expr) -> int | float | None:
+    """The number a static scalar argument (an immediate, or a PrimValue of one) stands for."""
+    imm = (tvm.tirx.IntImm, tvm.tirx.FloatImm)
+    if not isinstance(expr, imm):
+        expr = getattr(expr, "value", None)
+    return expr.value if isinstance(expr, imm) else None
+
+
+def _arange(call) -> np.ndarray | None:
+    """``arange(start, end, step)`` of static scalars (torch.roll's indices), else None."""
+    bounds = [_scalar(a) for a in call.args]
+    if len(bounds) != 3 or None in bounds:
+        return None
+    return np.arange(*bounds, dtype=str(call.attrs.dtype))
+
+
 def evaluate(call, lookup=lambda expr: None) -> np.ndarray | None:
     """The value of ``call`` when it is one of the ops above on constants, else None
     (``lookup`` gives the value bound to a variable, if any)."""
     name = call.op.name
+    if name == "relax.arange":
+        return _arange(call)
     args = [_bound(a, lookup) for a in call.args]
     consts = [const_value(a) for a in args]
     if name in _BINARY and len(args) == 2 and all(c is not None for c in consts):
         a, b = consts
-        if a.dtype != b.dtype:
+        if a.dtype != b.dtype or (name.endswith("mod") and not b.all()):
             return None
         return _BINARY[name](a, b).astype(a.dtype)
     if consts[0] is None:
