@@ -72,7 +72,8 @@ def is_op_call(expr, name: str) -> bool:
 
 def const_value(expr) -> np.ndarray | None:
     """The NumPy value of ``expr`` when it is a constant, else None."""
-    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+    value = expr.value if isinstance(expr, tvm.ir.expr.Constant) else None
+    return value.numpy() if hasattr(value, "numpy") else None  # not a scalar immediate
 
 
 def tensor_shape(expr) -> list[int | None] | None:
