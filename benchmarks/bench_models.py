@@ -67,7 +67,9 @@ def _onnx_file(model, inputs, path: str) -> str:
 
     from tvm_roialign.bench.onnxruntime_peer import OPSET
 
-    with torch.no_grad(), warnings.catch_warnings():
+    # with autograd on: under no_grad, nn.MultiheadAttention takes a fused path (vit_b_16) that
+    # the TorchScript exporter cannot write
+    with torch.enable_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, inputs, path, dynamo=False, opset_version=OPSET)
     return path
@@ -157,7 +159,11 @@ def bench_classifier(name, model, x, args, threads, workdir) -> dict:
     _log(f"{name}: compile with the CLI")
     tvm_call, module, compile_s = _tvm_classifier(model, x, workdir, name)
     _log(f"{name}: ONNX export, ONNX Runtime and OpenVINO sessions")
-    peers, info = _peers(model, (x,), os.path.join(workdir, f"{name}.onnx"), threads, args.openvino)
+    try:
+        peers, info = _peers(model, (x,), os.path.join(workdir, f"{name}.onnx"), threads, args.openvino)
+    except Exception as err:  # noqa: BLE001 - an exporter or peer that cannot take the model
+        _log(f"{name}: no ONNX Runtime / OpenVINO: {type(err).__name__}: {str(err).splitlines()[0]}")
+        peers, info = {}, {"peer_error": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
 
     def eager():
         with torch.no_grad():
@@ -222,6 +228,7 @@ def bench_detectors(detectors: dict, args, threads: int, workdir: str) -> dict:
 
 
 PEERS = ("eager", "onnxruntime", "openvino_f32", "openvino_default")
+LABELS = {"eager": "eager", "onnxruntime": "ORT", "openvino_f32": "OV f32", "openvino_default": "OV default"}
 
 
 def add_ratios(rows: dict) -> dict:
@@ -243,7 +250,7 @@ def add_ratios(rows: dict) -> dict:
 def table_rows(rows: dict, means: dict) -> tuple[list[str], list[list[str]]]:
     """The table's header and rows: times (ms), then TVM's speed over each peer."""
     peers = [p for p in PEERS if any(p in r["seconds"] for r in rows.values())]
-    head = ["model", "TVM ms", *[f"{p} ms" for p in peers], *[f"x vs {p}" for p in peers]]
+    head = ["model", "TVM ms", *[f"{LABELS[p]} ms" for p in peers], *[f"x vs {LABELS[p]}" for p in peers]]
     body = []
     for name, row in rows.items():
         s = row["seconds"]
@@ -264,7 +271,7 @@ def print_table(title: str, head, body) -> None:
         table.add_column(column, justify="left" if i == 0 else "right")
     for cells in body:
         table.add_row(*cells)
-    Console().print(table)
+    Console(width=200).print(table)
 
 
 def markdown(head, body) -> str:

@@ -45,7 +45,8 @@ class OpenVINOModel:
             model = core.read_model(str(model))
         self.compiled = core.compile_model(model, "CPU", cpu_config(threads, precision))
         self.request = self.compiled.create_infer_request()
-        self.precision = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        precision = self.compiled.get_property("INFERENCE_PRECISION_HINT")
+        self.precision = str(getattr(precision, "get_type_name", lambda: precision)())
         self.threads = threads
 
     def __call__(self, *inputs) -> list[np.ndarray]:
