@@ -37,7 +37,7 @@ def _graph_passes(
     from .passes import (
         BF16Contractions,
         BoundConstantTakes,
-        ConvertLayout,
+        ConvertLayoutWherePossible,
         FoldBatchNorm,
         FoldConstantNumPy,
         PadChannels,
@@ -48,12 +48,19 @@ def _graph_passes(
 
     passes = [BoundConstantTakes()]
     if layout is not None:
-        # the convolutions, and RoIAlign so that no transpose sits between them
-        passes.append(_try_pass(ConvertLayout(desired_layouts(layout))))
+        # the convolutions, and RoIAlign so that no transpose sits between them; where the
+        # conversion fails, that region keeps its layout (a warning says so)
+        passes.append(ConvertLayoutWherePossible(desired_layouts(layout)))
     # weights in a converted layout (permute_dims of a constant) become constants: NumPy folds
     # layout and arithmetic ops on constants without compiling them, FoldConstant the rest
     # gathers of constant in-bounds indices, before and after constant folding computes them
-    passes += [FoldConstantNumPy(), relax.transform.FoldConstant(), BoundConstantTakes()]
+    # (FoldConstant legalizes the gathers it meets, so those NumPy folded are bounded before it)
+    passes += [
+        FoldConstantNumPy(),
+        BoundConstantTakes(),
+        relax.transform.FoldConstant(),
+        BoundConstantTakes(),
+    ]
     if fold_batch_norm:
         passes.append(FoldBatchNorm())
     passes += [
@@ -129,29 +136,6 @@ def precision_metadata(precision: str, target: tvm.target.Target) -> dict:
     if precision != "bf16":
         return {"precision": precision}
     return {"precision": precision, "bf16_kernels": "amx" if cpu_info(target).has_amx_bf16 else "avx512bf16"}
-
-
-def _try_pass(inner: tvm.transform.Pass) -> tvm.transform.Pass:
-    """``inner``, or the module unchanged (with a warning) where ``inner`` fails: a layout
-    conversion is an optimization, and TVM's ConvertLayout runs out of memory on some graphs
-    (torchvision's vit_b_16)."""
-
-    short = inner.info.name.rpartition(".")[2]
-
-    @tvm.transform.module_pass(opt_level=0, name=f"tvm_roialign.Try{short}")
-    def attempt(mod, _ctx):
-        try:
-            return inner(mod)
-        except Exception as err:  # noqa: BLE001 - TVM raises InternalError / TVMError
-            first = (
-                str(err).strip().splitlines()[-1]
-                if str(err).strip()
-                else type(err).__name__
-            )
-            warnings.warn(f"{inner.info.name} skipped: {first}", stacklevel=2)
-            return mod
-
-    return attempt
 
 
 def prepare_pipeline(

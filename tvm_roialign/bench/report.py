@@ -234,6 +234,51 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: The ISA flags (Linux /proc/cpuinfo names) that decide which kernels a runtime can use.
+ISA_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "sve",
+    "sve2",
+)
+
+
+def cpu_identity() -> dict:
+    """``{"vendor", "model", "isa", "llvm_cpu"}``: the CPU's vendor and model name (Linux
+    /proc/cpuinfo), which of :data:`ISA_FLAGS` it has, and LLVM's name for it."""
+    import tvm
+
+    vendor, flags = "", set()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip().lower()
+                if key == "vendor_id" and not vendor:
+                    vendor = value.strip()
+                elif key in ("flags", "features") and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return {
+        "vendor": vendor or platform.system(),
+        "model": cpu_model(),
+        "isa": [flag for flag in ISA_FLAGS if flag in flags],
+        "llvm_cpu": str(tvm.target.codegen.llvm_get_system_cpu()),
+    }
+
+
 def environment() -> Environment:
     """Versions of the stack and the machine this process runs on."""
     import importlib.metadata
@@ -263,6 +308,7 @@ def environment() -> Environment:
 
 
 __all__ = [
+    "ISA_FLAGS",
     "Comparison",
     "Environment",
     "MaskRCNNReport",
@@ -271,6 +317,7 @@ __all__ = [
     "RunConfig",
     "Totals",
     "Transposes",
+    "cpu_identity",
     "cpu_model",
     "environment",
 ]

@@ -131,22 +131,30 @@ def model_options(args, target) -> tuple:
 def import_model(args, options: tuple, progress, times: dict):
     """``(mod, layout name)``: ``args.model`` imported and ConvertLayout-ed with ``options``
     (:func:`model_options`), the stage times added to ``times``."""
-    from ..passes import ConvertLayout
+    _imported, mod, layout_name = _import_and_convert(args, options, progress, times)
+    return mod, layout_name
+
+
+def _import_and_convert(args, options: tuple, progress, times: dict):
+    """``(imported module, converted module, layout name)``; where the conversion fails on part
+    of the model, that part keeps its layout and one note says so."""
+    from ..passes.convert_layout_where_possible import ConvertLayoutWherePossible
 
     layouts, layout_name, shapes = options
     progress(f"import {args.model}")
     t0 = time.perf_counter()
-    mod = load_model(Path(args.model), shapes)
+    imported = load_model(Path(args.model), shapes)
     times["import_s"] = time.perf_counter() - t0
-    note = symbolic_inputs_note(Path(args.model), mod)
+    note = symbolic_inputs_note(Path(args.model), imported)
     if note:
         progress.note(note)
-    if layouts:
-        progress(f"ConvertLayout {args.desired_layout_ops} to {layout_name}")
-        t0 = time.perf_counter()
-        mod = ConvertLayout(layouts)(mod)
-        times["convert_layout_s"] = time.perf_counter() - t0
-    return mod, layout_name
+    if not layouts:
+        return imported, imported, layout_name
+    progress(f"ConvertLayout {args.desired_layout_ops} to {layout_name}")
+    t0 = time.perf_counter()
+    mod = ConvertLayoutWherePossible(layouts, report=progress.note)(imported)
+    times["convert_layout_s"] = time.perf_counter() - t0
+    return imported, mod, layout_name
 
 
 def _layouts(args, target):
@@ -234,6 +242,39 @@ def _printed_by_main(_coverage) -> None:
     """The records' report in ``compile``: :func:`main` prints the coverage the build returns."""
 
 
+def _build_keeping_layouts(imported, mod, layouts, target, records, progress, precision: str = "fp32"):
+    """:func:`_build` of ``mod``; where that fails and ``mod`` is ``imported`` converted, the
+    conversion again with every converted op checked to legalize (the ops that do not keep their
+    layout, with a note), and its build. ``(built, the last Relax module, the module built)``."""
+    from ..passes.convert_layout_where_possible import (
+        ConvertLayoutWherePossible,
+        legalize_check,
+        native_stderr_dropped_on_failure,
+    )
+    from ..target import describe
+
+    try:
+        with native_stderr_dropped_on_failure():
+            return (*_build(mod, target, records, precision), mod)
+    except Exception as err:  # noqa: BLE001
+        failure = CLIError(f"build for target {describe(target)} failed: {first_line(err)}")
+    if not layouts or mod.same_as(imported):
+        raise failure from None
+    notes = []
+    checked = ConvertLayoutWherePossible(
+        layouts, report=notes.append, check=legalize_check(target)
+    )(imported)
+    if not notes:  # every converted op legalizes: the failure is not the layout's
+        raise failure from None
+    for note in notes:
+        progress.note(note)
+    progress(f"build for {describe(target)}, those ops in their own layout")
+    try:
+        return (*_build(checked, target, records, precision), checked)
+    except Exception as err:  # noqa: BLE001
+        raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
+
+
 def _write_dumps(out: Path, formats, mod, tir_mod, executable) -> list[str]:
     from tvm import tirx
 
@@ -281,14 +322,13 @@ def main(args) -> int:
     times = {}
     with progress_session(args.quiet) as progress:
         records = open_records(args.tuning_records, target, report=_printed_by_main)
-        mod, layout_name = import_model(args, options, progress, times)
+        imported, mod, layout_name = _import_and_convert(args, options, progress, times)
         progress(f"build for {describe(target)}")
         t0 = time.perf_counter()
-        try:
-            # the built module also gives the kernels' signatures, for run --rpc --profile
-            built, tir_mod = _build(mod, target, records, precision)
-        except Exception as err:  # noqa: BLE001
-            raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
+        # the built module also gives the kernels' signatures, for run --rpc --profile
+        built, tir_mod, mod = _build_keeping_layouts(
+            imported, mod, options[0], target, records, progress, precision
+        )
         times["build_s"] = time.perf_counter() - t0
         executable = built.executable
         coverages = [built.coverage] if built.coverage is not None else []

@@ -5,6 +5,8 @@
 * :class:`ConvertLayout` (:mod:`.convert_layout`): Relay-style ``ConvertLayout`` (Relay op names,
   ``"default"``, no conversion to layouts without legalization) after
   :class:`NormalizeSqueezeAxes` (:mod:`.normalize_squeeze_axes`) and followed by the two folds;
+  :class:`ConvertLayoutWherePossible` (:mod:`.convert_layout_where_possible`): the same, with the
+  region where TVM's conversion fails kept in its own layout (the CLI and the build pipeline);
 * :class:`FoldPermuteDims` (:mod:`.fold_permute_dims`): ``permute_dims`` pairs that cancel or merge;
 * :class:`FoldFlattenPermute` (:mod:`.fold_flatten_permute`): a transpose feeding flatten + dense
   moves into the dense weight;
@@ -22,6 +24,7 @@ from . import layout
 from .bf16_contractions import BF16Contractions
 from .bound_constant_takes import BoundConstantTakes
 from .convert_layout import ConvertLayout
+from .convert_layout_where_possible import ConvertLayoutWherePossible
 from .desired_layouts import LAYOUT_OPS, desired_layouts
 from .fold_batch_norm import FoldBatchNorm
 from .fold_constant_numpy import FoldConstantNumPy
@@ -40,6 +43,7 @@ __all__ = [
     "BF16Contractions",
     "BoundConstantTakes",
     "ConvertLayout",
+    "ConvertLayoutWherePossible",
     "FoldBatchNorm",
     "FoldConstantNumPy",
     "FoldFlattenPermute",

@@ -48,7 +48,7 @@ class ConstantFolder(FunctionRewriter):
         if value is None:
             return call
         self.changed = True
-        return relax.const(value)
+        return relax.const(value, str(value.dtype))
 
 
 def rewrite_module(rewriter_cls, mod: tvm.IRModule, **attrs) -> tvm.IRModule:
@@ -72,7 +72,8 @@ def is_op_call(expr, name: str) -> bool:
 
 def const_value(expr) -> np.ndarray | None:
     """The NumPy value of ``expr`` when it is a constant, else None."""
-    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+    value = expr.value if isinstance(expr, tvm.ir.expr.Constant) else None
+    return value.numpy() if hasattr(value, "numpy") else None  # not a scalar immediate
 
 
 def tensor_shape(expr) -> list[int | None] | None:

@@ -42,9 +42,12 @@ class _ConstantTakes(FunctionRewriter):
         return relax.op.take(call.args[0], relax.const(indices), call.attrs.axis, mode="clip")
 
     def _constant_indices(self, expr):
-        """The indices ``expr`` stands for when they are known: a constant, or ONNX's
+        """The indices ``expr`` stands for when they are known: a constant (or a variable bound to
+        one), or ONNX's
         ``where(less(c, 0), _, c)`` of a constant ``c >= 0``; else None."""
         value = const_value(expr)
+        if value is None:  # a variable bound to a constant (what the NumPy fold leaves)
+            value = const_value(self.lookup(expr))
         if value is not None:
             return value
         where = self.lookup(expr)

@@ -183,20 +183,42 @@ class ConvertLayout:  # pylint: disable=too-few-public-methods
     def __init__(self, desired_layouts):
         self.desired_layouts = normalize_desired_layouts(desired_layouts)
 
-    def _layout_cb(self, call):
-        return resolve_layouts(call, self.desired_layouts)
-
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        mod = NormalizeSqueezeAxes()(mod)
-        converted = relax.transform.ConvertLayout({}, self._layout_cb)(mod)
-        return FoldFlattenPermute()(FoldPermuteDims()(converted))
+        return convert_layouts(mod, self.desired_layouts)
+
+
+def own_layouts(call) -> dict[str, list[str]]:
+    """The desired layouts that keep ``call`` in the layouts it has (TVM's rules make a call
+    without desired layouts follow its input's layout)."""
+    name = str(call.op.name)
+    if name in _CONV_OPS:
+        attrs = call.attrs
+        return {name: [str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)]}
+    if name in _DATA_LAYOUT_ATTR:
+        return {name: [str(getattr(call.attrs, _DATA_LAYOUT_ATTR[name]))]}
+    return {name: [_DEFAULT]}  # RoIAlign-like ops read "default" as their current layout
+
+
+def convert_layouts(mod: tvm.IRModule, desired: dict[str, list[str]], keep=frozenset()) -> tvm.IRModule:
+    """:class:`ConvertLayout`'s steps on ``mod`` with ``desired`` (already
+    :func:`normalize_desired_layouts`-ed); the calls in ``keep`` (calls of ``mod`` after
+    :class:`NormalizeSqueezeAxes`, among those ``desired`` converts) stay in their own layouts."""
+
+    def callback(call):
+        return own_layouts(call) if call in keep else resolve_layouts(call, desired)
+
+    mod = NormalizeSqueezeAxes()(mod)
+    converted = relax.transform.ConvertLayout({}, callback)(mod)
+    return FoldFlattenPermute()(FoldPermuteDims()(converted))
 
 
 __all__ = [
     "FOLLOW_ONLY_OPS",
     "PINNED_LAYOUTS",
     "ConvertLayout",
+    "convert_layouts",
     "normalize_desired_layouts",
+    "own_layouts",
     "relax_op_name",
     "resolve_layouts",
 ]

@@ -2,9 +2,12 @@
 
 A model imported with its weights as constants, then moved to another layout, holds every weight
 as ``permute_dims(constant)``; a decomposed batch-norm holds ``sqrt``, ``divide``, ``multiply`` of
-constants. ``relax.transform.FoldConstant`` legalizes, compiles and runs each such call (about a
-tenth of a second each: seconds for a ResNet). The ops below are evaluated here with NumPy instead,
-in the constant's own dtype (IEEE-rounded like the compiled code); anything else is left for
+constants; torch.roll gathers at ``(arange(n) + shift) % n``; swin_t's attention masks are
+``slice_scatter`` of slices into ``full`` tensors. ``relax.transform.FoldConstant`` legalizes, compiles and
+runs each such call (about a tenth of a second each: seconds for a ResNet; ``arange`` of scalars it
+leaves alone, and so the gather its indices feed; ``slice_scatter`` legalizes to a gather that makes
+TVM warn of out-of-bounds indices). The ops below are evaluated here with NumPy instead, in the
+constant's own dtype (IEEE-rounded like the compiled code); anything else is left for
 ``FoldConstant``.
 """
 
@@ -22,6 +25,8 @@ _BINARY = {
     "relax.subtract": np.subtract,
     "relax.multiply": np.multiply,
     "relax.divide": np.divide,
+    "relax.mod": np.fmod,
+    "relax.floor_mod": np.mod,
 }
 _UNARY = {"relax.sqrt": np.sqrt, "relax.negative": np.negative, "relax.exp": np.exp}
 
@@ -47,17 +52,38 @@ def _bound(expr, lookup):
     return expr
 
 
+def _scalar(expr) -> int | float | None:
+    """The number a static scalar argument (an immediate, or a PrimValue of one) stands for."""
+    imm = (tvm.tirx.IntImm, tvm.tirx.FloatImm)
+    if not isinstance(expr, imm):
+        expr = getattr(expr, "value", None)
+    return expr.value if isinstance(expr, imm) else None
+
+
+def _arange(call) -> np.ndarray | None:
+    """``arange(start, end, step)`` of static scalars (torch.roll's indices), else None."""
+    bounds = [_scalar(a) for a in call.args]
+    if len(bounds) != 3 or None in bounds:
+        return None
+    return np.arange(*bounds, dtype=str(call.attrs.dtype))
+
+
 def evaluate(call, lookup=lambda expr: None) -> np.ndarray | None:
     """The value of ``call`` when it is one of the ops above on constants, else None
     (``lookup`` gives the value bound to a variable, if any)."""
     name = call.op.name
+    if name == "relax.arange":
+        return _arange(call)
     args = [_bound(a, lookup) for a in call.args]
     consts = [const_value(a) for a in args]
     if name in _BINARY and len(args) == 2 and all(c is not None for c in consts):
         a, b = consts
-        if a.dtype != b.dtype:
+        if a.dtype != b.dtype or (name.endswith("mod") and not b.all()):
             return None
         return _BINARY[name](a, b).astype(a.dtype)
+    if name == "relax.full":
+        shape, fill = _static_shape(args[0]), const_value(args[1])
+        return None if shape is None or fill is None else np.full(shape, fill, str(call.attrs.dtype))
     if consts[0] is None:
         return None
     x = consts[0]
@@ -75,7 +101,46 @@ def evaluate(call, lookup=lambda expr: None) -> np.ndarray | None:
         return np.squeeze(x, tuple(axes)) if axes is not None else np.squeeze(x)
     if name == "relax.astype":
         return x.astype(str(call.attrs.dtype))
+    if name == "relax.slice_scatter":
+        return _slice_scatter(call, x, consts[1] if len(consts) > 1 else None)
+    if name == "relax.strided_slice":
+        return _strided_slice(call, x)
+    if name == "relax.broadcast_to":
+        shape = _static_shape(args[1])
+        return None if shape is None else np.ascontiguousarray(np.broadcast_to(x, shape))
     return None
+
+
+def _strided_slice(call, x) -> np.ndarray | None:
+    """``x[begin:end:stride]`` on the call's axes (NumPy's clamping, as TVM's), forward strides."""
+    parts = []
+    for arg in call.args[1:]:
+        values = [_scalar(v) for v in arg] if isinstance(arg, relax.Tuple) else None
+        if values is None or None in values:
+            return None
+        parts.append(values)
+    axes, begin, end = parts[:3]
+    strides = parts[3] if len(parts) > 3 else [1] * len(axes)
+    if min(strides, default=1) < 1:
+        return None
+    index = [slice(None)] * x.ndim
+    for axis, b, e, step in zip(axes, begin, end, strides):
+        index[axis % x.ndim] = slice(b, e, step)
+    return np.ascontiguousarray(x[tuple(index)])
+
+
+def _slice_scatter(call, x, src) -> np.ndarray | None:
+    """``x`` with ``x[..., start:end:step, ...] = src`` along the call's axis (constants only)."""
+    bounds = [_scalar(a) for a in call.args[2:5]]
+    if src is None or None in bounds or src.dtype != x.dtype or min(bounds) < 0 or bounds[2] == 0:
+        return None
+    index = [slice(None)] * x.ndim
+    index[int(call.attrs.axis) % x.ndim] = slice(*bounds)
+    out = x.copy()
+    if out[tuple(index)].shape != src.shape:
+        return None
+    out[tuple(index)] = src
+    return out
 
 
 @mutator

@@ -1,0 +1,79 @@
+"""OpenVINO as a peer: a model (an ONNX file, or a torch module through ``openvino.convert_model``)
+compiled for the CPU plugin with as many threads as PyTorch uses, one stream, latency hint.
+
+``precision="f32"`` sets ``INFERENCE_PRECISION_HINT=f32`` (every op in fp32, what the other
+runtimes compute); ``precision=None`` leaves the plugin's default, which on a CPU with AMX or
+AVX512-BF16 is bf16: :attr:`OpenVINOModel.precision` says which it chose. ``openvino`` is an
+optional dependency; :func:`available` says whether it is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import torch
+
+
+def available() -> bool:
+    """Whether ``openvino`` is importable."""
+    return importlib.util.find_spec("openvino") is not None
+
+
+def cpu_config(threads: int, precision: str | None) -> dict:
+    """The CPU plugin's properties: ``threads`` inference threads, one stream, latency hint, and
+    ``INFERENCE_PRECISION_HINT=precision`` unless None."""
+    config = {
+        "INFERENCE_NUM_THREADS": int(threads),
+        "NUM_STREAMS": 1,
+        "PERFORMANCE_HINT": "LATENCY",
+    }
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    return config
+
+
+class OpenVINOModel:
+    """``model`` (an ONNX path, or an ``openvino.Model`` from ``convert_model``) compiled for the
+    CPU; calling it with NumPy inputs returns its outputs as NumPy arrays."""
+
+    def __init__(self, model, threads: int, precision: str | None = "f32"):
+        import openvino as ov
+
+        core = ov.Core()
+        if not isinstance(model, ov.Model):
+            model = core.read_model(str(model))
+        self.compiled = core.compile_model(model, "CPU", cpu_config(threads, precision))
+        self.request = self.compiled.create_infer_request()
+        precision = self.compiled.get_property("INFERENCE_PRECISION_HINT")
+        self.precision = str(getattr(precision, "get_type_name", lambda: precision)())
+        self.threads = threads
+
+    def __call__(self, *inputs) -> list[np.ndarray]:
+        results = self.request.infer(list(inputs))
+        return [np.asarray(results[out]) for out in self.compiled.outputs]
+
+
+class _DetectionsAsTensors(torch.nn.Module):
+    """A torchvision detector as a module of one image returning ``boxes, labels, scores`` (what
+    ``openvino.convert_model`` traces)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, image):
+        out = self.model([image])[0]
+        return out["boxes"], out["labels"], out["scores"]
+
+
+def detector_model(model, image):
+    """``openvino.convert_model`` of a torchvision detector (eval mode) for ``image``'s size
+    ``[3, H, W]``: an ``openvino.Model`` returning boxes, labels and scores."""
+    import openvino as ov
+
+    with torch.no_grad():
+        return ov.convert_model(_DetectionsAsTensors(model), example_input=(image,))
+
+
+__all__ = ["OpenVINOModel", "available", "cpu_config", "detector_model"]
