@@ -156,6 +156,49 @@ std::string Json(const std::vector<tvm::ffi::Tensor>& out, const Photo& photo, d
   return json.str();
 }
 
+// Refuses a library this machine cannot load, in one line, before dlopen (which would report a
+// foreign file as missing, and die of a bus error on a truncated one): not an ELF file, built for
+// another architecture, or a size other than the one its metadata file (LIB.json, written by
+// `tvm-roialign compile`) records.
+void CheckLibrary(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char header[20] = {0};
+  if (!in.read(reinterpret_cast<char*>(header), sizeof(header)) || std::memcmp(header, "\x7f" "ELF", 4) != 0) {
+    throw std::runtime_error("library '" + path + "' is not a shared library (no ELF header)");
+  }
+#if defined(__x86_64__)
+  const int machine = 62, other = 183;  // EM_X86_64, EM_AARCH64
+  const char *here = "x86_64", *there = "aarch64";
+#elif defined(__aarch64__)
+  const int machine = 183, other = 62;
+  const char *here = "aarch64", *there = "x86_64";
+#else
+  const int machine = -1, other = -2;
+  const char *here = "", *there = "";
+#endif
+  const int found = header[18] | (header[19] << 8);  // e_machine, little-endian
+  if (machine > 0 && found != machine) {
+    throw std::runtime_error("library '" + path + "' is built for " +
+                             (found == other ? std::string(there) : "another CPU") +
+                             "; this program runs on " + here);
+  }
+  std::ifstream meta(path + ".json");
+  if (!meta) return;  // a library built elsewhere: nothing to compare with
+  std::stringstream text;
+  text << meta.rdbuf();
+  const std::string json = text.str();
+  const size_t record = json.find("\"library\"");
+  const size_t key = record == std::string::npos ? record : json.find("\"size\"", record);
+  if (key == std::string::npos) return;
+  const unsigned long long recorded = std::strtoull(json.c_str() + json.find(':', key) + 1, nullptr, 10);
+  const unsigned long long actual = std::filesystem::file_size(path);
+  if (recorded != actual) {
+    throw std::runtime_error("library '" + path + "' has " + std::to_string(actual) + " bytes, its " +
+                             path + ".json records " + std::to_string(recorded) +
+                             " (truncated or replaced: compile it again)");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -169,6 +212,7 @@ int main(int argc, char** argv) {
     // an absolute path: dlopen looks a bare file name up in the library search path
     const std::string path = std::filesystem::absolute(argv[1]).string();
     if (!std::filesystem::is_regular_file(path)) throw std::runtime_error("library '" + path + "' does not exist");
+    CheckLibrary(path);
     tvm::ffi::Module library = tvm::ffi::Module::LoadFromFile(path);
     tvm::ffi::Module vm = library->GetFunction("vm_load_executable").value()().cast<tvm::ffi::Module>();
     const int pooled = 2;  // tvm::runtime::memory::kPooled
@@ -190,7 +234,10 @@ int main(int argc, char** argv) {
     for (const tvm::ffi::Any& item : result) outputs.push_back(item.cast<tvm::ffi::Tensor>());
     std::string json = Json(outputs, photo, run_ms);
     if (argc == 4) {
-      std::ofstream(argv[3]) << json;
+      std::ofstream out(argv[3]);
+      if (!(out << json) || !(out.flush())) {
+        throw std::runtime_error(std::string("cannot write '") + argv[3] + "'");
+      }
     } else {
       std::cout << json;
     }
