@@ -7,7 +7,12 @@ postprocess in the graph) and the C++ program of examples/cpp that runs it with 
 * the C++ program (built with CMake against the apache-tvm wheel; skipped where no C++ compiler or
   CMake is found) on the astronaut, coffee and a portrait photo against the Python runner
   (:class:`tvm_roialign.runtime.Detector`): same labels, boxes within 1e-3 px, masks at least
-  99.99% equal, keypoints within 1e-3 px (a Keypoint R-CNN with COCO's 17 keypoints).
+  99.99% equal, keypoints within 1e-3 px (a Keypoint R-CNN with COCO's 17 keypoints);
+* marked ``board``: the same program cross-built for aarch64 (examples/cpp/aarch64-linux-gnu.cmake,
+  the board's own TVM wheels) running the tiny Mask R-CNN built for ``--target aarch64`` on the
+  emulated board of ``tools/arm_board.sh`` (qemu-user), against the Python runner of the model built
+  for this machine under the same criteria (skipped without the board's root, the cross compiler or
+  qemu).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 import tvm
+from _board import board_root, qemu_aarch64, require_cross_cxx, require_cross_linker
 from PIL import Image
 from torchvision.models.detection.transform import GeneralizedRCNNTransform, _resize_image_and_masks
 from tvm import relax
@@ -120,9 +126,13 @@ def cpp_program(tmp_path_factory):
     missing = _missing_tools()
     if missing:
         pytest.skip(missing)
-    build = tmp_path_factory.mktemp("cpp")
+    return _build(tmp_path_factory.mktemp("cpp"))
+
+
+def _build(build: Path, *options: str) -> Path:
+    """The program of examples/cpp built with CMake in ``build`` (``options``: more -D settings)."""
     configure = ["cmake", "-S", str(REPO / "examples" / "cpp"), "-B", str(build),
-                 f"-DPython_EXECUTABLE={sys.executable}"]
+                 f"-DPython_EXECUTABLE={sys.executable}", *options]
     for command in (configure, ["cmake", "--build", str(build)]):
         done = subprocess.run(command, capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -147,7 +157,11 @@ def _decode(runs, size) -> np.ndarray:
 def test_cpp_program_equals_the_python_runner(cpp_program, tiny_any_detector, tmp_path, name):
     library, _ = tiny_any_detector
     rgb = _photo(name)
-    ours = _run(cpp_program, library, rgb, tmp_path)
+    _assert_equals_the_python_runner(_run(cpp_program, library, rgb, tmp_path), library, rgb)
+
+
+def _assert_equals_the_python_runner(ours: dict, library, rgb) -> None:
+    """The program's result ``ours`` against the Python runner of ``library`` (this machine's)."""
     ref = Detector(library)(rgb)
     found = ours["detections"]
     assert ours["image_size"] == list(rgb.shape[:2])
@@ -162,11 +176,12 @@ def test_cpp_program_equals_the_python_runner(cpp_program, tiny_any_detector, tm
 
 
 def _run(program, library, rgb, folder: Path) -> dict:
+    """The program's result on ``rgb``; ``program``: its path, or a command list ending in it."""
     photo = folder / "photo.ppm"
     Image.fromarray(rgb).save(photo)
     out = folder / "result.json"
-    done = subprocess.run([str(program), str(library), str(photo), str(out)],
-                          capture_output=True, text=True)
+    command = [str(part) for part in (program if isinstance(program, list) else [program])]
+    done = subprocess.run([*command, str(library), str(photo), str(out)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return json.loads(out.read_text())
 
@@ -196,3 +211,51 @@ def test_cpp_program_refuses_a_photo_out_of_bounds(cpp_program, tiny_any_detecto
     done = subprocess.run([str(cpp_program), str(library), str(photo)], capture_output=True, text=True)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("detect: error:") and "match_cast" in done.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# the same program cross-built for aarch64, on the emulated board
+
+
+@pytest.fixture(scope="module")
+def board_program(tmp_path_factory):
+    """The command running the program, cross-built for aarch64 against the board's own wheels, on
+    the emulated board (qemu-user with the board's root as its file system)."""
+    root = board_root()
+    missing = _missing_tools()
+    if missing:
+        pytest.skip(missing)
+    require_cross_cxx()
+    qemu = qemu_aarch64()
+    packages = sorted((root / "opt" / "tvm" / "lib").glob("python3*/site-packages"))[-1]
+    program = _build(
+        tmp_path_factory.mktemp("cpp-aarch64"),
+        f"-DCMAKE_TOOLCHAIN_FILE={REPO / 'examples' / 'cpp' / 'aarch64-linux-gnu.cmake'}",
+        f"-DTVM_TARGET_ROOT={root}",
+        f"-DTVM_TARGET_PACKAGES=/{packages.relative_to(root)}",
+    )
+    return [qemu, "-L", str(root), str(program)]
+
+
+@pytest.fixture(scope="module")
+def tiny_any_detector_aarch64(tmp_path_factory):
+    """The model of ``tiny_any_detector`` compiled for ``--target aarch64`` and cross-linked."""
+    require_cross_linker()
+    from _tiny_rcnn import tiny_rcnn
+
+    model = tiny_rcnn(masks=True, seed=1, detections_per_img=12)
+    artifact = det.compile_detector(model, target="aarch64")
+    assert artifact.meta["photo_function"]["function"] == "detect_photo"
+    return artifact.export(tmp_path_factory.mktemp("aarch64") / "tiny_any_aarch64.so")
+
+
+@pytest.mark.board
+@pytest.mark.parametrize("name", ["astronaut", "coffee"])
+def test_cpp_program_on_the_board_equals_the_python_runner(
+    board_program, tiny_any_detector_aarch64, tiny_any_detector, tmp_path, name
+):
+    """The program and the artifact, both built for aarch64, on the emulated board: the Python
+    runner's detections of the same model built for this machine."""
+    rgb = _photo(name)
+    ours = _run(board_program, tiny_any_detector_aarch64, rgb, tmp_path)
+    _assert_equals_the_python_runner(ours, tiny_any_detector[0], rgb)

@@ -22,7 +22,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PORT=9091
 TRACKER_PORT=
 KEY=arm-board
-APT_PACKAGES="qemu-user-static binfmt-support debootstrap gcc-aarch64-linux-gnu"
+APT_PACKAGES="qemu-user-static binfmt-support debootstrap gcc-aarch64-linux-gnu g++-aarch64-linux-gnu"
 PIP_PACKAGES=("apache-tvm==0.27.*" "apache-tvm-ffi>=0.1.14,<0.1.15" numpy cloudpickle psutil)
 
 log() { echo "arm_board: $*" >&2; }
