@@ -213,6 +213,34 @@ def test_cpp_program_refuses_a_photo_out_of_bounds(cpp_program, tiny_any_detecto
     assert done.stderr.startswith("detect: error:") and "match_cast" in done.stderr
 
 
+def _refusal(program, library, photo: Path, *out: str) -> str:
+    done = subprocess.run([str(program), str(library), str(photo), *out], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == "", (done.returncode, done.stderr[-500:])
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("detect: error:"), done.stderr[-500:]
+    return lines[0]
+
+
+def test_cpp_program_refuses_a_bad_library_or_output_in_one_line(cpp_program, tiny_any_detector, tmp_path):
+    """A truncated library (its size not the one its .so.json records), one built for aarch64 and a
+    result file that cannot be written: one line each, where dlopen would die of a bus error, say
+    the file does not exist, or the program would exit 0 having written nothing."""
+    library, _ = tiny_any_detector
+    photo = tmp_path / "photo.ppm"
+    Image.fromarray(_photo("astronaut")).save(photo)
+    data = Path(library).read_bytes()
+    truncated = tmp_path / "truncated.so"
+    truncated.write_bytes(data[: len(data) // 3])
+    Path(f"{truncated}.json").write_text(Path(f"{library}.json").read_text())
+    assert "truncated" in _refusal(cpp_program, truncated, photo)
+    foreign = bytearray(data[:4096])
+    foreign[18:20] = (183).to_bytes(2, "little")  # e_machine: EM_AARCH64
+    arm = tmp_path / "arm.so"
+    arm.write_bytes(bytes(foreign))
+    assert "built for aarch64" in _refusal(cpp_program, arm, photo)
+    assert "cannot write" in _refusal(cpp_program, library, photo, str(tmp_path / "missing" / "r.json"))
+
+
 # --------------------------------------------------------------------------------------------------
 # the same program cross-built for aarch64, on the emulated board
 
