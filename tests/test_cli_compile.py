@@ -59,7 +59,7 @@ def test_compile_targets_and_layouts(pt2_model, cli_workdir, capsys, target, lay
     assert code == 0, err
     # the last line: target, layout, total and per-stage times
     assert re.search(
-        rf"-> .*{lib.name} \(llvm.*, layout {expected_layout}\) in [\d.]+ s \(import [\d.]+ s, .*"
+        rf"-> .*{lib.name} \(llvm.*, layout {expected_layout}, fp32\) in [\d.]+ s \(import [\d.]+ s, .*"
         r"build [\d.]+ s, export [\d.]+ s\)",
         out,
     ), out
