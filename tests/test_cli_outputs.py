@@ -120,7 +120,7 @@ def test_torchvision_drawer_draws_masks_as_clearly(tmp_path):
 # a Keypoint R-CNN artifact through ``run``
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def keypoint_run(tiny_keypoint_detector, tmp_path_factory):
     """A small Keypoint R-CNN with COCO's 17 keypoints and two classes, compiled for any photo
     size and run by ``run --image`` on the coffee photo: (model, photo, JSON, picture)."""

@@ -71,7 +71,7 @@ def _transform_module(min_size: int, max_size: int):
     return relax.VirtualMachine(executable, tvm.cpu()), transform
 
 
-@pytest.fixture(scope="module", params=RESIZES, ids=lambda r: f"{r[0]}-{r[1]}")
+@pytest.fixture(scope="session", params=RESIZES, ids=lambda r: f"{r[0]}-{r[1]}")
 def transform_module(request):
     return _transform_module(*request.param)
 
@@ -120,7 +120,7 @@ def _missing_tools() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cpp_program(tmp_path_factory):
     """The C++ program of examples/cpp, built with CMake in a temporary folder."""
     missing = _missing_tools()
@@ -245,7 +245,7 @@ def test_cpp_program_refuses_a_bad_library_or_output_in_one_line(cpp_program, ti
 # the same program cross-built for aarch64, on the emulated board
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def board_program(tmp_path_factory):
     """The command running the program, cross-built for aarch64 against the board's own wheels, on
     the emulated board (qemu-user with the board's root as its file system)."""
@@ -265,7 +265,7 @@ def board_program(tmp_path_factory):
     return [qemu, "-L", str(root), str(program)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_any_detector_aarch64(tmp_path_factory):
     """The model of ``tiny_any_detector`` compiled for ``--target aarch64`` and cross-linked."""
     require_cross_linker()

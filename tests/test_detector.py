@@ -98,7 +98,7 @@ def compile_to(tmp_path_factory, model, size, name):
 # the static form, eagerly (no TVM): what the artifact computes, step for step
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def small_models():
     config = det.DetectorConfig(**SMALL)
     return {name: det.build_torch_detector(name, config) for name in MODELS}
@@ -133,7 +133,7 @@ def torch_threads():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def any_size_programs(small_models):
     """Per model, its program for any padded size (``export_detector(model, "any")``) as a
     callable module: what the default artifact compiles."""
@@ -234,7 +234,7 @@ def test_users_own_detector_from_pt2(tmp_path, capfd):
 # --------------------------------------------------------------------------------------------------
 # the full models (torchvision's settings: 1000 proposals, 100 detections, min/max size 512)
 
-@pytest.fixture(scope="module", params=MODELS)
+@pytest.fixture(scope="session", params=MODELS)
 def full(request, tmp_path_factory):
     """The model and its artifact as ``compile`` makes it by default: one function for every
     photo size (symbolic padded height and width)."""

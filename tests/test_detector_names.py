@@ -75,7 +75,7 @@ def test_every_name_has_a_test():
 
 
 @pytest.fixture(
-    scope="module",
+    scope="session",
     params=[
         *HERE,
         *(

@@ -152,7 +152,7 @@ def test_graph_options_of_the_modes():
     assert det.graph_options(model)["reference_side"] == det.graph_options(model, True)["reference_side"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fast_detector(tmp_path_factory):
     """(model, Detector) of the 64-channel Mask R-CNN built in the fast mode for any photo size."""
     model = wide_tiny_mask_rcnn(seed=4, detections_per_img=20, logit_scale=300.0)

@@ -32,17 +32,17 @@ CONFIG = mr.MaskRCNNConfig(
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model():
     return mr.build_torch_model(CONFIG)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def image():
     return mr.load_image()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def detector(model, image):
     det = mr.TVMMaskRCNN(model, "llvm", "NHWC")
     with torch.no_grad():
@@ -51,12 +51,12 @@ def detector(model, image):
     return det
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def torch_pieces(model):
     return mr.piece_modules(model, "NCHW", (SIZE, SIZE), rewrite=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def eager_features(model, image, torch_pieces):
     with torch.no_grad():
         image_list, _ = model.transform([image])

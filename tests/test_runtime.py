@@ -173,7 +173,7 @@ def _tiny_mask_rcnn():
 TINY_SIZES = [(400, 600), (600, 400), (300, 300)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def artifact(tmp_path_factory):
     """``(library, photo path, model, rgb)``: the tiny Mask R-CNN compiled for three padded
     sizes (one artifact)."""
@@ -466,7 +466,7 @@ def test_fresh_venv_with_the_core_install_runs_the_artifact(artifact, tmp_path):
 # one function for every photo size (the default): symbolic padded height and width
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def any_artifact(tiny_any_detector):
     """``(library, model)``: the tiny Mask R-CNN compiled with the defaults (one function)."""
     return tiny_any_detector

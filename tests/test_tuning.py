@@ -72,12 +72,12 @@ def _records(db) -> int:
     return len(tuning.open_database(db).get_all_tuning_records())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("tuning")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny(workdir):
     """(model.pt2, inputs.npz, Relax module, x, expected)."""
     mod, x, expected, exported = _relax(8)
@@ -87,7 +87,7 @@ def tiny(workdir):
     return path, workdir / "tiny_in.npz", mod, x, expected
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tuned(tiny, workdir):
     """``tvm-roialign tune tiny.pt2 -o db --trials 2``: (database directory, what it printed)."""
     db = workdir / "db"
