@@ -26,6 +26,7 @@ pytest.importorskip("torchvision")
 
 from _cli import run_cli
 
+from tvm_roialign.models.classifier_zoo import CLASSIFIERS
 from tvm_roialign.passes import ConvertLayoutWherePossible, desired_layouts
 
 OUT_OF_BOUNDS_WARNING = "Fast mode segfaults"
@@ -152,20 +153,7 @@ def test_a_conversion_failing_with_nothing_converted_keeps_the_whole_module():
 
 
 @pytest.mark.skipif(not ZOO, reason="a torchvision classifier compile each: TVM_ROIALIGN_ZOO=1")
-@pytest.mark.parametrize(
-    "name",
-    [
-        "resnet18",
-        "resnet50",
-        "mobilenet_v2",
-        "mobilenet_v3_large",
-        "efficientnet_b0",
-        "convnext_tiny",
-        "vit_b_16",
-        "swin_t",
-        "resnext50_32x4d",
-    ],
-)
+@pytest.mark.parametrize("name", CLASSIFIERS)
 def test_the_torchvision_zoo_compiles_with_the_defaults(name, tmp_path, capfd):
     from tvm_roialign.models.classifier_zoo import build_classifier, example_input
 
