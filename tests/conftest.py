@@ -21,7 +21,7 @@ import tvm
 
 import tvm_roialign  # noqa: F401  (registers on import)
 
-pytest_plugins = ["_hygiene"]
+pytest_plugins = ["_hygiene", "_xdist_groups"]
 
 #: Every numeric comparison of the suite, by the dtype of the values compared: ``rtol = atol =
 #: TOLERANCE[dtype]``. float16: one rounding of an output of magnitude ~1 (accumulation is float32);

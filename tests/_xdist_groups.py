@@ -1,0 +1,27 @@
+"""A pytest plugin (conftest.py loads it): ``--dist loadgroup`` keeps each ``xdist_group`` on one worker.
+
+xdist's scheduler groups the tests whose node id ends in ``@group``. pytest-xdist 3.8 adds that suffix on
+each worker by assigning ``item._nodeid``, which pytest 9.2's ``nodeid`` (a property over ``item._id``) no
+longer reads: every group is then spread over the workers, and the session fixtures its tests share (a
+compiled detector, a tuning run) are built on each. This hook gives the grouped items the suffixed id.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers under --dist loadgroup
+        return
+    try:
+        from _pytest.nodes import NodeId
+    except ImportError:  # a pytest whose nodeid is the attribute xdist writes
+        return
+
+    for item in items:
+        marks = item.iter_markers("xdist_group")
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks})
+        if names and "@" not in item.nodeid.rpartition("]")[2]:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
