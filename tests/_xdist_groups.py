@@ -25,3 +25,31 @@ def pytest_collection_modifyitems(config, items):
         names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks})
         if names and "@" not in item.nodeid.rpartition("]")[2]:
             item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
+
+
+#: the scopes whose fixtures a group should build once
+SHARED_SCOPES = ("session", "module")
+
+
+def module_fixture_group(item) -> str | None:
+    """The group of a test that uses a session- or module-scoped fixture defined in its own module
+    (a compiled model, an exported program): the module's name, and the parameter index of each such
+    fixture that is parametrized, so that each parameter's fixture is built on one worker and the
+    parameters still spread over the workers. ``None`` for a test that uses none."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    module = item.nodeid.split("::")[0]
+    callspec = getattr(item, "callspec", None)
+    shared, params = False, []
+    for name, defs in sorted(info.name2fixturedefs.items()):
+        fixture = defs[-1]
+        if fixture.scope in SHARED_SCOPES and fixture.baseid == module:
+            shared = True
+            index = callspec.indices.get(name) if callspec is not None else None
+            if index is not None:
+                params.append(f"{name}{index}")
+    if not shared:
+        return None
+    stem = module.rpartition("/")[2].removesuffix(".py")
+    return "-".join([stem, *params])

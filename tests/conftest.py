@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 import tvm
+from _xdist_groups import module_fixture_group
 
 import tvm_roialign  # noqa: F401  (registers on import)
 
@@ -61,7 +62,8 @@ def pytest_configure(config):
 
 
 #: Session fixtures that compile a detector: the tests using one run on one xdist worker
-#: (``--dist loadgroup``), so that each is compiled once.
+#: (``--dist loadgroup``), so that each is compiled once. A test using a session- or module-scoped
+#: fixture of its own module is grouped by that module (``module_fixture_group``) for the same reason.
 COMPILING_FIXTURES = ("tiny_any_detector", "tiny_keypoint_detector")
 
 
@@ -71,11 +73,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("cuda") is not None and not cuda_available():
             item.add_marker(skip)
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
         fixtures = getattr(item, "fixturenames", ())
-        if item.get_closest_marker("xdist_group") is None and any(
-            name in fixtures for name in COMPILING_FIXTURES
-        ):
+        if any(name in fixtures for name in COMPILING_FIXTURES):
             item.add_marker(pytest.mark.xdist_group("tiny_detectors"))
+        elif (group := module_fixture_group(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 # --------------------------------------------------------------------------------------------------
