@@ -19,6 +19,9 @@ Eager runs every model once before anything else starts (so PyTorch's threads ar
 TVM's pool), then, model by model, the runtimes take turns in blocks of calls (a block lasts about
 a quarter of a second), round after round; the median of ``--repeat`` rounds is reported per call.
 Each output is compared with eager's (max abs diff over the output's largest magnitude).
+PyTorch's OpenMP threads sleep between calls (``OMP_WAIT_POLICY=PASSIVE``, set before PyTorch loads unless
+the environment sets it): spinning, they took the cores from the next runtime's turn and TVM's threads
+from theirs, which made the eager column a measure of the contention (docs/limitations.md).
 ``--profile`` also times each TVM kernel once (:func:`tvm_roialign.profiling.profile_vm`).
 
 ``--detectors``: Mask R-CNN, Faster R-CNN and Keypoint R-CNN (random weights, seed 3) on the
@@ -43,6 +46,8 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when PyTorch loads its OpenMP
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DETECTORS = ("maskrcnn_resnet50_fpn", "fasterrcnn_resnet50_fpn", "keypointrcnn_resnet50_fpn")
@@ -366,6 +371,7 @@ def main(argv=None) -> int:
         "command": " ".join(["python", "benchmarks/bench_models.py", *(argv or sys.argv[1:])]),
         "cpu": cpu_identity(),
         "threads": threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "repeat": args.repeat,
         "versions": {"torch": torch.__version__},
         "classifiers": {},
