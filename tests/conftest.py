@@ -18,7 +18,6 @@ import time
 import numpy as np
 import pytest
 import tvm
-from _xdist_groups import module_fixture_group
 
 import tvm_roialign  # noqa: F401  (registers on import)
 
@@ -70,6 +69,7 @@ COMPILING_FIXTURES = ("tiny_any_detector", "tiny_keypoint_detector")
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU (TVM and torch)")
+    module_fixture_group = config.pluginmanager.get_plugin("_xdist_groups").module_fixture_group
     for item in items:
         if item.get_closest_marker("cuda") is not None and not cuda_available():
             item.add_marker(skip)

@@ -199,6 +199,28 @@ void CheckLibrary(const std::string& path) {
   }
 }
 
+// The value of the first `"key": <integer>` in `json`, or -1.
+long long JsonInteger(const std::string& json, const std::string& key) {
+  const size_t at = json.find("\"" + key + "\"");
+  if (at == std::string::npos) return -1;
+  return std::strtoll(json.c_str() + json.find(':', at) + 1, nullptr, 10);
+}
+
+// One line for an error of the detect_photo call: a photo whose resized size the library does not
+// serve fails the function's size check (a match_cast of the VM); other errors keep their first line.
+std::string CallError(const std::string& what, const Photo& photo, const std::string& path) {
+  if (what.find("match_cast") == std::string::npos) return what.substr(0, what.find('\n'));
+  std::ifstream meta(path + ".json");
+  std::stringstream text;
+  text << meta.rdbuf();
+  const long long low = JsonInteger(text.str(), "min_side"), high = JsonInteger(text.str(), "max_side");
+  const std::string size = std::to_string(photo.height) + "x" + std::to_string(photo.width);
+  const std::string sides = low > 0 && high > 0 ? " (any padded size from " + std::to_string(low) + " to " +
+                                                      std::to_string(high) + " pixels a side)" : "";
+  return "photo " + size + ": torchvision's transform resizes it outside the sizes this library serves" +
+         sides + " (compile with --input-size " + size + " for a build of that size)";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -228,7 +250,12 @@ int main(int argc, char** argv) {
         AlignedAlloc(), tvm::ffi::ShapeView(shape, 3), DLDataType{kDLUInt, 8, 1}, cpu);
     std::memcpy(input.data_ptr(), photo.rgb.data(), photo.rgb.size());
     auto start = std::chrono::steady_clock::now();
-    auto result = (*detect)(input).cast<tvm::ffi::Array<tvm::ffi::Any>>();
+    tvm::ffi::Array<tvm::ffi::Any> result;
+    try {
+      result = (*detect)(input).cast<tvm::ffi::Array<tvm::ffi::Any>>();
+    } catch (const std::exception& err) {
+      throw std::runtime_error(CallError(err.what(), photo, path));
+    }
     double run_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     std::vector<tvm::ffi::Tensor> outputs;
     for (const tvm::ffi::Any& item : result) outputs.push_back(item.cast<tvm::ffi::Tensor>());
