@@ -59,6 +59,7 @@ from ._torch_family import (
     roi_align_rotated_converter,
 )
 from ._torch_levels import fuse_per_level_pooling, has_per_level_pooling
+from ._torch_ops import decomposition_table, stock_gap_converters
 
 __all__ = [
     "UnsupportedOperators",
@@ -316,6 +317,7 @@ def _convert_upsample_nearest2d(node, importer):
 def convert_map() -> dict:
     """Our converters, keyed as ``from_exported_program``'s ``custom_convert_map`` expects."""
     return {
+        **stock_gap_converters(),
         "upsample_nearest2d.vec": _convert_upsample_nearest2d,
         "roi_align.default": _convert_roi_align,
         "multiscale_roi_align.default": _convert_multiscale_roi_align,
@@ -355,13 +357,17 @@ def from_exported_program(exported_program, *, custom_convert_map=None, **kwargs
     """
     table = convert_map()
     table.update(custom_convert_map or {})
+    # decomposed here (a new program, so the caller's is not modified), keeping the ops that
+    # converters of ours take whole (their decompositions import wrongly)
+    decompose = kwargs.pop("run_ep_decomposition", True)
+    exported_program = exported_program.run_decompositions(
+        decomposition_table() if decompose else {}
+    )
+    kwargs["run_ep_decomposition"] = False
     if has_per_level_pooling(exported_program.graph):
-        # a plain torch.export of MultiScaleRoIAlign: decompose here (a new program, so the
-        # caller's is not modified) and fuse the per-level pooling before TVM's importer sees it
-        decompose = kwargs.pop("run_ep_decomposition", True)
-        exported_program = exported_program.run_decompositions(None if decompose else {})
+        # a plain torch.export of MultiScaleRoIAlign: fuse the per-level pooling before TVM's
+        # importer sees it
         fuse_per_level_pooling(exported_program)
-        kwargs["run_ep_decomposition"] = False
     try:
         return _stock_from_exported_program(
             exported_program, custom_convert_map=table, **kwargs
