@@ -38,6 +38,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..ops.roi_align import make_roi_align
 from ..ops.roi_align_rotated import make_roi_align_rotated
+from ._onnx_static import readable_by_tvm
 
 __all__ = [
     "COORDINATE_TRANSFORMATION_MODES",
@@ -334,6 +335,8 @@ def from_onnx(
         _check_foreign_roi_align(graph)
         if mode is None and not getattr(model, "producer_name", ""):
             _warn_if_ambiguous(model)
+    if graph is not None:
+        model = readable_by_tvm(model, shape_dict)
     with _roi_align_converters(mode):
         return onnx_frontend.from_onnx(model, shape_dict, **kwargs)
 
