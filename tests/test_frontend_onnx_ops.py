@@ -8,6 +8,7 @@ import io
 import numpy as np
 import pytest
 import torch
+from _functions import FunctionModule
 
 from tvm_roialign.frontend import from_onnx
 from tvm_roialign.testing import compile_and_run
@@ -23,20 +24,12 @@ CASES = {
 }
 
 
-class _Function(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_graph_equals_onnxruntime(name):
     x = torch.randn(2, 4, 6, 6, generator=torch.Generator().manual_seed(0))
     buffer = io.BytesIO()
-    torch.onnx.export(_Function(CASES[name]), (x,), buffer, dynamo=False, opset_version=17,
+    torch.onnx.export(FunctionModule(CASES[name]), (x,), buffer, dynamo=False, opset_version=17,
                       input_names=["x"])
     model = onnx.load_from_string(buffer.getvalue())
     before = model.SerializeToString()

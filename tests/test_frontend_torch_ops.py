@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _functions import FunctionModule
 
 from tvm_roialign.frontend import from_exported_program
 from tvm_roialign.testing import compile_and_run
@@ -37,14 +38,6 @@ CASES = {
 }
 
 
-class _Function(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
 
 def _flat(out):
     if isinstance(out, torch.Tensor):
@@ -57,7 +50,7 @@ def test_op_equals_eager(name):
     fn, shape = CASES[name]
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
     expected = _flat(fn(x))
-    mod = from_exported_program(torch.export.export(_Function(fn), (x,)))
+    mod = from_exported_program(torch.export.export(FunctionModule(fn), (x,)))
     got = compile_and_run(mod, [x.numpy()])
     got = got if isinstance(got, list) else [got]
     assert len(got) == len(expected)
@@ -72,7 +65,7 @@ def test_adaptive_max_pool2d_of_nan_and_minus_infinity_equals_eager():
     x[0, 0, 3, 3] = torch.nan
     fn = CASES["adaptive_max_pool2d"][0]
     values, indices = fn(x)
-    mod = from_exported_program(torch.export.export(_Function(fn), (x,)))
+    mod = from_exported_program(torch.export.export(FunctionModule(fn), (x,)))
     ours, ours_indices = compile_and_run(mod, [x.numpy()])
     np.testing.assert_array_equal(ours, values.numpy())
     np.testing.assert_array_equal(ours_indices[~np.isnan(ours)], indices.numpy()[~np.isnan(ours)])
