@@ -1,8 +1,10 @@
-"""What the RoI benchmarks share: this machine's target, the random boxes, the median timer, a
-one-op module's runner and the JSON's ``meta`` (bench_roi_align.py, bench_roi_family.py)."""
+"""What the benchmarks share: this machine's target, the random boxes, the median timer, a
+one-op module's runner and the JSON's ``meta`` (bench_roi_align.py, bench_roi_family.py), and the
+report's JSON file (bench_anyphoto.py, bench_detector_precision.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -94,3 +96,14 @@ def run_meta(target, repeat: int, sampling_ratio: int) -> dict:
         torch=torch.__version__,
         torchvision=torchvision.__version__,
     )
+
+
+def write_report(report: dict, path, print_report) -> None:
+    """``report`` as JSON at ``path`` (its folder made), then ``print_report(report)`` and the path."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=float))
+    print_report(report)
+    print(f"written {path}")

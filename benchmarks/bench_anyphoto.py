@@ -17,7 +17,6 @@ and library size are reported for each artifact.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import write_report
 
 from tvm_roialign.host import use_usable_cores
 from tvm_roialign.models import detection as det
@@ -209,11 +209,7 @@ def main(argv=None) -> int:
         names = [] if args.batch == "none" else args.batch.split(",")
         if names:
             report["batch"] = batch_comparisons(model, anysize, names)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, default=float))
-    print_report(report)
-    print(f"written {out}")
+    write_report(report, args.out, print_report)
     return 0
 
 

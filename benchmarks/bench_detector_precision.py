@@ -17,7 +17,6 @@ Without ``--fp32``/``--bf16`` the artifacts are compiled first (each takes many 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import write_report
 
 from tvm_roialign.host import use_usable_cores
 from tvm_roialign.models import detection as det
@@ -153,11 +153,7 @@ def main(argv=None) -> int:
                 "accuracy": {f"score {s:g}, IoU {i:g}": m[-1] for (s, i), m in matches.items()},
             }
     report["accuracy"] = {f"score {s:g}, IoU {i:g}": sum_matches(m) for (s, i), m in matches.items()}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2, default=float))
-    print_report(report)
-    print(f"written {out}")
+    write_report(report, args.out, print_report)
     return 0
 
 
