@@ -2,7 +2,8 @@
 eager, ONNX Runtime and OpenVINO, in one process.
 
     python benchmarks/bench_models.py [--models resnet18,mobilenet_v2,...] [--repeat 7]
-        [--threads N] [--no-openvino] [--profile] [--detectors] [--out-dir benchmarks/results]
+        [--threads N] [--no-openvino] [--profile] [--detectors] [--precisions fp32,bf16,int8]
+        [--out-dir benchmarks/results]
 
 Classifiers: torchvision's resnet18, resnet50, mobilenet_v2, mobilenet_v3_large, efficientnet_b0,
 convnext_tiny, vit_b_16, swin_t and resnext50_32x4d, random weights (seed 0) with the batch norms
@@ -22,6 +23,10 @@ Each output is compared with eager's (max abs diff over the output's largest mag
 PyTorch's OpenMP threads sleep between calls (``OMP_WAIT_POLICY=PASSIVE``, set before PyTorch loads unless
 the environment sets it): spinning, they took the cores from the next runtime's turn and TVM's threads
 from theirs, which made the eager column a measure of the contention (docs/limitations.md).
+``--precisions``: TVM's builds with ``--precision bf16`` / ``int8`` as columns beside fp32 (int8 adds
+ONNX Runtime's own ``quantize_static`` of the ONNX file, calibrated on the sample photos), and a
+roofline table: each runtime's GFLOP/s (PyTorch's FlopCounterMode count of the model) over the
+matrix peak of its precision measured in the same run (``torch.mm`` fp32 / bf16, ``torch._int_mm``).
 ``--profile`` also times each TVM kernel once (:func:`tvm_roialign.profiling.profile_vm`).
 
 ``--detectors``: Mask R-CNN, Faster R-CNN and Keypoint R-CNN (random weights, seed 3) on the
@@ -46,6 +51,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from _roofline import matrix_peaks, model_gflop, precision_table
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when PyTorch loads its OpenMP
 
@@ -80,18 +86,20 @@ def _onnx_file(model, inputs, path: str) -> str:
     return path
 
 
-def _tvm_classifier(model, x, workdir: str, name: str):
-    """``(call, vm module, compile seconds)``: ``model`` through ``torch.export`` and the CLI."""
+def _tvm_classifier(model, x, workdir: str, name: str, precision: str = "fp32"):
+    """``(call, vm module, compile seconds)``: ``model`` through ``torch.export`` and the CLI
+    (``--precision``, int8 calibrated on the CLI's default photos)."""
     import torch
     import tvm
     from tvm import relax
 
     from tvm_roialign import cli
 
-    pt2, lib = os.path.join(workdir, f"{name}.pt2"), os.path.join(workdir, f"{name}.so")
-    torch.export.save(torch.export.export(model, (x,)), pt2)
+    pt2, lib = os.path.join(workdir, f"{name}.pt2"), os.path.join(workdir, f"{name}_{precision}.so")
+    if not os.path.exists(pt2):
+        torch.export.save(torch.export.export(model, (x,)), pt2)
     t0 = time.perf_counter()
-    code = cli.main(["--quiet", "compile", pt2, "-o", lib])
+    code = cli.main(["--quiet", "compile", pt2, "-o", lib, "--precision", precision])
     if code:
         raise RuntimeError(f"tvm-roialign compile {name}.pt2 failed (exit code {code})")
     compile_s = time.perf_counter() - t0
@@ -106,14 +114,23 @@ def _tvm_classifier(model, x, workdir: str, name: str):
     return call, module, compile_s
 
 
-def _peers(model, inputs, onnx_path: str, threads: int, openvino: bool) -> tuple[dict, dict]:
-    """``({runtime: call}, {"openvino_default_precision": ...})`` for the ONNX file's peers."""
-    from tvm_roialign.bench.onnxruntime_peer import cpu_session
+def _peers(model, inputs, onnx_path: str, threads: int, args) -> tuple[dict, dict]:
+    """``({runtime: call}, {"openvino_default_precision": ...})`` for the ONNX file's peers (with
+    ``int8`` among ``args.precisions``, ONNX Runtime's own int8 quantization of the file too,
+    calibrated on the sample photos)."""
+    from tvm_roialign.bench.onnxruntime_peer import cpu_session, quantized_int8
+    from tvm_roialign.models.classifier_zoo import photo_batch
 
     _onnx_file(model, inputs, onnx_path)
     session = cpu_session(onnx_path, threads)
     feed = {i.name: t.numpy() for i, t in zip(session.get_inputs(), inputs)}
     calls = {"onnxruntime": lambda: session.run(None, feed)[0]}
+    if "int8" in args.precisions:
+        photos = [p[None].numpy() for p in photo_batch()]
+        name = session.get_inputs()[0].name
+        int8 = cpu_session(quantized_int8(onnx_path, onnx_path + ".int8.onnx", {name: photos}), threads)
+        calls["onnxruntime_int8"] = lambda: int8.run(None, feed)[0]
+    openvino = args.openvino
     info = {}
     if openvino:
         from tvm_roialign.bench.openvino_peer import OpenVINOModel
@@ -165,7 +182,7 @@ def bench_classifier(name, model, x, args, threads, workdir) -> dict:
     tvm_call, module, compile_s = _tvm_classifier(model, x, workdir, name)
     _log(f"{name}: ONNX export, ONNX Runtime and OpenVINO sessions")
     try:
-        peers, info = _peers(model, (x,), os.path.join(workdir, f"{name}.onnx"), threads, args.openvino)
+        peers, info = _peers(model, (x,), os.path.join(workdir, f"{name}.onnx"), threads, args)
     except Exception as err:  # noqa: BLE001 - an exporter or peer that cannot take the model
         _log(f"{name}: no ONNX Runtime / OpenVINO: {type(err).__name__}: {str(err).splitlines()[0]}")
         peers, info = {}, {"peer_error": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
@@ -174,9 +191,14 @@ def bench_classifier(name, model, x, args, threads, workdir) -> dict:
         with torch.no_grad():
             return model(x)
 
-    calls = {"tvm": lambda: tvm_call().numpy(), "eager": eager, **peers}
+    calls = {"tvm": lambda: tvm_call().numpy(), "eager": eager}
+    for precision in args.precisions[1:]:
+        _log(f"{name}: compile with the CLI, --precision {precision}")
+        other = _tvm_classifier(model, x, workdir, name, precision)[0]
+        calls[f"tvm_{precision}"] = lambda other=other: other().numpy()
+    calls.update(peers)
     expected = eager().numpy()
-    row = {"compile_s": compile_s, **info}
+    row = {"compile_s": compile_s, "gflop": model_gflop(model, (x,)), **info}
     row["max_rel_diff_vs_eager"] = {
         k: _rel_diff(fn() if k != "eager" else expected, expected) for k, fn in calls.items() if k != "eager"
     }
@@ -233,6 +255,7 @@ def bench_detectors(detectors: dict, args, threads: int, workdir: str) -> dict:
 
 
 PEERS = ("eager", "onnxruntime", "openvino_f32", "openvino_default")
+PRECISIONS = ("fp32", "bf16", "int8")
 LABELS = {"eager": "eager", "onnxruntime": "ORT", "openvino_f32": "OV f32", "openvino_default": "OV default"}
 
 
@@ -322,8 +345,16 @@ def _parse(argv):
     parser.add_argument("--no-openvino", dest="openvino", action="store_false", help="skip OpenVINO")
     parser.add_argument("--profile", action="store_true", help="also TVM's slowest kernels per model")
     parser.add_argument("--detectors", action="store_true", help="also the three detectors (minutes each)")
+    parser.add_argument("--precisions", default="fp32",
+                        help="TVM builds to time, comma-separated from fp32,bf16,int8 (fp32 always; "
+                             "int8 adds ONNX Runtime's int8 quantization of the ONNX file)")
     parser.add_argument("--out-dir", default=str(RESULTS), help="where models.json and models.png go")
     args = parser.parse_args(argv)
+    asked = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if any(p not in PRECISIONS for p in asked):
+        parser.error(f"--precisions: expected a comma-separated list of {', '.join(PRECISIONS)}, "
+                     f"got {args.precisions!r}")
+    args.precisions = [p for p in PRECISIONS if p == "fp32" or p in asked]
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.models if m not in CLASSIFIERS]
     if unknown or args.repeat < 1:
@@ -377,6 +408,8 @@ def main(argv=None) -> int:
         "classifiers": {},
     }
     classifiers, detectors = _warm_models(args)
+    _log("matrix peaks (torch.mm, torch._int_mm)")
+    result["matrix_peaks"] = matrix_peaks(args.precisions)
     x = example_input()
     with tempfile.TemporaryDirectory(prefix="bench_models-") as workdir:
         for name, model in classifiers.items():
@@ -418,6 +451,10 @@ def report(result: dict, out: Path) -> None:
     for key, rows in sections:
         head, body = table_rows(rows, result[f"{key}_geometric_mean"])
         print_table(f"{key}: {title}", head, body)
+        print(markdown(head, body))
+    if "matrix_peaks" in result:
+        head, body = precision_table(result["classifiers"], result["matrix_peaks"])
+        print_table(f"precisions and the roofline: {title}", head, body)
         print(markdown(head, body))
     for name, row in result["classifiers"].items():
         diffs = ", ".join(f"{k} {v:.1e}" for k, v in row["max_rel_diff_vs_eager"].items())

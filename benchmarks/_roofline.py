@@ -1,0 +1,79 @@
+"""The roofline's two numbers for a benchmark table: a model's operations per call, and this
+machine's matrix peak per precision measured in the same run (``torch.mm`` of 4096 x 4096 in fp32
+and bf16, ``torch._int_mm`` in int8: oneDNN's kernels, on the run's threads)."""
+
+from __future__ import annotations
+
+import time
+
+#: the matrix side of the peak measurement
+PEAK_SIDE = 4096
+
+
+def model_gflop(model, inputs) -> float:
+    """GFLOP (multiply-adds counted as 2) of one eager call, by PyTorch's FlopCounterMode."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(*inputs)
+    return counter.get_total_flops() / 1e9
+
+
+def matrix_peaks(precisions=("fp32", "bf16", "int8"), seconds: float = 1.0) -> dict:
+    """``{precision: GFLOP/s (GOP/s for int8)}``: the best of repeated square matrix products
+    during about ``seconds`` each; a precision PyTorch cannot run here is left out."""
+    import torch
+
+    side = PEAK_SIDE
+    peaks = {}
+    for precision in precisions:
+        if precision == "int8":
+            a = torch.randint(-128, 127, (side, side), dtype=torch.int8)
+            b = torch.randint(-128, 127, (side, side), dtype=torch.int8)
+
+            def product(a=a, b=b):
+                return torch._int_mm(a, b)
+        else:
+            dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+            a, b = torch.randn(side, side, dtype=dtype), torch.randn(side, side, dtype=dtype)
+
+            def product(a=a, b=b):
+                return torch.mm(a, b)
+
+        try:
+            product()
+        except RuntimeError:  # no such kernel on this CPU / build
+            continue
+        best, end = float("inf"), time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            product()
+            best = min(best, time.perf_counter() - start)
+        peaks[precision] = 2 * side**3 / best / 1e9
+    return peaks
+
+
+#: a timed runtime -> the precision of its matrix products (None: not a matrix-unit column)
+RUNTIME_PRECISION = {
+    "tvm": "fp32", "tvm_bf16": "bf16", "tvm_int8": "int8", "onnxruntime": "fp32",
+    "onnxruntime_int8": "int8", "openvino_f32": "fp32", "openvino_default": None,
+}
+
+
+def precision_table(rows: dict, peaks: dict) -> tuple[list[str], list[list[str]]]:
+    """Per model and runtime: ms, GFLOP/s, and its share of the matrix peak of its precision
+    (OpenVINO's default precision is the CPU's: shown against the bf16 peak where it is bf16)."""
+    head = ["model", "runtime", "precision", "ms", "GFLOP/s", "of the peak"]
+    body = []
+    for name, row in rows.items():
+        for runtime, seconds in row["seconds"].items():
+            if runtime not in RUNTIME_PRECISION:
+                continue
+            precision = RUNTIME_PRECISION[runtime] or row.get("openvino_default_precision") or "?"
+            achieved = row["gflop"] / seconds
+            peak = peaks.get({"f32": "fp32"}.get(precision, precision))
+            share = f"{100 * achieved / peak:.0f}%" if peak else "-"
+            body.append([name, runtime, precision, f"{seconds * 1e3:.2f}", f"{achieved:.0f}", share])
+    return head, body
