@@ -248,9 +248,9 @@ __all__ = [
     "PRECISIONS",
     "bf16_supported",
     "check_precision",
-    "int8_supported",
     "chosen_precision",
     "cpu_schedule_pass",
+    "int8_supported",
     "precision_metadata",
     "prepare_pipeline",
 ]

@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import mutator
 
 from ..topi.bf16_contraction import ConvGeometry
 from ..topi.int8_contraction import (

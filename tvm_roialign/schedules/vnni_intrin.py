@@ -31,6 +31,11 @@ def _operand(vector):
     return T.reinterpret(vector, dtype="int32x16")
 
 
+def _quad(a, row, q):
+    """The four uint8 activations ``a[row, 4q:4q+4]`` as one 32-bit lane."""
+    return T.reinterpret(a.vload([row, 4 * q], "uint8x4"), dtype="int32")
+
+
 def _dot(acc, a_quad, b_quads):
     return tirx.call_llvm_pure_intrin(
         "int32x16", "llvm.x86.avx512.vpdpbusd.512", acc, _operand(a_quad), _operand(b_quads)
@@ -62,9 +67,7 @@ def _impl(kc: int, zero_init: bool):
                         for h in T.unroll(2):
                             acc[r, T.ramp(h * 16, 1, 16)] = _dot(
                                 acc[r, T.ramp(h * 16, 1, 16)],
-                                T.broadcast(
-                                    T.reinterpret(A.vload([g * _GROUP + r, 4 * q], "uint8x4"), dtype="int32"), 16
-                                ),
+                                T.broadcast(_quad(A, g * _GROUP + r, q), 16),
                                 B.vload([0, q, h * 16, 0], "int8x64"),
                             )
                 for r, h in T.grid(_GROUP, 2):
