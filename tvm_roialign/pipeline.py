@@ -87,7 +87,8 @@ def cpu_pipeline(
         (True), ``winograd``: output tile of the Winograd rewrite of 3x3 convolutions (4:
         ``F(4x4, 3x3)``, 2, or 0: off), ``reference_side``: the image side (320) at which a conv
         of symbolic size is judged worth Winograd (one library serves every size),
-        ``precision``: ``"fp32"`` or ``"bf16"`` (:class:`~tvm_roialign.passes.BF16Contractions`).
+        ``precision``: ``"fp32"``, ``"bf16"`` (:class:`~tvm_roialign.passes.BF16Contractions`) or
+        ``"int8"`` (:class:`~tvm_roialign.passes.Int8Contractions`, calibrated on ``calibration``).
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
@@ -272,12 +273,17 @@ def build(
 
     ``precision``: ``"fp32"`` (the default) or ``"bf16"``: constant-weight convolutions and
     matmuls in bf16 with fp32 accumulation on AMX, where ``target`` has it (else fp32, with a
-    warning); see ``docs/precision.md``. A ValueError for any other value."""
+    warning); see ``docs/precision.md``. ``"int8"``: the same convolutions and matmuls quantized
+    (int8 weights per output channel, uint8 activations per tensor, calibrated on ``calibration``:
+    None for the sample photos, a directory of photos, or a list of input arrays) on AMX-INT8 or
+    AVX512-VNNI. A ValueError for any other value."""
     kind = target.kind.name
     precision = check_precision(options.pop("precision", "fp32"))
     if kind == "llvm" and precision != "fp32":
         options["precision"] = precision
-        if not is_cross(target) and cpu_info(target).has_amx_bf16:
+        info = cpu_info(target)
+        amx = info.has_amx_bf16 if precision == "bf16" else info.has_amx_int8
+        if not is_cross(target) and amx:
             request_amx()  # the executable is usually run by this process
     if kind == "metal":
         return Built(tvm.compile(mod, target=target, relax_pipeline=_metal_pipeline(target)))

@@ -33,6 +33,7 @@ def _graph_passes(
     winograd: int,
     reference_side: int,
     precision: str = "fp32",
+    calibration=None,
 ) -> list:
     from .passes import (
         BF16Contractions,
@@ -70,6 +71,8 @@ def _graph_passes(
     if precision == "bf16" and bf16_supported(target):
         # before the channel padding and Winograd, which would take the same convolutions
         passes.append(BF16Contractions())
+    if precision == "int8" and int8_supported(target):
+        passes.append(_int8_pass(target, calibration))
     if pad_channels:
         passes.append(PadChannels(multiple=cpu_info(target).lanes()))
     if winograd:
@@ -77,8 +80,32 @@ def _graph_passes(
     return passes
 
 
+def _int8_pass(target: tvm.target.Target, calibration) -> tvm.transform.Pass:
+    """:class:`~tvm_roialign.passes.Int8Contractions` calibrated, when it runs, on ``calibration``
+    (:func:`~tvm_roialign.models.calibration_photos.calibration_inputs`'s ``source``), the observed
+    module built in fp32 for ``target`` (no Winograd, the layouts as they are by then)."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+
+    from .models.calibration_photos import calibration_inputs
+    from .passes import Int8Contractions
+
+    def run(mod: tvm.IRModule):
+        with target:
+            phases = [
+                prepare_pipeline(target, layout=None, winograd=0),
+                cpu_schedule_pass(),
+                *cpu_generic.dataflow_lower_passes(target),
+                *cpu_generic.finalize_passes(target),
+            ]
+            executable = tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(phases))
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        return lambda *arrays: vm["main"](*(tvm.runtime.tensor(a) for a in arrays))
+
+    return Int8Contractions(inputs=lambda mod: calibration_inputs(mod, calibration), run=run)
+
+
 #: the ``precision`` values a build takes
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def check_precision(precision: str) -> str:
@@ -108,6 +135,24 @@ def bf16_supported(target: tvm.target.Target, note: bool = True) -> bool:
     return False
 
 
+def int8_supported(target: tvm.target.Target, note: bool = True) -> bool:
+    """Whether ``target`` has the u8 x s8 dot products the int8 kernels need (AMX-INT8, or
+    AVX512-VNNI); without them, a one-line warning (``note``) that the build is fp32."""
+    from .schedules.int8_contraction import int8_instructions
+
+    if int8_instructions(target) is not None:
+        return True
+    if note:
+        from .target import describe
+
+        warnings.warn(
+            f"precision int8: target {describe(target)} has neither AMX-INT8 nor AVX512-VNNI; "
+            "building fp32",
+            stacklevel=2,
+        )
+    return False
+
+
 def chosen_precision(precision: str, target: tvm.target.Target) -> tuple[str, str | None]:
     """``(precision the build uses, note)`` for the user-facing ``compile``/``compile_detector``:
     bf16 where ``target`` has AMX bf16; else fp32 and a one-line note saying why (no bf16
@@ -116,7 +161,9 @@ def chosen_precision(precision: str, target: tvm.target.Target) -> tuple[str, st
     from .schedules import cpu_info
     from .target import describe
 
-    if check_precision(precision) != "bf16":
+    if check_precision(precision) == "int8":
+        return _chosen_int8(target)
+    if precision != "bf16":
         return precision, None
     info = cpu_info(target)
     if info.has_amx_bf16:
@@ -128,11 +175,24 @@ def chosen_precision(precision: str, target: tvm.target.Target) -> tuple[str, st
     return "fp32", f"--precision bf16: {describe(target)} {why}; building fp32"
 
 
+def _chosen_int8(target: tvm.target.Target) -> tuple[str, str | None]:
+    from .schedules.int8_contraction import int8_instructions
+    from .target import describe
+
+    if int8_instructions(target) is not None:
+        return "int8", None
+    return "fp32", f"--precision int8: {describe(target)} has no AMX-INT8 or AVX512-VNNI; building fp32"
+
+
 def precision_metadata(precision: str, target: tvm.target.Target) -> dict:
     """An artifact's metadata ``precision``, and for bf16 the kernels' instructions (``amx`` or
     ``avx512bf16``: whether running the library needs the AMX tile state)."""
     from .schedules import cpu_info
 
+    if precision == "int8":
+        from .schedules.int8_contraction import int8_instructions
+
+        return {"precision": precision, "int8_kernels": int8_instructions(target)}
     if precision != "bf16":
         return {"precision": precision}
     return {"precision": precision, "bf16_kernels": "amx" if cpu_info(target).has_amx_bf16 else "avx512bf16"}
@@ -147,11 +207,14 @@ def prepare_pipeline(
     winograd: int = 4,
     reference_side: int = 320,
     precision: str = "fp32",
+    calibration=None,
 ) -> tvm.transform.Pass:
     """Phases 1-3 of :func:`~tvm_roialign.pipeline.cpu_pipeline` for the llvm ``target``: what
     schedules (and tuning records) apply to. ``precision="bf16"``: constant-weight convolutions
     and matmuls as bf16 contractions (:class:`~tvm_roialign.passes.BF16Contractions`) where the
-    target has AMX bf16, else fp32 with a warning (:func:`bf16_supported`)."""
+    target has AMX bf16, else fp32 with a warning (:func:`bf16_supported`); ``precision="int8"``:
+    as int8 contractions calibrated on ``calibration`` (:func:`_int8_pass`) where the target has
+    AMX-INT8 or AVX512-VNNI, else fp32 with a warning (:func:`int8_supported`)."""
     check_precision(precision)
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
@@ -168,6 +231,7 @@ def prepare_pipeline(
                     winograd=winograd,
                     reference_side=reference_side,
                     precision=precision,
+                    calibration=calibration,
                 ),
                 # 2. legalize and fuse
                 *cpu_generic.library_dispatch_passes(target),
@@ -186,6 +250,7 @@ __all__ = [
     "check_precision",
     "chosen_precision",
     "cpu_schedule_pass",
+    "int8_supported",
     "precision_metadata",
     "prepare_pipeline",
 ]

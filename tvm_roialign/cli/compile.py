@@ -75,9 +75,19 @@ def register(subparsers, parents) -> None:
     p.add_argument(
         "--precision",
         default="fp32",
-        choices=("fp32", "bf16"),
+        choices=("fp32", "bf16", "int8"),
         help="bf16: convolutions and matmuls in bf16 with fp32 accumulation, on AMX (a target "
-        "without AMX builds fp32, with a note saying why); models and detectors (default fp32)",
+        "without AMX builds fp32, with a note saying why); models and detectors (default fp32). "
+        "int8 (models): quantized convolutions and matmuls calibrated on photos (--calibrate), on "
+        "AMX-INT8 or AVX512-VNNI",
+    )
+    p.add_argument(
+        "--calibrate",
+        default=None,
+        metavar="DIR",
+        help="--precision int8: calibrate the activations' ranges on the photos of DIR, resized "
+        "to the model's input and normalized as torchvision's classifiers expect (default: the "
+        "package's sample photos)",
     )
     add_model_arguments(p)
     add_records_argument(p)
@@ -217,7 +227,17 @@ def _precision_metadata(precision: str, target) -> dict:
     return precision_metadata(precision, target)
 
 
-def _build(mod, target, records, precision: str = "fp32"):
+def _check_calibrate(args) -> None:
+    """``--calibrate`` only with ``--precision int8``, and a directory: else one line."""
+    if args.calibrate is None:
+        return
+    if args.precision != "int8":
+        raise CLIError("--calibrate DIR applies to --precision int8")
+    if not Path(args.calibrate).is_dir():
+        raise CLIError(f"--calibrate: {args.calibrate!r} is not a directory of photos")
+
+
+def _build(mod, target, records, precision: str = "fp32", calibration=None):
     """The pipeline's build without its own layout conversion (``--desired-layout`` decided it):
     ``(Built, the last Relax module)``; the records' coverage is printed by :func:`main`, not
     reported by the records."""
@@ -234,7 +254,8 @@ def _build(mod, target, records, precision: str = "fp32"):
         config=dict(ctx.config),
         instruments=[*ctx.instruments, instrument],
     ):
-        built = build(mod, target, tuning_records=records, layout=None, precision=precision)
+        options = {"calibration": calibration} if precision == "int8" else {}
+        built = build(mod, target, tuning_records=records, layout=None, precision=precision, **options)
     return built, instrument.mod
 
 
@@ -242,7 +263,8 @@ def _printed_by_main(_coverage) -> None:
     """The records' report in ``compile``: :func:`main` prints the coverage the build returns."""
 
 
-def _build_keeping_layouts(imported, mod, layouts, target, records, progress, precision: str = "fp32"):
+def _build_keeping_layouts(imported, mod, layouts, target, records, progress, precision: str = "fp32",
+                           calibration=None):
     """:func:`_build` of ``mod``; where that fails and ``mod`` is ``imported`` converted, the
     conversion again with every converted op checked to legalize (the ops that do not keep their
     layout, with a note), and its build. ``(built, the last Relax module, the module built)``."""
@@ -255,7 +277,7 @@ def _build_keeping_layouts(imported, mod, layouts, target, records, progress, pr
 
     try:
         with native_stderr_dropped_on_failure():
-            return (*_build(mod, target, records, precision), mod)
+            return (*_build(mod, target, records, precision, calibration), mod)
     except Exception as err:  # noqa: BLE001
         failure = CLIError(f"build for target {describe(target)} failed: {first_line(err)}")
     if not layouts or mod.same_as(imported):
@@ -270,7 +292,7 @@ def _build_keeping_layouts(imported, mod, layouts, target, records, progress, pr
         progress.note(note)
     progress(f"build for {describe(target)}, those ops in their own layout")
     try:
-        return (*_build(checked, target, records, precision), checked)
+        return (*_build(checked, target, records, precision, calibration), checked)
     except Exception as err:  # noqa: BLE001
         raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
 
@@ -312,8 +334,11 @@ def main(args) -> int:
     options = model_options(args, target)
     formats = _dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
+    _check_calibrate(args)
     precision = _precision(args, target)
     if _detector.is_detector(args.model):
+        if args.precision == "int8":
+            raise CLIError("--precision int8 applies to models, not yet to detectors: use fp32 or bf16")
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
         return _detector.compile_main(args, target, out, layout, t_start, link_note, precision)
@@ -327,7 +352,7 @@ def main(args) -> int:
         t0 = time.perf_counter()
         # the built module also gives the kernels' signatures, for run --rpc --profile
         built, tir_mod, mod = _build_keeping_layouts(
-            imported, mod, options[0], target, records, progress, precision
+            imported, mod, options[0], target, records, progress, precision, args.calibrate
         )
         times["build_s"] = time.perf_counter() - t0
         executable = built.executable

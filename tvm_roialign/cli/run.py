@@ -227,7 +227,7 @@ def _load(args, meta: dict, session=None):
     except ValueError as err:
         raise CLIError(f"--device: {err}" if args.device is not None else str(err)) from None
     try:
-        request_amx(required=meta.get("bf16_kernels") == "amx")
+        request_amx(required="amx" in (meta.get("bf16_kernels"), meta.get("int8_kernels")))
     except RuntimeError as err:
         raise CLIError(str(err)) from None
     try:

@@ -190,6 +190,8 @@ def _detector_precision(precision: str, target) -> str:
     """The precision the detector is built in (a warning where bf16 falls back to fp32)."""
     from ..pipeline_phases import chosen_precision
 
+    if precision == "int8":
+        raise ValueError("precision int8 applies to models, not yet to detectors: use fp32 or bf16")
     precision, note = chosen_precision(precision, target)
     if note:
         warnings.warn(note, stacklevel=3)

@@ -16,6 +16,8 @@
 * :class:`BF16Contractions` (:mod:`.bf16_contractions`): constant-weight conv2d / matmul as bf16
   contractions (``precision="bf16"``); :class:`RequestAMXState` (:mod:`.request_amx_state`, a TIR
   pass): kernels with AMX tiles ask Linux for the tile state themselves;
+* :class:`Int8Contractions` (:mod:`.int8_contractions`): the same contractions quantized to int8,
+  calibrated on photos (``precision="int8"``);
 * :func:`desired_layouts` (:mod:`.desired_layouts`): the ConvertLayout dictionary for a whole model
   in NHWC (or NCHW).
 """
@@ -31,6 +33,7 @@ from .fold_constant_numpy import FoldConstantNumPy
 from .fold_flatten_permute import FoldFlattenPermute
 from .fold_layout_rewrite import FoldLayoutRewrite
 from .fold_permute_dims import FoldPermuteDims
+from .int8_contractions import Int8Contractions
 from .layout import register
 from .normalize_squeeze_axes import NormalizeSqueezeAxes
 from .pad_channels import PadChannels
@@ -49,6 +52,7 @@ __all__ = [
     "FoldFlattenPermute",
     "FoldLayoutRewrite",
     "FoldPermuteDims",
+    "Int8Contractions",
     "NormalizeSqueezeAxes",
     "PadChannels",
     "RequestAMXState",

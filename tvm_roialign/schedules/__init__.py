@@ -17,6 +17,7 @@ runs on.
 rule                            what
 ==============================  ========================================================================
 :class:`BF16Contraction`       bf16 conv2d / matmul (``precision="bf16"``) on AMX tiles (TensorIntrin)
+:class:`Int8Contraction`       int8 conv2d / matmul (``precision="int8"``) on AMX-INT8 or AVX512-VNNI
 :class:`Conv2DNHWC`             NHWC conv2d + epilogue: register tile, packed constant weights
 :class:`DepthwiseConv2DNHWC`    NHWC depthwise conv2d + epilogue: taps unrolled over a channel vector
 :class:`GroupedConv2DNHWC`      grouped NHWC conv2d + epilogue: a register tile per group, packed weights
@@ -40,6 +41,7 @@ from .depthwise import DepthwiseConv2DNHWC
 from .elementwise import Elementwise
 from .fallback import CPUDefault
 from .grouped import GroupedConv2DNHWC
+from .int8_contraction import Int8Contraction
 from .matmul import Matmul
 from .target_info import CPUInfo, cpu_info
 from .winograd import WinogradTransforms
@@ -49,6 +51,7 @@ def default_rules() -> list:
     """The rules :func:`tvm_roialign.pipeline.cpu_pipeline` applies, in order."""
     return [
         BF16Contraction(),
+        Int8Contraction(),
         Conv2DNHWC(),
         DepthwiseConv2DNHWC(),
         GroupedConv2DNHWC(),
@@ -68,6 +71,7 @@ __all__ = [
     "DepthwiseConv2DNHWC",
     "Elementwise",
     "GroupedConv2DNHWC",
+    "Int8Contraction",
     "Matmul",
     "WinogradTransforms",
     "cpu_info",

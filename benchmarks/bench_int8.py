@@ -1,0 +1,141 @@
+"""int8 against fp32 and ONNX Runtime's int8, in one process, interleaved: torchvision resnet50.
+
+The model: resnet50 at 1x3x224x224, random weights (seed 0), batch-norm statistics from three
+training passes on the sample photos (:func:`tvm_roialign.models.classifier_zoo.build_classifier`).
+Runners: ours fp32 and int8 (``pipeline.build(..., precision="int8")``, calibrated on the sample
+photos), ONNX Runtime fp32 on the ONNX export and ONNX Runtime int8
+(``onnxruntime.quantization.quantize_static`` of the same export: QDQ, per-channel weights,
+uint8 activations, int8 weights, calibrated on the same photos). Each round runs every runner once,
+in turn; the table has the median of the rounds. Accuracy: cosine similarity and largest relative
+error (of the largest logit) of each int8 runner's logits against its fp32's, on every sample photo.
+Usage::
+
+    python benchmarks/bench_int8.py [--rounds 7] [--threads 2] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import tvm
+from tvm import relax
+
+from tvm_roialign.frontend import from_exported_program
+from tvm_roialign.host import request_amx
+from tvm_roialign.models.classifier_zoo import build_classifier, photo_batch
+from tvm_roialign.pipeline import build
+from tvm_roialign.schedules.int8_contraction import int8_instructions
+from tvm_roialign.target import describe, parse_target
+
+
+def _tvm_runner(model, x, target, precision):
+    with torch.no_grad():
+        mod = from_exported_program(torch.export.export(model, (x,)), keep_params_as_input=False)
+    start = time.perf_counter()
+    vm = relax.VirtualMachine(build(mod, target, precision=precision).executable, tvm.cpu())
+    print(f"built ours {precision} in {time.perf_counter() - start:.0f} s", flush=True)
+
+    def run(array):
+        out = vm["main"](tvm.runtime.tensor(array))
+        return (out[0] if not hasattr(out, "numpy") else out).numpy()
+
+    return run
+
+
+def _ort_runners(model, x, photos, threads: int, folder: Path):
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    fp32, pre, int8 = folder / "r50.onnx", folder / "r50_pre.onnx", folder / "r50_int8.onnx"
+    torch.onnx.export(model, (x,), str(fp32), input_names=["x"], output_names=["y"], dynamo=False)
+    quant_pre_process(str(fp32), str(pre))
+
+    class Photos(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter([{"x": p[None]} for p in photos])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    quantize_static(
+        str(pre), str(int8), Photos(), quant_format=QuantFormat.QDQ, per_channel=True,
+        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+    )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    runners = {}
+    for name, path in (("fp32", fp32), ("int8", int8)):
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        runners[name] = lambda a, s=session: s.run(None, {"x": a})[0]
+    return runners
+
+
+def _accuracy(int8, fp32, photos) -> tuple[float, float]:
+    """Lowest cosine and largest error relative to the largest logit, over the photos."""
+    cosines, errors = [], []
+    for photo in photos:
+        a, b = int8(photo[None]).ravel().astype(np.float64), fp32(photo[None]).ravel().astype(np.float64)
+        cosines.append(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+        errors.append(np.abs(a - b).max() / np.abs(b).max())
+    return min(cosines), max(errors)
+
+
+def _interleaved(runners: dict, x, rounds: int) -> dict:
+    for run in runners.values():
+        run(x)  # warm-up
+    times = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, run in runners.items():
+            start = time.perf_counter()
+            run(x)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--keep", default=None, help="a folder for the ONNX files (default: temporary)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    request_amx(required=False)
+    target = parse_target("native")
+    model = build_classifier("resnet50")
+    photos = photo_batch().numpy()
+    x = torch.from_numpy(photos[:1].copy())
+    cpu = next(line for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    print(f"{cpu.split(':', 1)[1].strip()}; target {describe(target)}; int8 kernels "
+          f"{int8_instructions(target)}; {args.threads} threads")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(args.keep or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        ort = _ort_runners(model, x, photos, args.threads, folder)
+        runners = {
+            "tvm-roialign fp32": _tvm_runner(model, x, target, "fp32"),
+            "tvm-roialign int8": _tvm_runner(model, x, target, "int8"),
+            "ONNX Runtime fp32": ort["fp32"],
+            "ONNX Runtime int8 (quantize_static, QDQ, per-channel)": ort["int8"],
+        }
+        ours = _accuracy(runners["tvm-roialign int8"], runners["tvm-roialign fp32"], photos)
+        theirs = _accuracy(ort["int8"], ort["fp32"], photos)
+        medians = _interleaved(runners, x.numpy(), args.rounds)
+    print(f"\nresnet50 1x3x224x224, median of {args.rounds} interleaved rounds")
+    print("| runner | ms | vs ONNX Runtime int8 |\n|---|---|---|")
+    base = medians["ONNX Runtime int8 (quantize_static, QDQ, per-channel)"]
+    for name, seconds in medians.items():
+        print(f"| {name} | {seconds * 1e3:.1f} | {base / seconds:.2f}x |")
+    print(f"\nint8 against fp32 on {len(photos)} sample photos "
+          "(lowest cosine, largest error / largest logit):")
+    print(f"tvm-roialign: {ours[0]:.5f}, {ours[1]:.4f}; ONNX Runtime: {theirs[0]:.5f}, {theirs[1]:.4f}")
+
+
+if __name__ == "__main__":
+    main()

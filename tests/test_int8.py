@@ -1,0 +1,268 @@
+"""``precision="int8"``: post-training static quantization, u8 x s8 -> s32 on AMX-INT8 (tdpbusd) or
+AVX512-VNNI (vpdpbusd).
+
+The kernels are held to an int64 NumPy reference exactly: the inputs are integers spanning 255
+(so the calibrated activation scale is 1 and the zero point an integer) and the weights integers
+with a +-127 in every output channel (so the weight scales are 1): the int32 accumulation, the
+zero-point correction and the dequantization are then exact, and the fp32 output equals the int64
+product. A small network calibrated on the sample photos is held to eager PyTorch (cosine >= 0.99).
+The assembly is checked for the instructions on Sapphire Rapids and Rocket Lake targets (building
+needs neither); running needs a CPU with ``amx_int8`` and Linux's permission for the tile state, or
+``avx512_vnni`` (skipped with the reason elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from _cli import one_line_error, run_cli
+from tvm import relax
+
+from tvm_roialign.frontend import from_exported_program
+from tvm_roialign.host import request_amx
+from tvm_roialign.models.calibration_photos import calibration_inputs
+from tvm_roialign.pipeline import build
+from tvm_roialign.target import parse_target
+from tvm_roialign.topi.int8_contraction import ActivationQuant, quantize_weight
+
+AMX_TARGET = parse_target("llvm -mcpu=sapphirerapids")
+#: AVX512-VNNI without AMX
+VNNI_TARGET = parse_target("llvm -mcpu=rocketlake")
+#: AVX-512 without VNNI
+AVX512_ONLY = parse_target("llvm -mcpu=skylake-avx512")
+UNITS = {"amx": (AMX_TARGET, "tdpbusd"), "vnni": (VNNI_TARGET, "vpdpbusd")}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def _runnable_or_skip(unit: str) -> None:
+    if unit == "amx":
+        if "amx_int8" not in _cpu_flags():
+            pytest.skip("this CPU has no AMX-INT8 (amx_int8 in /proc/cpuinfo)")
+        try:
+            request_amx(required=True)
+        except RuntimeError as err:
+            pytest.skip(str(err))
+    elif "avx512_vnni" not in _cpu_flags():
+        pytest.skip("this CPU has no AVX512-VNNI (avx512_vnni in /proc/cpuinfo)")
+
+
+def _asm(executable) -> str:
+    return executable.mod.imports[0].inspect_source("asm")
+
+
+def _run(executable, *arrays) -> np.ndarray:
+    out = relax.VirtualMachine(executable, tvm.cpu())["main"](*(tvm.runtime.tensor(a) for a in arrays))
+    return (out if hasattr(out, "numpy") else out[0]).numpy()
+
+
+def _integers(rng, shape, low: int) -> np.ndarray:
+    """Integers in ``[low, low + 255]`` with both ends present (an activation scale of 1)."""
+    values = rng.integers(low, low + 256, size=shape).astype(np.float32)
+    flat = values.reshape(-1)
+    flat[0], flat[1] = low, low + 255
+    return values
+
+
+def _weights(rng, shape, axis: int) -> np.ndarray:
+    """Integer weights in ``[-127, 127]`` with a +-127 in every slice along ``axis`` (scale 1)."""
+    w = rng.integers(-127, 128, size=shape)
+    index = [0] * len(shape)
+    for channel in range(shape[axis]):
+        index[axis] = channel
+        w[tuple(index)] = 127 if channel % 2 else -127
+    return w.astype(np.float32)
+
+
+def _matmul_module(k: int, n: int, weight: np.ndarray, m: int) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([m, k], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.matmul(x, relax.const(weight)))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def _conv_module(shape, weight: np.ndarray, stride: int) -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(list(shape), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.conv2d(
+                x, relax.const(weight), strides=stride, padding=1,
+                data_layout="NHWC", kernel_layout="OHWI",
+            ))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def _conv_reference(x: np.ndarray, w_ohwi: np.ndarray, stride: int) -> np.ndarray:
+    """int64 NHWC convolution, zero padding 1."""
+    xi, wi = x.astype(np.int64), w_ohwi.astype(np.int64)
+    n, h, width, _ = xi.shape
+    o, kh, kw, _ = wi.shape
+    padded = np.pad(xi, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    oh, ow = (h + 2 - kh) // stride + 1, (width + 2 - kw) // stride + 1
+    out = np.zeros((n, oh, ow, o), np.int64)
+    for dy in range(kh):
+        for dx in range(kw):
+            patch = padded[:, dy:dy + stride * oh:stride, dx:dx + stride * ow:stride, :]
+            out += np.einsum("nhwc,oc->nhwo", patch, wi[:, dy, dx, :])
+    return out
+
+
+@pytest.fixture(scope="module")
+def exact_cases():
+    """(matmul module, x, int64 reference), (conv module, x, int64 reference): sizes off the
+    kernels' blocks (rows 50, reduction 200, columns 70; a 3x3 stride-2 conv over 32 channels)."""
+    rng = np.random.default_rng(0)
+    w = _weights(rng, (200, 70), axis=1)
+    xm = _integers(rng, (50, 200), -100)
+    matmul = (_matmul_module(200, 70, w, 50), xm, xm.astype(np.int64) @ w.astype(np.int64))
+    wc = _weights(rng, (48, 3, 3, 32), axis=0)
+    xc = _integers(rng, (1, 13, 11, 32), -40)
+    conv = (_conv_module(xc.shape, wc, 2), xc, _conv_reference(xc, wc, 2))
+    return {"matmul": matmul, "conv": conv}
+
+
+@pytest.mark.parametrize("unit", ["amx", "vnni"])
+@pytest.mark.parametrize("case", ["matmul", "conv"])
+def test_int8_kernels_match_int64_exactly(exact_cases, unit, case):
+    mod, x, reference = exact_cases[case]
+    target, instruction = UNITS[unit]
+    executable = build(mod, target, layout=None, precision="int8", calibration=[[x]]).executable
+    assert instruction in _asm(executable)
+    _runnable_or_skip(unit)
+    actual = _run(executable, x)
+    assert np.abs(reference).max() < 2**24  # exact in fp32
+    np.testing.assert_array_equal(actual.astype(np.int64), reference)
+
+
+class _SmallResNet(torch.nn.Module):
+    """A 3x3 stem, a stride-2 3x3, a residual 1x1 pair, global pooling, a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32))
+        self.down = torch.nn.Sequential(
+            torch.nn.Conv2d(32, 64, 3, stride=2, padding=1), torch.nn.BatchNorm2d(64)
+        )
+        self.a = torch.nn.Sequential(torch.nn.Conv2d(64, 32, 1), torch.nn.BatchNorm2d(32), torch.nn.ReLU())
+        self.b = torch.nn.Sequential(torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.BatchNorm2d(64))
+        self.fc = torch.nn.Linear(64, 20)
+
+    def forward(self, x):
+        y = torch.relu(self.down(torch.relu(self.stem(x))))
+        y = torch.relu(self.b(self.a(y)) + y)
+        return self.fc(y.mean((2, 3)))
+
+
+@pytest.fixture(scope="module")
+def small_resnet():
+    """(model, its .pt2-exported Relax module, the astronaut photo 64x64): batch norms from three
+    training passes on the sample photos."""
+    from tvm_roialign.models.classifier_zoo import calibrate_batch_norms, photo_batch
+
+    torch.manual_seed(0)
+    model = _SmallResNet()
+    calibrate_batch_norms(model, photo_batch(size=64))
+    x = photo_batch(("astronaut",), 64)
+    with torch.no_grad():
+        mod = from_exported_program(torch.export.export(model, (x,)), keep_params_as_input=False)
+    return model, mod, x
+
+
+def test_small_resnet_int8_close_to_eager(small_resnet):
+    """Calibrated on the sample photos (the default): cosine >= 0.99 against eager fp32."""
+    model, mod, x = small_resnet
+    executable = build(mod, parse_target("native"), precision="int8").executable
+    if "tdpbusd" in _asm(executable):
+        _runnable_or_skip("amx")
+    elif "vpdpbusd" in _asm(executable):
+        _runnable_or_skip("vnni")
+    else:
+        pytest.skip("this machine's target has neither AMX-INT8 nor AVX512-VNNI")
+    actual = _run(executable, x.numpy()).ravel().astype(np.float64)
+    with torch.no_grad():
+        expected = model(x).numpy().ravel().astype(np.float64)
+    cosine = actual @ expected / np.linalg.norm(actual) / np.linalg.norm(expected)
+    assert cosine >= 0.99, cosine
+
+
+def test_target_without_int8_units_builds_fp32_with_a_warning(exact_cases):
+    mod, x, reference = exact_cases["matmul"]
+    with pytest.warns(UserWarning, match="precision int8: .*building fp32"):
+        executable = build(mod, AVX512_ONLY, layout=None, precision="int8", calibration=[[x]]).executable
+    asm = _asm(executable)
+    assert "vpdpbusd" not in asm and "tdpbusd" not in asm
+    np.testing.assert_allclose(_run(executable, x), reference, rtol=1e-5)
+
+
+def test_quantization_of_ranges_and_weights():
+    act = ActivationQuant.from_range(-1.0, 3.0)
+    assert act.scale == pytest.approx(4.0 / 255) and act.zero == 64
+    assert act.quantize(np.array([0.0], np.float32))[0] == act.zero  # zero is exact
+    assert ActivationQuant.from_range(0.5, 2.0).zero == 0  # the range widened to contain 0
+    w = np.array([[1.0, -0.5], [-2.0, 0.25], [0.5, 0.0]])
+    q, scale = quantize_weight(w)
+    np.testing.assert_allclose(scale, [2.0 / 127, 0.5 / 127], rtol=1e-6)
+    assert q[1, 0] == -127 and q[0, 1] == -127
+    np.testing.assert_allclose(q * scale, w, atol=scale.max() / 2 + 1e-7)
+
+
+def test_calibration_photos_need_an_image_input(exact_cases):
+    mod, _, _ = exact_cases["matmul"]
+    with pytest.raises(ValueError, match=r"calibrate: .*\[N, 3, H, W\]"):
+        calibration_inputs(mod)
+
+
+def test_cli_compile_int8_and_its_errors(small_resnet, tmp_path, capsys):
+    model, _, x = small_resnet
+    pt2 = tmp_path / "small.pt2"
+    torch.export.save(torch.export.export(model, (x,)), str(pt2))
+    out = tmp_path / "small_int8.so"
+    code, _, err = run_cli(["compile", str(pt2), "--precision", "int8", "-o", str(out)], capsys)
+    assert code == 0, err
+    meta = json.loads((tmp_path / "small_int8.so.json").read_text())
+    assert meta["precision"] in ("int8", "fp32")
+    if meta["precision"] == "int8":
+        assert meta["int8_kernels"] in ("amx", "avx512vnni")
+    missing = str(tmp_path / "none")
+    cases = [
+        (["compile", str(pt2), "--calibrate", str(tmp_path), "-o", str(out)], ["--calibrate", "int8"]),
+        (
+            ["compile", str(pt2), "--precision", "int8", "--calibrate", missing, "-o", str(out)],
+            ["--calibrate", "directory"],
+        ),
+        (
+            ["compile", "fasterrcnn_mobilenet_v3_large_fpn", "--precision", "int8", "-o", str(out)],
+            ["--precision int8", "detectors"],
+        ),
+    ]
+    for argv, words in cases:
+        code, _, err = run_cli(argv, capsys)
+        assert code != 0
+        one_line_error(err, *words)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        inputs = tmp_path / "in.npz"
+        np.savez(inputs, x=x.numpy())
+        outputs = tmp_path / "out.npz"
+        code, _, err = run_cli(["run", str(out), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
+    assert code == 0, err
+    with np.load(outputs) as result, torch.no_grad():
+        actual = result["output_0"].ravel().astype(np.float64)
+        expected = model(x).numpy().ravel().astype(np.float64)
+    assert actual @ expected / np.linalg.norm(actual) / np.linalg.norm(expected) >= 0.99

@@ -1,0 +1,203 @@
+"""Convolutions and matmuls with constant weights as int8 contractions (``precision="int8"``):
+post-training static quantization.
+
+Each ungrouped NHWC ``conv2d`` (1x1, or larger over a multiple of :data:`TAP_CHANNELS` input
+channels: an RGB stem stays fp32) and each 2-D ``matmul`` of a constant weight, in float32, becomes
+a call of :func:`tvm_roialign.topi.int8_contraction.int8_contraction`: the weight quantized to int8
+per output channel (symmetric) and packed here, once; the input activation quantized to uint8 in the
+kernel with one scale and zero point per tensor, from the range calibration saw; the products summed
+in int32 and dequantized to fp32 in the kernel's write-back, so every other op (bias, residual adds,
+ReLU, pooling) stays as it was and fuses into that write-back.
+
+Calibration (:func:`observe_ranges`): a copy of the module in which each such contraction's input
+passes through an observer (a packed function recording its minimum and maximum) is compiled in
+fp32 and run on the calibration inputs; the contractions are numbered in the order the rewriter
+visits them, the same in the observed copy and in the rewrite.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..topi.bf16_contraction import ConvGeometry
+from ..topi.int8_contraction import (
+    ActivationQuant,
+    dequant_constants,
+    int8_contraction,
+    pack_weight_quads,
+    quantize_weight,
+)
+from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module, tensor_shape
+
+#: a conv with a kernel larger than 1x1 is taken when its input channels are a multiple of this
+TAP_CHANNELS = 16
+
+#: the global packed function the observed copy calls: ``(x, (index,)) -> copy of x``
+OBSERVER = "tvm_roialign.int8_observe"
+
+
+def _is_f32(expr) -> bool:
+    ty = expr.ty
+    return isinstance(ty, relax.TensorType) and str(ty.dtype) == "float32"
+
+
+def _dims(expr) -> list | None:
+    shape = tensor_shape(expr)
+    if shape is None or shape[-1] is None:
+        return None
+    return [s if s is not None else d for s, d in zip(shape, expr.ty.shape.values)]
+
+
+def _conv_spec(call):
+    """``(matrix [K, N], rows, out_shape, geometry)`` of a conv the pass takes, else None."""
+    attrs = call.attrs
+    x, weight = call.args
+    value = const_value(weight)
+    in_shape, out_shape = _dims(x), _dims(call)
+    if (
+        value is None
+        or int(attrs.groups) != 1
+        or str(attrs.data_layout) != "NHWC"
+        or str(attrs.out_layout or attrs.data_layout) != "NHWC"
+        or not (_is_f32(x) and _is_f32(call))
+        or in_shape is None
+        or out_shape is None
+        or sorted(str(attrs.kernel_layout)) != sorted("OIHW")
+    ):
+        return None
+    layout = str(attrs.kernel_layout)
+    hwio = np.transpose(value, [layout.index(c) for c in "HWIO"])
+    kh, kw, channels, outputs = hwio.shape
+    if channels != in_shape[3] or (kh * kw > 1 and channels % TAP_CHANNELS):
+        return None
+    geometry = ConvGeometry(
+        *out_shape[:3], kh, kw, channels,
+        tuple(int(s) for s in attrs.strides),
+        (int(attrs.padding[0]), int(attrs.padding[1])),
+        tuple(int(d) for d in attrs.dilation),
+    )
+    return hwio.reshape(kh * kw * channels, outputs), geometry.rows, out_shape, geometry
+
+
+def _matmul_spec(call):
+    x, weight = call.args
+    value = const_value(weight)
+    in_shape, out_shape = _dims(x), _dims(call)
+    if (
+        value is None
+        or value.ndim != 2
+        or not (_is_f32(x) and _is_f32(call))
+        or in_shape is None
+        or out_shape is None
+        or len(in_shape) < 2
+    ):
+        return None
+    rows = functools.reduce(lambda a, b: a * b, in_shape[:-1])
+    return value.astype(np.float32), rows, out_shape, None
+
+
+class _Int8Rewriter(FunctionRewriter):
+    """With ``ranges`` None: each taken contraction's input through the observer; else each
+    taken contraction as an int8 one, its input quantized over ``ranges[i]``."""
+
+    ranges: Sequence | None = None
+
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.index = 0
+
+    def visit_call_(self, call):  # pylint: disable=arguments-renamed
+        call = self.visit_expr_post_order(call)
+        spec = None
+        if is_op_call(call, "relax.nn.conv2d"):
+            spec = _conv_spec(call)
+        elif is_op_call(call, "relax.matmul"):
+            spec = _matmul_spec(call)
+        if spec is None:
+            return call
+        index, self.index = self.index, self.index + 1
+        self.changed = True
+        if self.ranges is None:
+            x = call.args[0]
+            observed = self.builder_.emit(
+                relax.call_pure_packed(OBSERVER, x, relax.ShapeExpr([index]), ty_args=x.ty)
+            )
+            return relax.Call(call.op, [observed, *call.args[1:]], call.attrs, call.ty_args)
+        return self._emit(call, spec, ActivationQuant.from_range(*self.ranges[index]))
+
+    def _emit(self, call, spec, act: ActivationQuant):
+        matrix, rows, out_shape, geometry = spec
+        x = call.args[0]
+        if geometry is None and len(_dims(x)) != 2:
+            x = self.builder_.emit(relax.op.reshape(x, [rows, matrix.shape[0]]))
+        q, w_scale = quantize_weight(matrix)
+        correction, scale = dequant_constants(q, w_scale, act)
+        compute = functools.partial(
+            int8_contraction,
+            rows=rows,
+            reduction=int(matrix.shape[0]),
+            out_shape=list(out_shape),
+            act=act,
+            geometry=geometry,
+        )
+        name = "int8_conv2d" if geometry is not None else "int8_matmul"
+        constants = [relax.const(v) for v in (pack_weight_quads(q), correction, scale)]
+        return self.builder_.call_te(compute, x, *constants, primfunc_name_hint=name)
+
+
+def observed_module(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each contraction the pass takes reading its input through :data:`OBSERVER`."""
+    return rewrite_module(_Int8Rewriter, mod, ranges=None)
+
+
+def observe_ranges(mod: tvm.IRModule, inputs: Sequence, run: Callable) -> list[tuple[float, float]]:
+    """``(min, max)`` of each contraction's input over the calibration ``inputs`` (each a list of
+    NumPy arrays, ``main``'s parameters): ``run(observed_module)`` returns a callable that runs
+    ``main`` on such a list."""
+    observed = observed_module(mod)
+    if observed is mod:
+        return []
+    seen: dict[int, list[float]] = {}
+
+    def observe(x, which):
+        array, index = x.numpy(), int(which[0])
+        low, high = float(array.min()), float(array.max())
+        old = seen.get(index, [low, high])
+        seen[index] = [min(old[0], low), max(old[1], high)]
+        return tvm.runtime.tensor(array)
+
+    tvm.register_global_func(OBSERVER, observe, override=True)
+    main = run(observed)
+    for arrays in inputs:
+        main(*arrays)
+    return [tuple(seen[i]) for i in range(len(seen))]
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvm_roialign.Int8Contractions")
+class Int8Contractions:  # pylint: disable=too-few-public-methods
+    """Constant-weight conv2d (NHWC) and matmul as int8 contractions (see module docstring).
+    ``ranges``: each contraction's calibrated input range, in visiting order; or None, and
+    ``inputs`` (or a function of the module returning them) and ``run`` as :func:`observe_ranges`
+    takes them, to calibrate when the pass runs."""
+
+    def __init__(self, ranges: Sequence | None = None, inputs: Sequence = (), run: Callable | None = None):
+        self.ranges = ranges
+        self.inputs = inputs
+        self.run = run
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
+        ranges = self.ranges
+        if ranges is None:
+            inputs = self.inputs(mod) if callable(self.inputs) else self.inputs
+            ranges = observe_ranges(mod, inputs, self.run)
+        if not ranges:
+            return mod
+        return rewrite_module(_Int8Rewriter, mod, ranges=list(ranges))
+
+
+__all__ = ["OBSERVER", "Int8Contractions", "observe_ranges", "observed_module"]

@@ -1,0 +1,109 @@
+"""Rule: the int8 contraction (:mod:`tvm_roialign.topi.int8_contraction`) on AMX-INT8 tiles
+(``tdpbusd``), or on AVX512-VNNI (``vpdpbusd``) where the target has no AMX-INT8.
+
+The function has three stages, ``int8_gather_a`` (activations quantized to uint8, im2col'd for a
+conv), ``int8_contraction`` (the GEMM, int32 accumulation) and ``int8_output`` (dequantized to fp32
+in the op's shape), followed by whatever elementwise epilogue fusion gave it (bias, residual add,
+ReLU), inlined into the output stage. The GEMM is cut into 32 x 32 output blocks, each computed by
+the micro-kernel (:mod:`.amx_int8_intrin`, :mod:`.vnni_intrin`) over ``kc`` reduction elements,
+with the loop order and the reduction chunks of the bf16 contraction (:func:`choose_blocking`, for
+operands of one byte).
+
+Targets with neither are not served (the graph pass emits these functions only for targets with
+one).
+"""
+
+from __future__ import annotations
+
+from ..passes.request_amx_state import AMX_TILES
+from ..topi.int8_contraction import CONTRACTION, GATHER_A, OUTPUT
+from .amx_int8_intrin import BLOCK, STEP, amx_int8_intrin
+from .base import CPURule, find_block, inline_epilogue, static_int
+from .elementwise import schedule_injective_block, schedule_rest
+from .target_info import cpu_info
+from .vnni_intrin import vnni_intrin
+
+
+def int8_instructions(target) -> str | None:
+    """``"amx"`` (AMX-INT8), ``"avx512vnni"``, or None: the int8 kernels ``target`` runs."""
+    info = cpu_info(target)
+    if info.has_amx_int8:
+        return "amx"
+    if info.arch == "x86" and {"avx512f", "avx512vnni"} <= info.features:
+        return "avx512vnni"
+    return None
+
+
+def choose_blocking(rows: int | None, columns: int, reduction: int, l2_bytes: int) -> tuple[int, bool]:
+    """``(kc, rows_outer)``: the reduction chunk and the loop order of the 32 x 32 blocks: the whole
+    reduction where one operand's fits in half of L2 (the weights -> row blocks outermost, else
+    column blocks outermost), else the largest chunk (a multiple of 64 dividing the reduction)
+    whose slice of the smaller operand fits. ``rows`` None: symbolic, taken as large."""
+    budget = l2_bytes // 2
+    if reduction * columns <= budget:
+        return reduction, True
+    if rows is None:
+        rows = reduction * columns + budget
+    if reduction * rows <= budget:
+        return reduction, False
+    rows_outer = columns <= rows
+    kept = columns if rows_outer else rows
+    chunk = STEP
+    for candidate in range(STEP, reduction + 1, STEP):
+        if reduction % candidate == 0 and candidate * kept <= budget:
+            chunk = candidate
+    return chunk, rows_outer
+
+
+def _shape(sch, block, index: int = 0) -> list[int | None]:
+    return [static_int(d) for d in sch.get(block).writes[index].source.ty.shape]
+
+
+def _schedule_gather(sch, gather, lanes: int) -> None:
+    rows, elements = sch.get_loops(gather)
+    _, vector = sch.split(elements, [None, lanes])
+    sch.vectorize(vector)
+    sch.parallel(rows)
+
+
+class Int8Contraction(CPURule):
+    """The int8 contraction's GEMM on AMX-INT8 or AVX512-VNNI, its gather and output as vector passes."""
+
+    def schedule(self, sch, func, target):
+        gather, acc, out = (find_block(sch, n) for n in (GATHER_A, CONTRACTION, OUTPUT))
+        if gather is None or acc is None or out is None:
+            return None
+        kind = int8_instructions(target)
+        if kind is None:
+            return None
+        intrin = amx_int8_intrin if kind == "amx" else vnni_intrin
+        if kind == "amx":
+            # the function asks Linux for the tile state (passes.RequestAMXState)
+            sch.annotate(find_block(sch, "root"), AMX_TILES, 1)
+        info = cpu_info(target)
+        (rows, columns), (_, reduction) = _shape(sch, acc), _shape(sch, gather)
+        if None in (columns, reduction) or (rows or 0) % BLOCK or columns % BLOCK or reduction % STEP:
+            return None
+        kc, rows_outer = choose_blocking(rows, columns, reduction, info.l2_bytes)
+        m, n, k = sch.get_loops(acc)
+        m_out, m_in = sch.split(m, [None, BLOCK])
+        n_out, n_in = sch.split(n, [None, BLOCK])
+        spatial = [m_out, n_out] if rows_outer else [n_out, m_out]
+        if kc == reduction:
+            sch.reorder(*spatial, m_in, n_in, k)
+            sch.parallel(sch.fuse(*spatial))
+            sch.tensorize(m_in, intrin(kc, zero_init=True))
+        else:
+            k_out, k_in = sch.split(k, [None, kc])
+            sch.reorder(k_out, *spatial, m_in, n_in, k_in)
+            sch.parallel(sch.fuse(*spatial))
+            schedule_injective_block(sch, sch.decompose_reduction(acc, k_out), info.lanes())
+            sch.tensorize(m_in, intrin(kc))
+        lanes = info.lanes()
+        _schedule_gather(sch, gather, lanes)
+        inline_epilogue(sch, out)
+        schedule_rest(sch, lanes)
+        return sch
+
+
+__all__ = ["Int8Contraction", "choose_blocking", "int8_instructions"]

@@ -1,0 +1,91 @@
+"""The AVX512-VNNI micro-kernel as a TensorIntrin: the AMX-INT8 kernel's 32 x 32 block on ``vpdpbusd``.
+
+The description is the AMX kernel's (:mod:`.amx_int8_intrin`): ``C[i, j] += i32(A[i, k]) *
+i32(B[0, k // 4, j, k % 4])`` over a 32 x 32 block and ``kc`` reduction elements, ``A`` uint8, ``B``
+int8 in the quad layout. The implementation runs the block as four groups of 8 rows, each held in
+16 vector accumulators (8 rows x 2 vectors of 16 int32); a step over one quad of reduction elements
+loads the quads of the 32 columns (two vectors of 64 int8), broadcasts each row's four activations
+and issues 16 ``vpdpbusd`` (each lane: ``acc += a0 b0 + a1 b1 + a2 b2 + a3 b3``, exact, no
+saturation).
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+from tvm.target import codegen
+
+from .amx_int8_intrin import STEP, block_desc
+
+#: rows of a group (accumulators: rows x 2 vectors)
+_GROUP = 8
+
+_REGISTERED: set[str] = set()
+
+
+def _operand(vector):
+    """A 64-byte operand as the LLVM intrinsic takes it (bytes since LLVM 21, 32-bit lanes before)."""
+    if codegen.llvm_version_major() >= 21:
+        return T.reinterpret(vector, dtype="int8x64")
+    return T.reinterpret(vector, dtype="int32x16")
+
+
+def _quad(a, row, q):
+    """The four uint8 activations ``a[row, 4q:4q+4]`` as one 32-bit lane."""
+    return T.reinterpret(a.vload([row, 4 * q], "uint8x4"), dtype="int32")
+
+
+def _dot(acc, a_quad, b_quads):
+    return tirx.call_llvm_pure_intrin(
+        "int32x16", "llvm.x86.avx512.vpdpbusd.512", acc, _operand(a_quad), _operand(b_quads)
+    )
+
+
+def _impl(kc: int, zero_init: bool):
+    quads = kc // 4
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa = T.int32()
+        sc = T.int32()
+        A = T.match_buffer(a, (32, kc), "uint8", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (1, quads, 32, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (32, 32), "int32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads(C[0:32, 0:32], A[0:32, 0:kc], B[0, 0:quads, 0:32, 0:4])
+            T.writes(C[0:32, 0:32])
+            acc = T.alloc_buffer((_GROUP, 32), "int32", scope="local")
+            for g in T.serial(32 // _GROUP):
+                for r, h in T.grid(_GROUP, 2):
+                    if zero_init:
+                        acc[r, T.ramp(h * 16, 1, 16)] = T.broadcast(T.int32(0), 16)
+                    else:
+                        acc[r, T.ramp(h * 16, 1, 16)] = C[g * _GROUP + r, T.ramp(h * 16, 1, 16)]
+                for q in range(quads):
+                    for r in T.unroll(_GROUP):
+                        for h in T.unroll(2):
+                            acc[r, T.ramp(h * 16, 1, 16)] = _dot(
+                                acc[r, T.ramp(h * 16, 1, 16)],
+                                T.broadcast(_quad(A, g * _GROUP + r, q), 16),
+                                B.vload([0, q, h * 16, 0], "int8x64"),
+                            )
+                for r, h in T.grid(_GROUP, 2):
+                    C[g * _GROUP + r, T.ramp(h * 16, 1, 16)] = acc[r, T.ramp(h * 16, 1, 16)]
+
+    return impl
+
+
+def vnni_intrin(kc: int, zero_init: bool = False) -> str:
+    """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 64), registered
+    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`.amx_int8_intrin.amx_int8_intrin`."""
+    if kc <= 0 or kc % STEP:
+        raise ValueError(f"kc must be a positive multiple of {STEP}, got {kc}")
+    name = f"tvm_roialign_vnni_32x32x{kc}" + ("_init" if zero_init else "")
+    if name not in _REGISTERED:
+        TensorIntrin.register(name, block_desc(kc, zero_init), _impl(kc, zero_init), override=True)
+        _REGISTERED.add(name)
+    return name
+
+
+__all__ = ["vnni_intrin"]

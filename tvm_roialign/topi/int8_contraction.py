@@ -1,0 +1,182 @@
+"""The int8 contraction compute: a conv2d (NHWC) or a matmul as one u8 x s8 -> s32 GEMM, fp32 result.
+
+``out = dequantize(A @ B)`` with
+
+* ``A [Mp, Kp]`` (stage ``int8_gather_a``): the fp32 activations quantized to uint8 with the
+  per-tensor scale and zero point calibration chose (``q = clamp(round(x / s) + z, 0, 255)``),
+  gathered as the rows of the GEMM (a matmul's rows as they are; a convolution's im2col rows, the
+  reduction over kernel rows, kernel columns and input channels), the points outside the image
+  (a convolution's zero padding) and the padding rows and columns the zero point ``z``;
+* ``B [Np / 32, Kp / 4, 32, 4]``: the weights quantized to int8 per output channel (symmetric),
+  packed at compile time (:func:`pack_weight_quads`): blocks of 32 columns, each in the quad
+  layout the u8 x s8 dot products read (four consecutive reduction elements of a column side by
+  side), zero in the padding;
+* ``int8_contraction [Mp, Np]``: the products summed exactly in int32;
+* ``int8_output``: the real rows and columns in the op's output shape, dequantized in fp32:
+  ``(acc - z * sum_k B[k, n]) * s * w_scale[n]`` (the zero point's share removed with the
+  weights' column sums, computed at compile time).
+
+The schedule is :class:`tvm_roialign.schedules.int8_contraction.Int8Contraction`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import te, tirx
+
+from .bf16_contraction import ConvGeometry
+
+#: rows, reduction and columns are padded to multiples of these (the AMX micro-kernel's block)
+TILE_M, TILE_K, TILE_N = 32, 64, 32
+
+GATHER_A = "int8_gather_a"
+CONTRACTION = "int8_contraction"
+OUTPUT = "int8_output"
+
+
+def _round_up(value, multiple: int):
+    return (value + multiple - 1) // multiple * multiple
+
+
+@dataclass(frozen=True)
+class ActivationQuant:
+    """Per-tensor asymmetric uint8 quantization: ``q = clamp(round(x / scale) + zero, 0, 255)``."""
+
+    scale: float
+    zero: int
+
+    @classmethod
+    def from_range(cls, low: float, high: float) -> ActivationQuant:
+        """The quantization of the range ``[low, high]`` widened to contain 0 (so that 0, a
+        convolution's padding, is exact)."""
+        low, high = min(float(low), 0.0), max(float(high), 0.0)
+        if not np.isfinite(low) or not np.isfinite(high):
+            raise ValueError(f"calibration range [{low}, {high}] is not finite")
+        scale = float(np.float32((high - low) / 255.0)) or 1.0
+        zero = int(np.clip(np.rint(-low / scale), 0, 255))
+        return cls(scale, zero)
+
+    def quantize(self, array: np.ndarray) -> np.ndarray:
+        """``array`` quantized as the kernel does (times the scale's inverse in fp32, half to even)."""
+        inverse = np.float32(1.0 / self.scale)
+        q = np.rint(np.asarray(array, np.float32) * inverse) + self.zero
+        return np.clip(q, 0, 255).astype(np.uint8)
+
+
+def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``weight [K, N]`` (float) -> ``(int8 [K, N], fp32 scale [N])``: symmetric per column,
+    ``w ~ q * scale``, ``q`` in ``[-127, 127]``."""
+    weight = np.asarray(weight, np.float64)
+    peak = np.abs(weight).max(axis=0)
+    scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(weight / scale.astype(np.float64)), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def pack_weight_quads(q: np.ndarray) -> np.ndarray:
+    """``q [K, N]`` int8 -> ``[Np / 32, Kp / 4, 32, 4]``, zero-padded (see module)."""
+    k, n = q.shape
+    kp, np_ = _round_up(k, TILE_K), _round_up(n, TILE_N)
+    padded = np.zeros((kp, np_), np.int8)
+    padded[:k, :n] = q
+    return np.ascontiguousarray(padded.reshape(kp // 4, 4, np_ // TILE_N, TILE_N).transpose(2, 0, 3, 1))
+
+
+def dequant_constants(q: np.ndarray, w_scale: np.ndarray, act: ActivationQuant):
+    """``(correction int32 [Np], scale fp32 [Np])`` of the output stage: ``zero * sum_k q[k, n]``
+    and ``act.scale * w_scale[n]`` (zero in the padding columns)."""
+    n = q.shape[1]
+    np_ = _round_up(n, TILE_N)
+    correction = np.zeros(np_, np.int32)
+    correction[:n] = act.zero * q.astype(np.int64).sum(axis=0)
+    scale = np.zeros(np_, np.float32)
+    scale[:n] = np.float32(act.scale) * w_scale
+    return correction, scale
+
+
+def widen(value):
+    """A uint8 or int8 operand as the int32 the products are summed in."""
+    return value.astype("int32")
+
+
+def _gather_conv(x: te.Tensor, g: ConvGeometry, quantize, zero):
+    """``(m, k) -> quantized x`` of im2col row ``m`` column ``k`` (the zero point outside the image)."""
+    height, width = x.shape[1], x.shape[2]
+
+    def value(m, k):
+        b = m // (g.oh * g.ow)
+        oy = m // g.ow % g.oh
+        ox = m % g.ow
+        ky = k // (g.kw * g.c)
+        kx = k // g.c % g.kw
+        ch = k % g.c
+        iy = oy * g.stride[0] - g.padding[0] + ky * g.dilation[0]
+        ix = ox * g.stride[1] - g.padding[1] + kx * g.dilation[1]
+        inside = tirx.all(iy >= 0, iy < height, ix >= 0, ix < width)
+        safe_y = tirx.max(tirx.min(iy, height - 1), 0)
+        safe_x = tirx.max(tirx.min(ix, width - 1), 0)
+        return tirx.if_then_else(inside, quantize(x[b, safe_y, safe_x, ch]), zero)
+
+    return value
+
+
+def int8_contraction(x: te.Tensor, packed: te.Tensor, correction: te.Tensor, scale: te.Tensor,
+                     rows, reduction: int, out_shape, act: ActivationQuant,
+                     geometry: ConvGeometry | None = None) -> te.Tensor:
+    """The stages of the module docstring; ``x`` is ``[rows, reduction]`` (a matmul) or the NHWC
+    input of a conv of ``geometry``; ``packed`` the :func:`pack_weight_quads` weights,
+    ``correction`` and ``scale`` the :func:`dequant_constants` of the output stage. ``rows`` may
+    be symbolic (padded to ``ceil(rows / 32) * 32`` gathered rows)."""
+    mp, kp = _round_up(rows, TILE_M), _round_up(reduction, TILE_K)
+    np_ = int(packed.shape[0]) * TILE_N
+    zero = tirx.const(act.zero, "uint8")
+    inv = tirx.const(1.0 / act.scale, "float32")
+
+    def quantize(value):
+        q = tirx.round(value * inv) + tirx.const(float(act.zero), "float32")
+        return tirx.max(tirx.min(q, tirx.const(255.0, "float32")), tirx.const(0.0, "float32")).astype("uint8")
+
+    source = _gather_conv(x, geometry, quantize, zero) if geometry is not None else (
+        lambda m, k: quantize(x[m, k])
+    )
+
+    def gather(m, k):
+        inside = tirx.all(m < rows, k < reduction)
+        safe_m, safe_k = tirx.min(m, rows - 1), tirx.min(k, reduction - 1)
+        return tirx.if_then_else(inside, source(safe_m, safe_k), zero)
+
+    a = te.compute((mp, kp), gather, name=GATHER_A)
+    r = te.reduce_axis((0, kp), "k")
+    acc = te.compute(
+        (mp, np_),
+        lambda m, n: te.sum(widen(a[m, r]) * widen(packed[n // TILE_N, r // 4, n % TILE_N, r % 4]), axis=r),
+        name=CONTRACTION,
+    )
+    out_shape = list(out_shape)
+
+    def output(*idx):
+        row = idx[0]
+        for dim, i in zip(out_shape[1:-1], idx[1:-1]):
+            row = row * dim + i
+        n = idx[-1]
+        return (acc[row, n] - correction[n]).astype("float32") * scale[n]
+
+    return te.compute(out_shape, output, name=OUTPUT)
+
+
+__all__ = [
+    "CONTRACTION",
+    "GATHER_A",
+    "OUTPUT",
+    "TILE_K",
+    "TILE_M",
+    "TILE_N",
+    "ActivationQuant",
+    "dequant_constants",
+    "int8_contraction",
+    "pack_weight_quads",
+    "quantize_weight",
+    "widen",
+]
