@@ -220,9 +220,13 @@ class _LastRelaxModule:
 
 def _precision(args, target) -> str:
     """The precision the build uses: ``--precision``, or fp32 (with a note on stderr, unless
-    ``-q``) where ``target`` has no AMX bf16 (:func:`~tvm_roialign.pipeline_phases.chosen_precision`)."""
+    ``-q``) where ``target`` lacks its instructions (:func:`~tvm_roialign.pipeline_phases.chosen_precision`);
+    a one-line error for int8 options that do not apply."""
     from ..pipeline_phases import chosen_precision
 
+    _int8_options(args)  # the int8 options' errors, before anything is built
+    if args.precision == "int8" and _detector.is_detector(args.model):
+        raise CLIError("--precision int8 applies to models, not yet to detectors: use fp32 or bf16")
     precision, note = chosen_precision(args.precision, target)
     if note and not args.quiet:
         print(f"note: {note}", file=sys.stderr)
@@ -349,11 +353,8 @@ def main(args) -> int:
     options = model_options(args, target)
     formats = _dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
-    int8_options = _int8_options(args)
     precision = _precision(args, target)
     if _detector.is_detector(args.model):
-        if args.precision == "int8":
-            raise CLIError("--precision int8 applies to models, not yet to detectors: use fp32 or bf16")
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
         return _detector.compile_main(args, target, out, layout, t_start, link_note, precision)
@@ -367,7 +368,7 @@ def main(args) -> int:
         t0 = time.perf_counter()
         # the built module also gives the kernels' signatures, for run --rpc --profile
         built, tir_mod, mod = _build_keeping_layouts(
-            imported, mod, options[0], target, records, progress, precision, int8_options
+            imported, mod, options[0], target, records, progress, precision, _int8_options(args)
         )
         times["build_s"] = time.perf_counter() - t0
         executable = built.executable
