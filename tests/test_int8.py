@@ -126,8 +126,9 @@ def _conv_reference(x: np.ndarray, w_ohwi: np.ndarray, stride: int) -> np.ndarra
 
 @pytest.fixture(scope="module")
 def exact_cases():
-    """(matmul module, x, int64 reference), (conv module, x, int64 reference): sizes off the
-    kernels' blocks (rows 50, reduction 200, columns 70; a 3x3 stride-2 conv over 32 channels)."""
+    """(module, x, int64 reference) of a matmul and of convs: sizes off the kernels' blocks (rows
+    50, reduction 200, columns 70; a 3x3 stride-2 conv over 32 channels; a 3x3 stride-1 conv of
+    520 output pixels)."""
     rng = np.random.default_rng(0)
     w = _weights(rng, (200, 70), axis=1)
     xm = _integers(rng, (50, 200), -100)
@@ -135,11 +136,14 @@ def exact_cases():
     wc = _weights(rng, (48, 3, 3, 32), axis=0)
     xc = _integers(rng, (1, 13, 11, 32), -40)
     conv = (_conv_module(xc.shape, wc, 2), xc, _conv_reference(xc, wc, 2))
-    return {"matmul": matmul, "conv": conv}
+    # enough 32-row blocks for the schedule that gathers each block's rows right before use
+    xr = _integers(rng, (1, 20, 26, 32), -40)
+    rows = (_conv_module(xr.shape, wc, 1), xr, _conv_reference(xr, wc, 1))
+    return {"matmul": matmul, "conv": conv, "conv_many_rows": rows}
 
 
 @pytest.mark.parametrize("unit", ["amx", "vnni"])
-@pytest.mark.parametrize("case", ["matmul", "conv"])
+@pytest.mark.parametrize("case", ["matmul", "conv", "conv_many_rows"])
 def test_int8_kernels_match_int64_exactly(exact_cases, unit, case):
     mod, x, reference = exact_cases[case]
     target, instruction = UNITS[unit]
