@@ -157,7 +157,7 @@ def test_bf16_without_bf16_instructions_builds_fp32_with_a_note():
 
 def test_unknown_precision_is_refused():
     layer = torch.nn.Linear(8, 8)
-    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, got 'fp16'"):
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, int8, got 'fp16'"):
         build(_module(layer, torch.randn(2, 8)), AMX_TARGET, precision="fp16")
 
 

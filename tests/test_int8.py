@@ -26,6 +26,7 @@ from tvm import relax
 from tvm_roialign.frontend import from_exported_program
 from tvm_roialign.host import request_amx
 from tvm_roialign.models.calibration_photos import calibration_inputs
+from tvm_roialign.passes.int8_contractions import clipped_range
 from tvm_roialign.pipeline import build
 from tvm_roialign.target import parse_target
 from tvm_roialign.topi.int8_contraction import ActivationQuant, quantize_weight
@@ -125,8 +126,9 @@ def _conv_reference(x: np.ndarray, w_ohwi: np.ndarray, stride: int) -> np.ndarra
 
 @pytest.fixture(scope="module")
 def exact_cases():
-    """(matmul module, x, int64 reference), (conv module, x, int64 reference): sizes off the
-    kernels' blocks (rows 50, reduction 200, columns 70; a 3x3 stride-2 conv over 32 channels)."""
+    """(module, x, int64 reference) of a matmul and of convs: sizes off the kernels' blocks (rows
+    50, reduction 200, columns 70; a 3x3 stride-2 conv over 32 channels; a 3x3 stride-1 conv of
+    520 output pixels)."""
     rng = np.random.default_rng(0)
     w = _weights(rng, (200, 70), axis=1)
     xm = _integers(rng, (50, 200), -100)
@@ -134,11 +136,14 @@ def exact_cases():
     wc = _weights(rng, (48, 3, 3, 32), axis=0)
     xc = _integers(rng, (1, 13, 11, 32), -40)
     conv = (_conv_module(xc.shape, wc, 2), xc, _conv_reference(xc, wc, 2))
-    return {"matmul": matmul, "conv": conv}
+    # enough 32-row blocks for the schedule that gathers each block's rows right before use
+    xr = _integers(rng, (1, 20, 26, 32), -40)
+    rows = (_conv_module(xr.shape, wc, 1), xr, _conv_reference(xr, wc, 1))
+    return {"matmul": matmul, "conv": conv, "conv_many_rows": rows}
 
 
 @pytest.mark.parametrize("unit", ["amx", "vnni"])
-@pytest.mark.parametrize("case", ["matmul", "conv"])
+@pytest.mark.parametrize("case", ["matmul", "conv", "conv_many_rows"])
 def test_int8_kernels_match_int64_exactly(exact_cases, unit, case):
     mod, x, reference = exact_cases[case]
     target, instruction = UNITS[unit]
@@ -210,6 +215,26 @@ def test_target_without_int8_units_builds_fp32_with_a_warning(exact_cases):
     np.testing.assert_allclose(_run(executable, x), reference, rtol=1e-5)
 
 
+def test_keep_fp32_leaves_a_contraction_in_fp32(exact_cases):
+    mod, x, reference = exact_cases["matmul"]
+    executable = build(
+        mod, VNNI_TARGET, layout=None, precision="int8", calibration=[[x]], keep_fp32=[-1]
+    ).executable
+    assert "vpdpbusd" not in _asm(executable)
+    np.testing.assert_allclose(_run(executable, x), reference, rtol=1e-5)
+    with pytest.raises(Exception, match="keep_fp32: position 1 is outside the model's 1 contractions"):
+        build(mod, VNNI_TARGET, layout=None, precision="int8", calibration=[[x]], keep_fp32=[1])
+
+
+def test_clipped_range_keeps_an_exact_range_and_clips_an_outlier():
+    exact = np.arange(-10, 246, dtype=np.float32)  # 256 integers: scale 1, no error
+    assert clipped_range(exact) == (-10.0, 245.0)
+    rng = np.random.default_rng(0)
+    values = np.concatenate([np.abs(rng.normal(size=1_000_000)), [60.0]]).astype(np.float32)
+    low, high = clipped_range(values)
+    assert ActivationQuant.from_range(low, high).zero == 0 and high < 30.0
+
+
 def test_quantization_of_ranges_and_weights():
     act = ActivationQuant.from_range(-1.0, 3.0)
     assert act.scale == pytest.approx(4.0 / 255) and act.zero == 64
@@ -246,6 +271,11 @@ def test_cli_compile_int8_and_its_errors(small_resnet, tmp_path, capsys):
             ["compile", str(pt2), "--precision", "int8", "--calibrate", missing, "-o", str(out)],
             ["--calibrate", "directory"],
         ),
+        (
+            ["compile", str(pt2), "--precision", "int8", "--keep-fp32", "last", "-o", str(out)],
+            ["--keep-fp32", "integers"],
+        ),
+        (["compile", str(pt2), "--keep-fp32", "0", "-o", str(out)], ["--keep-fp32", "int8"]),
         (
             ["compile", "fasterrcnn_mobilenet_v3_large_fpn", "--precision", "int8", "-o", str(out)],
             ["--precision int8", "detectors"],

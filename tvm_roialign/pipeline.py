@@ -276,7 +276,8 @@ def build(
     warning); see ``docs/precision.md``. ``"int8"``: the same convolutions and matmuls quantized
     (int8 weights per output channel, uint8 activations per tensor, calibrated on ``calibration``:
     None for the sample photos, a directory of photos, or a list of input arrays) on AMX-INT8 or
-    AVX512-VNNI. A ValueError for any other value."""
+    AVX512-VNNI, except those at the positions ``keep_fp32`` (in the graph's order of the
+    contractions int8 takes; -1: the last). A ValueError for any other value."""
     kind = target.kind.name
     precision = check_precision(options.pop("precision", "fp32"))
     if kind == "llvm" and precision != "fp32":

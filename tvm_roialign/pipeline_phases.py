@@ -34,6 +34,7 @@ def _graph_passes(
     reference_side: int,
     precision: str = "fp32",
     calibration=None,
+    keep_fp32=(),
 ) -> list:
     from .passes import (
         BF16Contractions,
@@ -72,7 +73,7 @@ def _graph_passes(
         # before the channel padding and Winograd, which would take the same convolutions
         passes.append(BF16Contractions())
     if precision == "int8" and int8_supported(target):
-        passes.append(_int8_pass(target, calibration))
+        passes.append(_int8_pass(target, calibration, keep_fp32))
     if pad_channels:
         passes.append(PadChannels(multiple=cpu_info(target).lanes()))
     if winograd:
@@ -80,7 +81,7 @@ def _graph_passes(
     return passes
 
 
-def _int8_pass(target: tvm.target.Target, calibration) -> tvm.transform.Pass:
+def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=()) -> tvm.transform.Pass:
     """:class:`~tvm_roialign.passes.Int8Contractions` calibrated, when it runs, on ``calibration``
     (:func:`~tvm_roialign.models.calibration_photos.calibration_inputs`'s ``source``), the observed
     module built in fp32 for ``target`` (no Winograd, the layouts as they are by then)."""
@@ -101,7 +102,9 @@ def _int8_pass(target: tvm.target.Target, calibration) -> tvm.transform.Pass:
         vm = relax.VirtualMachine(executable, tvm.cpu())
         return lambda *arrays: vm["main"](*(tvm.runtime.tensor(a) for a in arrays))
 
-    return Int8Contractions(inputs=lambda mod: calibration_inputs(mod, calibration), run=run)
+    return Int8Contractions(
+        inputs=lambda mod: calibration_inputs(mod, calibration), run=run, keep_fp32=keep_fp32
+    )
 
 
 #: the ``precision`` values a build takes
@@ -208,13 +211,15 @@ def prepare_pipeline(
     reference_side: int = 320,
     precision: str = "fp32",
     calibration=None,
+    keep_fp32=(),
 ) -> tvm.transform.Pass:
     """Phases 1-3 of :func:`~tvm_roialign.pipeline.cpu_pipeline` for the llvm ``target``: what
     schedules (and tuning records) apply to. ``precision="bf16"``: constant-weight convolutions
     and matmuls as bf16 contractions (:class:`~tvm_roialign.passes.BF16Contractions`) where the
     target has AMX bf16, else fp32 with a warning (:func:`bf16_supported`); ``precision="int8"``:
-    as int8 contractions calibrated on ``calibration`` (:func:`_int8_pass`) where the target has
-    AMX-INT8 or AVX512-VNNI, else fp32 with a warning (:func:`int8_supported`)."""
+    as int8 contractions calibrated on ``calibration`` (:func:`_int8_pass`), except those at the
+    positions ``keep_fp32``, where the target has AMX-INT8 or AVX512-VNNI, else fp32 with a
+    warning (:func:`int8_supported`)."""
     check_precision(precision)
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
@@ -232,6 +237,7 @@ def prepare_pipeline(
                     reference_side=reference_side,
                     precision=precision,
                     calibration=calibration,
+                    keep_fp32=keep_fp32,
                 ),
                 # 2. legalize and fuse
                 *cpu_generic.library_dispatch_passes(target),

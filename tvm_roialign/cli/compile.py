@@ -89,6 +89,14 @@ def register(subparsers, parents) -> None:
         "to the model's input and normalized as torchvision's classifiers expect (default: the "
         "package's sample photos)",
     )
+    p.add_argument(
+        "--keep-fp32",
+        default=None,
+        metavar="POSITIONS",
+        help="--precision int8: the convolutions and matmuls to leave in fp32, as positions in the "
+        "model's order of those int8 takes (comma-separated, negative from the end: -1 is the "
+        "classifier's last layer)",
+    )
     add_model_arguments(p)
     add_records_argument(p)
     _detector.add_compile_arguments(p)
@@ -212,9 +220,13 @@ class _LastRelaxModule:
 
 def _precision(args, target) -> str:
     """The precision the build uses: ``--precision``, or fp32 (with a note on stderr, unless
-    ``-q``) where ``target`` has no AMX bf16 (:func:`~tvm_roialign.pipeline_phases.chosen_precision`)."""
+    ``-q``) where ``target`` lacks its instructions (:func:`~tvm_roialign.pipeline_phases.chosen_precision`);
+    a one-line error for int8 options that do not apply."""
     from ..pipeline_phases import chosen_precision
 
+    _int8_options(args)  # the int8 options' errors, before anything is built
+    if args.precision == "int8" and _detector.is_detector(args.model):
+        raise CLIError("--precision int8 applies to models, not yet to detectors: use fp32 or bf16")
     precision, note = chosen_precision(args.precision, target)
     if note and not args.quiet:
         print(f"note: {note}", file=sys.stderr)
@@ -227,17 +239,24 @@ def _precision_metadata(precision: str, target) -> dict:
     return precision_metadata(precision, target)
 
 
-def _check_calibrate(args) -> None:
-    """``--calibrate`` only with ``--precision int8``, and a directory: else one line."""
-    if args.calibrate is None:
-        return
-    if args.precision != "int8":
-        raise CLIError("--calibrate DIR applies to --precision int8")
-    if not Path(args.calibrate).is_dir():
+def _int8_options(args) -> dict:
+    """``calibration`` and ``keep_fp32`` of an int8 build from ``--calibrate`` and ``--keep-fp32``
+    (only with ``--precision int8``, a directory and integers: else one line)."""
+    for flag, value in (("--calibrate DIR", args.calibrate), ("--keep-fp32 POSITIONS", args.keep_fp32)):
+        if value is not None and args.precision != "int8":
+            raise CLIError(f"{flag} applies to --precision int8")
+    if args.calibrate is not None and not Path(args.calibrate).is_dir():
         raise CLIError(f"--calibrate: {args.calibrate!r} is not a directory of photos")
+    try:
+        keep = [int(p) for p in args.keep_fp32.split(",")] if args.keep_fp32 else []
+    except ValueError:
+        raise CLIError(
+            f"--keep-fp32: expected comma-separated integers such as 0,-1, got {args.keep_fp32!r}"
+        ) from None
+    return {"calibration": args.calibrate, "keep_fp32": keep}
 
 
-def _build(mod, target, records, precision: str = "fp32", calibration=None):
+def _build(mod, target, records, precision: str = "fp32", int8_options=None):
     """The pipeline's build without its own layout conversion (``--desired-layout`` decided it):
     ``(Built, the last Relax module)``; the records' coverage is printed by :func:`main`, not
     reported by the records."""
@@ -254,7 +273,7 @@ def _build(mod, target, records, precision: str = "fp32", calibration=None):
         config=dict(ctx.config),
         instruments=[*ctx.instruments, instrument],
     ):
-        options = {"calibration": calibration} if precision == "int8" else {}
+        options = (int8_options or {}) if precision == "int8" else {}
         built = build(mod, target, tuning_records=records, layout=None, precision=precision, **options)
     return built, instrument.mod
 
@@ -264,7 +283,7 @@ def _printed_by_main(_coverage) -> None:
 
 
 def _build_keeping_layouts(imported, mod, layouts, target, records, progress, precision: str = "fp32",
-                           calibration=None):
+                           int8_options=None):
     """:func:`_build` of ``mod``; where that fails and ``mod`` is ``imported`` converted, the
     conversion again with every converted op checked to legalize (the ops that do not keep their
     layout, with a note), and its build. ``(built, the last Relax module, the module built)``."""
@@ -277,7 +296,7 @@ def _build_keeping_layouts(imported, mod, layouts, target, records, progress, pr
 
     try:
         with native_stderr_dropped_on_failure():
-            return (*_build(mod, target, records, precision, calibration), mod)
+            return (*_build(mod, target, records, precision, int8_options), mod)
     except Exception as err:  # noqa: BLE001
         failure = CLIError(f"build for target {describe(target)} failed: {first_line(err)}")
     if not layouts or mod.same_as(imported):
@@ -292,7 +311,7 @@ def _build_keeping_layouts(imported, mod, layouts, target, records, progress, pr
         progress.note(note)
     progress(f"build for {describe(target)}, those ops in their own layout")
     try:
-        return (*_build(checked, target, records, precision, calibration), checked)
+        return (*_build(checked, target, records, precision, int8_options), checked)
     except Exception as err:  # noqa: BLE001
         raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
 
@@ -334,11 +353,8 @@ def main(args) -> int:
     options = model_options(args, target)
     formats = _dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
-    _check_calibrate(args)
     precision = _precision(args, target)
     if _detector.is_detector(args.model):
-        if args.precision == "int8":
-            raise CLIError("--precision int8 applies to models, not yet to detectors: use fp32 or bf16")
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
         return _detector.compile_main(args, target, out, layout, t_start, link_note, precision)
@@ -352,7 +368,7 @@ def main(args) -> int:
         t0 = time.perf_counter()
         # the built module also gives the kernels' signatures, for run --rpc --profile
         built, tir_mod, mod = _build_keeping_layouts(
-            imported, mod, options[0], target, records, progress, precision, args.calibrate
+            imported, mod, options[0], target, records, progress, precision, _int8_options(args)
         )
         times["build_s"] = time.perf_counter() - t0
         executable = built.executable

@@ -10,9 +10,10 @@ in int32 and dequantized to fp32 in the kernel's write-back, so every other op (
 ReLU, pooling) stays as it was and fuses into that write-back.
 
 Calibration (:func:`observe_ranges`): a copy of the module in which each such contraction's input
-passes through an observer (a packed function recording its minimum and maximum) is compiled in
-fp32 and run on the calibration inputs; the contractions are numbered in the order the rewriter
-visits them, the same in the observed copy and in the rewrite.
+passes through an observer (a packed function keeping a sample of its values and its extremes) is
+compiled in fp32 and run on the calibration inputs, and each input's range chosen to minimize the
+quantization's mean squared error on its samples (:func:`clipped_range`). The contractions are
+numbered in the order the rewriter visits them, the same in the observed copy and in the rewrite.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module,
 
 #: a conv with a kernel larger than 1x1 is taken when its input channels are a multiple of this
 TAP_CHANNELS = 16
+
+#: values of each observed tensor kept per calibration run (a strided subsample, and its extremes)
+SAMPLES = 1 << 16
+
+#: the shares of the observed range tried for a tensor's quantization range (:func:`clipped_range`)
+CLIP_FACTORS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2)
 
 #: the global packed function the observed copy calls: ``(x, (index,)) -> copy of x``
 OBSERVER = "tvm_roialign.int8_observe"
@@ -103,7 +110,8 @@ def _matmul_spec(call):
 
 class _Int8Rewriter(FunctionRewriter):
     """With ``ranges`` None: each taken contraction's input through the observer; else each
-    taken contraction as an int8 one, its input quantized over ``ranges[i]``."""
+    taken contraction as an int8 one, its input quantized over ``ranges[i]`` (kept in fp32 where
+    that is None)."""
 
     ranges: Sequence | None = None
 
@@ -121,6 +129,8 @@ class _Int8Rewriter(FunctionRewriter):
         if spec is None:
             return call
         index, self.index = self.index, self.index + 1
+        if self.ranges is not None and self.ranges[index] is None:
+            return call  # kept in fp32
         self.changed = True
         if self.ranges is None:
             x = call.args[0]
@@ -156,26 +166,44 @@ def observed_module(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def observe_ranges(mod: tvm.IRModule, inputs: Sequence, run: Callable) -> list[tuple[float, float]]:
-    """``(min, max)`` of each contraction's input over the calibration ``inputs`` (each a list of
+    """The quantization range of each contraction's input (:func:`clipped_range` of what it saw)
+    over the calibration ``inputs`` (each a list of
     NumPy arrays, ``main``'s parameters): ``run(observed_module)`` returns a callable that runs
     ``main`` on such a list."""
     observed = observed_module(mod)
     if observed is mod:
         return []
-    seen: dict[int, list[float]] = {}
+    seen: dict[int, list[np.ndarray]] = {}
 
     def observe(x, which):
-        array, index = x.numpy(), int(which[0])
-        low, high = float(array.min()), float(array.max())
-        old = seen.get(index, [low, high])
-        seen[index] = [min(old[0], low), max(old[1], high)]
+        array = x.numpy()
+        flat = array.reshape(-1)
+        step = max(1, flat.size // SAMPLES)
+        extremes = np.array([flat.min(), flat.max()], np.float32)
+        seen.setdefault(int(which[0]), []).append(np.concatenate([extremes, flat[::step]]))
         return tvm.runtime.tensor(array)
 
     tvm.register_global_func(OBSERVER, observe, override=True)
     main = run(observed)
     for arrays in inputs:
         main(*arrays)
-    return [tuple(seen[i]) for i in range(len(seen))]
+    return [clipped_range(np.concatenate(seen[i])) for i in range(len(seen))]
+
+
+def clipped_range(samples: np.ndarray) -> tuple[float, float]:
+    """The range, among ``[min, max]`` of ``samples`` scaled by each of :data:`CLIP_FACTORS`, whose
+    uint8 quantization has the smallest mean squared error on ``samples`` (values beyond it
+    clamped): an outlier then does not coarsen the steps of every other value."""
+    samples = samples.astype(np.float32)
+    low, high = float(samples.min()), float(samples.max())
+    best, best_error = (low, high), np.inf
+    for factor in CLIP_FACTORS:
+        act = ActivationQuant.from_range(low * factor, high * factor)
+        restored = (act.quantize(samples).astype(np.float32) - act.zero) * np.float32(act.scale)
+        error = float(np.mean((restored - samples) ** 2))
+        if error < best_error:
+            best, best_error = (low * factor, high * factor), error
+    return best
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.Int8Contractions")
@@ -183,21 +211,31 @@ class Int8Contractions:  # pylint: disable=too-few-public-methods
     """Constant-weight conv2d (NHWC) and matmul as int8 contractions (see module docstring).
     ``ranges``: each contraction's calibrated input range, in visiting order; or None, and
     ``inputs`` (or a function of the module returning them) and ``run`` as :func:`observe_ranges`
-    takes them, to calibrate when the pass runs."""
+    takes them, to calibrate when the pass runs. ``keep_fp32``: positions (in that order; negative
+    from the end) of contractions left in fp32."""
 
-    def __init__(self, ranges: Sequence | None = None, inputs: Sequence = (), run: Callable | None = None):
+    def __init__(self, ranges: Sequence | None = None, inputs: Sequence = (), run: Callable | None = None,
+                 keep_fp32: Sequence[int] = ()):
         self.ranges = ranges
         self.inputs = inputs
         self.run = run
+        self.keep_fp32 = tuple(keep_fp32)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
         ranges = self.ranges
         if ranges is None:
             inputs = self.inputs(mod) if callable(self.inputs) else self.inputs
             ranges = observe_ranges(mod, inputs, self.run)
-        if not ranges:
+        ranges = list(ranges)
+        for position in self.keep_fp32:
+            if not -len(ranges) <= position < len(ranges):
+                raise ValueError(
+                    f"keep_fp32: position {position} is outside the model's {len(ranges)} contractions"
+                )
+            ranges[position] = None
+        if not any(r is not None for r in ranges):
             return mod
-        return rewrite_module(_Int8Rewriter, mod, ranges=list(ranges))
+        return rewrite_module(_Int8Rewriter, mod, ranges=ranges)
 
 
-__all__ = ["OBSERVER", "Int8Contractions", "observe_ranges", "observed_module"]
+__all__ = ["OBSERVER", "Int8Contractions", "clipped_range", "observe_ranges", "observed_module"]
