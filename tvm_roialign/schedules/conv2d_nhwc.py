@@ -28,6 +28,8 @@ class Conv2DNHWC(CPURule):
     ``symbolic``: also tile convs whose image size or batch is symbolic (any stride; the default).
     False leaves those to the fallback rule."""
 
+    vector_exp = True
+
     def __init__(self, symbolic: bool = True):
         self.symbolic = symbolic
 

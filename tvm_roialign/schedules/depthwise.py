@@ -47,6 +47,8 @@ def _depthwise_conv(sch):
 class DepthwiseConv2DNHWC(CPURule):
     """Depthwise NHWC conv2d: taps unrolled over one vector of channels (see the module)."""
 
+    vector_exp = True
+
     def schedule(self, sch, func, target):
         conv = _depthwise_conv(sch)
         if conv is None:

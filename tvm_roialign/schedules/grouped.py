@@ -120,6 +120,8 @@ def _schedule_grouped(sch, c: Contraction, per_group: int, lanes: int, info) -> 
 class GroupedConv2DNHWC(CPURule):
     """Grouped NHWC conv2d: a register tile per group, packed weights (see the module)."""
 
+    vector_exp = True
+
     def schedule(self, sch, func, target):
         found = _grouped_conv(sch)
         if found is None:

@@ -36,6 +36,8 @@ def _reduce_chunk(
 class Matmul(CPURule):
     """Register-tiled matmul with packed constant weights and a fused epilogue."""
 
+    vector_exp = True
+
     def __init__(self, reduce_chunks: bool = True):
         self.reduce_chunks = reduce_chunks
 
