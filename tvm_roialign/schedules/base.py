@@ -31,7 +31,7 @@ from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
 from .symbolic_extents import name_symbolic_extents
-from .vector_math import vectorize_exp
+from .vector_math import vectorize_math
 
 #: block annotation of a weight-packing stage (MetaSchedule's layout rewrite, run at compile time)
 PREPROC_ATTR = "meta_schedule.layout_rewrite_preproc"
@@ -210,20 +210,22 @@ class Rule(ScheduleRule):
 class CPURule(Rule, CPUScheduleRule):
     """A rule of the model's llvm PrimFuncs: symbolic extents named, a refused step means None.
 
-    A rule whose ``vector_exp`` is True has the float32 ``exp`` and ``sigmoid`` of what it
-    schedules rewritten into vectorizable arithmetic (:func:`~.vector_math.vectorize_exp`; the
-    contraction rules, whose epilogues carry the activations of a model: SiLU, sigmoid gates)."""
+    The float32 functions named in a rule's ``vector_ops`` (``exp``, ``sigmoid``, ``erf``) are
+    rewritten, in what it schedules, into arithmetic LLVM vectorizes
+    (:func:`~.vector_math.vectorize_math`): all of them in the contraction rules, whose epilogues
+    carry a model's activations (SiLU, sigmoid gates, GELU), ``erf`` (GELU) in the elementwise
+    one."""
 
-    vector_exp = False
+    vector_ops: frozenset = frozenset()
 
     def schedule_func(self, func, target):
         func = name_symbolic_extents(func) or func
         try:
             sch = super().schedule_func(func, target)
-            if sch is None or not self.vector_exp:
+            if sch is None or not self.vector_ops:
                 return sch
             scheduled = sch.mod["main"]
-            rewritten = vectorize_exp(scheduled)
+            rewritten = vectorize_math(scheduled, self.vector_ops)
             return sch if rewritten.same_as(scheduled) else new_schedule(rewritten)
         except Exception:  # noqa: BLE001 - any failed step: let the next rule try
             return None

@@ -98,7 +98,10 @@ def schedule_producers(sch: Schedule, block, lanes: int) -> None:
 
 
 class Elementwise(CPURule):
-    """Parallel, vectorized schedule of functions without reductions."""
+    """Parallel, vectorized schedule of functions without reductions (``erf`` as vectorizable
+    arithmetic: the GELU a transformer's MLP leaves outside its matmul)."""
+
+    vector_ops = frozenset({"erf"})
 
     def schedule(self, sch, func, target):
         infos = block_infos(sch, injective_only=True)
