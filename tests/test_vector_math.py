@@ -79,3 +79,40 @@ def test_erf_within_3e7(exp_and_sigmoid, rng):
     # near zero, relative to erf's own size
     small = np.abs(x) < 0.1
     assert np.max(np.abs(erf[small] - expected[small]) / np.abs(expected[small])) <= 3e-7
+
+
+def test_rules_epilogues_match_float64(rng):
+    """A matmul + GELU (the rewritten ``erf`` in the matmul rule's epilogue) and a depthwise conv +
+    sigmoid (the rewritten ``exp``) against float64 PyTorch."""
+    import torch
+    from tvm import relax
+
+    from tvm_roialign.pipeline import build
+
+    weight = (rng.standard_normal((64, 96)) / 8).astype("float32")
+    taps = rng.standard_normal((3, 3, 1, 32)).astype("float32")
+    bb = relax.BlockBuilder()
+    m = relax.Var("m", relax.TensorType([50, 64], "float32"))
+    x = relax.Var("x", relax.TensorType([1, 9, 11, 32], "float32"))
+    with bb.function("main", [m, x]):
+        with bb.dataflow():
+            z = bb.emit(relax.op.nn.gelu(relax.op.matmul(m, relax.const(weight))))
+            d = relax.op.nn.conv2d(
+                x, relax.const(taps), padding=1, groups=32, data_layout="NHWC", kernel_layout="HWIO"
+            )
+            out = bb.emit_output(relax.Tuple([z, bb.emit(relax.op.sigmoid(d))]))
+        bb.emit_func_output(out)
+    a = (rng.standard_normal((50, 64)) * 3).astype("float32")
+    data = rng.standard_normal((1, 9, 11, 32)).astype("float32")
+    vm = relax.VirtualMachine(build(bb.get(), HOST).executable, tvm.cpu())
+    z, d = (t.numpy() for t in vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(data)))
+    expected_z = torch.nn.functional.gelu(torch.from_numpy(a).double() @ torch.from_numpy(weight).double())
+    conv = torch.nn.functional.conv2d(
+        torch.from_numpy(data).permute(0, 3, 1, 2).double(),
+        torch.from_numpy(taps).permute(3, 2, 0, 1).double(),
+        padding=1,
+        groups=32,
+    )
+    expected_d = torch.sigmoid(conv).permute(0, 2, 3, 1).numpy()
+    np.testing.assert_allclose(z, expected_z.numpy(), rtol=0, atol=2e-5 * np.abs(expected_z.numpy()).max())
+    np.testing.assert_allclose(d, expected_d, rtol=0, atol=2e-6)
