@@ -212,9 +212,10 @@ class CPURule(Rule, CPUScheduleRule):
 
     The float32 functions named in a rule's ``vector_ops`` (``exp``, ``sigmoid``, ``erf``) are
     rewritten, in what it schedules, into arithmetic LLVM vectorizes
-    (:func:`~.vector_math.vectorize_math`): all of them in the contraction rules, whose epilogues
-    carry a model's activations (SiLU, sigmoid gates, GELU), ``erf`` (GELU) in the elementwise
-    one."""
+    (:func:`~.vector_math.vectorize_math`) where the rule vectorizes them: the contraction
+    rules' epilogues carry a model's activations (SiLU, sigmoid gates, GELU), the elementwise rule
+    the rest (a GELU outside its matmul). Not in the fallback rule, whose reductions (a softmax)
+    keep the exponentials in scalar loops, where the C library's call is as fast."""
 
     vector_ops: frozenset = frozenset()
 
