@@ -96,6 +96,13 @@ SHAPES = [
     _conv("r50 l1 3x3 64", "3x3 s1 wide", 1, 56, 64, 64, 3),
     _conv("r50 l3 3x3 256", "3x3 s1 small", 1, 14, 256, 256, 3),
     _conv("r50 l4 3x3 512", "3x3 s1 small", 1, 7, 512, 512, 3),
+    _conv("r50 l1 1x1 64>256", "1x1 s1", 1, 56, 64, 256),
+    _conv("r50 l1 1x1 256>64", "1x1 s1", 1, 56, 256, 64),
+    _conv("r50 l2 1x1 128>512", "1x1 s1", 1, 28, 128, 512),
+    _conv("r50 l2 1x1 512>128", "1x1 s1", 1, 28, 512, 128),
+    _conv("r50 l3 1x1 256>1024", "1x1 s1", 1, 14, 256, 1024),
+    _conv("r50 l3 1x1 1024>256", "1x1 s1", 1, 14, 1024, 256),
+    _conv("r50 l4 1x1 512>2048", "1x1 s1", 1, 7, 512, 2048),
     _conv("r50 l4 1x1 2048>512", "1x1 s1", 1, 7, 2048, 512),
     _conv("r50 l3 ds 1x1 s2", "1x1 s2", 1, 28, 512, 1024, 1, 2),
     Shape("r50 fc", "matmul", 1, 0, 0, 2048, 1000, 0),
@@ -106,6 +113,11 @@ SHAPES = [
     _conv("resnext l3 3x3 g32", "grouped", 1, 14, 512, 512, 3, 1, 32),
     _conv("resnext l4 3x3 g32", "grouped", 1, 7, 1024, 1024, 3, 1, 32),
     _conv("mbv2 dw 3x3 144", "depthwise", 1, 56, 144, 144, 3, 1, 144),
+    # pointwise convs of EfficientNet b0 / MobileNet v3 (channels not multiples of 16)
+    _conv("effnet 1x1 16>96", "1x1 s1", 1, 112, 16, 96),
+    _conv("effnet 1x1 112>672", "1x1 s1", 1, 14, 112, 672),
+    _conv("effnet 1x1 192>1152", "1x1 s1", 1, 7, 192, 1152),
+    _conv("mbv3 1x1 160>960", "1x1 s1", 1, 7, 160, 960),
     _conv("convnext dw 7x7 96", "depthwise", 1, 56, 96, 96, 7, 1, 96),
 ]
 

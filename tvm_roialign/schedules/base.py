@@ -31,6 +31,7 @@ from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
 from .symbolic_extents import name_symbolic_extents
+from .vector_math import vectorize_math
 
 #: block annotation of a weight-packing stage (MetaSchedule's layout rewrite, run at compile time)
 PREPROC_ATTR = "meta_schedule.layout_rewrite_preproc"
@@ -207,12 +208,26 @@ class Rule(ScheduleRule):
 
 
 class CPURule(Rule, CPUScheduleRule):
-    """A rule of the model's llvm PrimFuncs: symbolic extents named, a refused step means None."""
+    """A rule of the model's llvm PrimFuncs: symbolic extents named, a refused step means None.
+
+    The float32 functions named in a rule's ``vector_ops`` (``exp``, ``sigmoid``, ``erf``) are
+    rewritten, in what it schedules, into arithmetic LLVM vectorizes
+    (:func:`~.vector_math.vectorize_math`) where the rule vectorizes them: the contraction
+    rules' epilogues carry a model's activations (SiLU, sigmoid gates, GELU), the elementwise rule
+    the rest (a GELU outside its matmul). Not in the fallback rule, whose reductions (a softmax)
+    keep the exponentials in scalar loops, where the C library's call is as fast."""
+
+    vector_ops: frozenset = frozenset()
 
     def schedule_func(self, func, target):
         func = name_symbolic_extents(func) or func
         try:
-            return super().schedule_func(func, target)
+            sch = super().schedule_func(func, target)
+            if sch is None or not self.vector_ops:
+                return sch
+            scheduled = sch.mod["main"]
+            rewritten = vectorize_math(scheduled, self.vector_ops)
+            return sch if rewritten.same_as(scheduled) else new_schedule(rewritten)
         except Exception:  # noqa: BLE001 - any failed step: let the next rule try
             return None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from .base import CPURule, find_main_reduction
 from .contraction import analyze_contraction, choose_tiling, schedule_with_epilogue
 from .target_info import cpu_info
+from .vector_math import ALL_OPS
 
 
 class Conv2DNHWC(CPURule):
@@ -27,6 +28,8 @@ class Conv2DNHWC(CPURule):
 
     ``symbolic``: also tile convs whose image size or batch is symbolic (any stride; the default).
     False leaves those to the fallback rule."""
+
+    vector_ops = ALL_OPS
 
     def __init__(self, symbolic: bool = True):
         self.symbolic = symbolic

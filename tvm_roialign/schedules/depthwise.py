@@ -23,6 +23,7 @@ from .base import (
 )
 from .elementwise import schedule_producers, schedule_rest
 from .target_info import cpu_info
+from .vector_math import ALL_OPS
 
 
 def _depthwise_conv(sch):
@@ -46,6 +47,8 @@ def _depthwise_conv(sch):
 
 class DepthwiseConv2DNHWC(CPURule):
     """Depthwise NHWC conv2d: taps unrolled over one vector of channels (see the module)."""
+
+    vector_ops = ALL_OPS
 
     def schedule(self, sch, func, target):
         conv = _depthwise_conv(sch)

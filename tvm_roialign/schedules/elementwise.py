@@ -15,6 +15,7 @@ from tvm.s_tir import Schedule
 
 from .base import CPURule, block_infos, is_layout_preproc, loop_extent, pick_lanes, try_step, walk
 from .target_info import cpu_info
+from .vector_math import ALL_OPS
 
 #: below this many elements a loop runs serially (a parallel launch costs more than the work)
 _MIN_PARALLEL = 4096
@@ -98,7 +99,10 @@ def schedule_producers(sch: Schedule, block, lanes: int) -> None:
 
 
 class Elementwise(CPURule):
-    """Parallel, vectorized schedule of functions without reductions."""
+    """Parallel, vectorized schedule of functions without reductions; ``exp``, ``sigmoid`` and
+    ``erf`` as vectorizable arithmetic (the GELU a transformer's MLP leaves outside its matmul)."""
+
+    vector_ops = ALL_OPS
 
     def schedule(self, sch, func, target):
         infos = block_infos(sch, injective_only=True)

@@ -40,6 +40,7 @@ from .contraction_analysis import Contraction, weight_bytes
 from .contraction_tiles import pick_tile
 from .elementwise import schedule_producers, schedule_rest
 from .target_info import cpu_info
+from .vector_math import ALL_OPS
 
 #: narrowest vector worth a tile (below it the fallback's scalar code does as well)
 _MIN_LANES = 4
@@ -119,6 +120,8 @@ def _schedule_grouped(sch, c: Contraction, per_group: int, lanes: int, info) -> 
 
 class GroupedConv2DNHWC(CPURule):
     """Grouped NHWC conv2d: a register tile per group, packed weights (see the module)."""
+
+    vector_ops = ALL_OPS
 
     def schedule(self, sch, func, target):
         found = _grouped_conv(sch)

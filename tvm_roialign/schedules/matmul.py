@@ -16,6 +16,7 @@ from .base import CPURule, find_main_reduction
 from .contraction import analyze_contraction, choose_tiling, schedule_with_epilogue
 from .contraction_tiles import pick_tile
 from .target_info import cpu_info
+from .vector_math import ALL_OPS
 
 
 def _reduce_chunk(
@@ -35,6 +36,8 @@ def _reduce_chunk(
 
 class Matmul(CPURule):
     """Register-tiled matmul with packed constant weights and a fused epilogue."""
+
+    vector_ops = ALL_OPS
 
     def __init__(self, reduce_chunks: bool = True):
         self.reduce_chunks = reduce_chunks
