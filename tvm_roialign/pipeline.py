@@ -42,7 +42,7 @@ import tvm
 from tvm import relax
 
 from .host import request_amx
-from .pipeline_phases import check_precision, cpu_schedule_pass, prepare_pipeline
+from .pipeline_phases import auto_precision, check_precision, cpu_schedule_pass, prepare_pipeline
 from .schedules import CPUDefault, cpu_info
 from .target import is_cross
 
@@ -270,13 +270,22 @@ def build(
     directory's or TuningRecords' records is returned in :attr:`Built.coverage` and also goes to
     the records' ``report`` (by default a warning when some tasks had no record).
 
-    ``precision``: ``"fp32"`` (the default) or ``"bf16"``: constant-weight convolutions and
+    ``precision``: ``"fp32"`` (the default), ``"bf16"`` or ``"auto"`` (bf16 where ``target``
+    has AMX bf16, else fp32: :func:`~.pipeline_phases.auto_precision`); bf16: constant-weight convolutions and
     matmuls in bf16 with fp32 accumulation on AMX, where ``target`` has it (else fp32, with a
-    warning); see ``docs/precision.md``. A ValueError for any other value."""
+    warning); see ``docs/precision.md``. A ValueError for any other value. ``keep_fp32``
+    (bf16 only): a predicate of a weight matrix that leaves its layer in fp32
+    (:class:`~tvm_roialign.passes.BF16Contractions`)."""
     kind = target.kind.name
-    precision = check_precision(options.pop("precision", "fp32"))
+    precision = options.pop("precision", "fp32")
+    if precision == "auto":
+        precision = auto_precision(target)[0]
+    precision = check_precision(precision)
+    keep_fp32 = options.pop("keep_fp32", None)
     if kind == "llvm" and precision != "fp32":
         options["precision"] = precision
+        if keep_fp32 is not None:
+            options["keep_fp32"] = keep_fp32
         if not is_cross(target) and cpu_info(target).has_amx_bf16:
             request_amx()  # the executable is usually run by this process
     if kind == "metal":

@@ -33,6 +33,7 @@ def _graph_passes(
     winograd: int,
     reference_side: int,
     precision: str = "fp32",
+    keep_fp32=None,
 ) -> list:
     from .passes import (
         BF16Contractions,
@@ -69,7 +70,7 @@ def _graph_passes(
     ]
     if precision == "bf16" and bf16_supported(target):
         # before the channel padding and Winograd, which would take the same convolutions
-        passes.append(BF16Contractions())
+        passes.append(BF16Contractions(keep_fp32=keep_fp32))
     if pad_channels:
         passes.append(PadChannels(multiple=cpu_info(target).lanes()))
     if winograd:
@@ -79,6 +80,27 @@ def _graph_passes(
 
 #: the ``precision`` values a build takes
 PRECISIONS = ("fp32", "bf16")
+
+
+#: the ``precision`` values of the user-facing builds: :data:`PRECISIONS` and ``auto``
+#: (:func:`auto_precision`)
+PRECISION_CHOICES = (*PRECISIONS, "auto")
+
+
+def auto_precision(target: tvm.target.Target) -> tuple[str, str]:
+    """``(precision, why)`` of ``precision="auto"``: the fastest precision ``target``'s matrix
+    units serve, bf16 where it has AMX bf16; fp32 elsewhere, also with AVX512-BF16 alone, whose
+    bf16 kernels run slower than fp32 (docs/precision.md)."""
+    from .schedules import cpu_info
+
+    if target.kind.name != "llvm":
+        return "fp32", f"target kind {target.kind.name} has no bf16 kernels here"
+    info = cpu_info(target)
+    if info.has_amx_bf16:
+        return "bf16", "the target has AMX bf16"
+    if info.has_avx512_bf16:
+        return "fp32", "the target has AVX512-BF16 but no AMX, where bf16 runs slower than fp32"
+    return "fp32", "the target has no AMX bf16"
 
 
 def check_precision(precision: str) -> str:
@@ -110,12 +132,18 @@ def bf16_supported(target: tvm.target.Target, note: bool = True) -> bool:
 
 def chosen_precision(precision: str, target: tvm.target.Target) -> tuple[str, str | None]:
     """``(precision the build uses, note)`` for the user-facing ``compile``/``compile_detector``:
+    ``auto``: :func:`auto_precision`, the note saying what it chose;
     bf16 where ``target`` has AMX bf16; else fp32 and a one-line note saying why (no bf16
     instructions, or AVX512-BF16 only, where the bf16 kernels run slower than fp32: see
     docs/precision.md). ``pipeline.build`` itself builds bf16 on AVX512-BF16 when asked."""
     from .schedules import cpu_info
     from .target import describe
 
+    if precision not in PRECISION_CHOICES:
+        raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, got {precision!r}")
+    if precision == "auto":
+        chosen, why = auto_precision(target)
+        return chosen, f"precision auto: {chosen} ({why})"
     if check_precision(precision) != "bf16":
         return precision, None
     info = cpu_info(target)
@@ -147,11 +175,13 @@ def prepare_pipeline(
     winograd: int = 4,
     reference_side: int = 320,
     precision: str = "fp32",
+    keep_fp32=None,
 ) -> tvm.transform.Pass:
     """Phases 1-3 of :func:`~tvm_roialign.pipeline.cpu_pipeline` for the llvm ``target``: what
     schedules (and tuning records) apply to. ``precision="bf16"``: constant-weight convolutions
     and matmuls as bf16 contractions (:class:`~tvm_roialign.passes.BF16Contractions`) where the
-    target has AMX bf16, else fp32 with a warning (:func:`bf16_supported`)."""
+    target has AMX bf16, else fp32 with a warning (:func:`bf16_supported`); ``keep_fp32``: the
+    predicate that leaves some of them in fp32 (``BF16Contractions(keep_fp32=...)``)."""
     check_precision(precision)
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
@@ -168,6 +198,7 @@ def prepare_pipeline(
                     winograd=winograd,
                     reference_side=reference_side,
                     precision=precision,
+                    keep_fp32=keep_fp32,
                 ),
                 # 2. legalize and fuse
                 *cpu_generic.library_dispatch_passes(target),
@@ -182,6 +213,8 @@ def prepare_pipeline(
 
 __all__ = [
     "PRECISIONS",
+    "PRECISION_CHOICES",
+    "auto_precision",
     "bf16_supported",
     "check_precision",
     "chosen_precision",

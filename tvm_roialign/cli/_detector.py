@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import _photos
 from ._common import CLIError, add_total, first_line, format_times, output_path
+from ._precision import print_precision_line
 from ._progress import progress_session
 
 #: What marks a .pt2 as a detector exported in the static form (its NMS custom op).
@@ -193,7 +194,8 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
         try:
             fast = bool(getattr(args, "fast", False))
             artifact = compile_detector(
-                model, sizes, target, layout, progress=progress, name=name, fast=fast, precision=precision
+                model, sizes, target, layout, progress=progress, name=name, fast=fast,
+                precision=precision, fp32_layers=getattr(args, "fp32_layers", None),
             )
             times["import_s"], times["build_s"] = artifact.import_s, artifact.compile_s
             progress(f"export {out}")
@@ -210,6 +212,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
         f"layout {layout}, {artifact.meta['mode']}, {artifact.meta.get('precision', 'fp32')}) -> "
         f"{out} (+ {out.name}.json) in {format_times(times)}"
     )
+    print_precision_line(args)
     return 0
 
 

@@ -97,6 +97,18 @@ def print_summary(report, out, report_path) -> None:
 
 def _comparison_details(cmp) -> str:
     """What the comparison of the build's mode measured, in words."""
+    if cmp.mode == "bf16":
+        pairs = (
+            f"; matched pairs: mask IoU min {cmp.min_mask_iou:.3f} mean {cmp.mean_mask_iou:.3f}, "
+            f"largest score difference {cmp.max_score_diff:.4f}"
+            if cmp.mean_mask_iou is not None
+            else ""
+        )
+        return (
+            f"bf16 build against fp32 (PyTorch eager): scored >= {cmp.score_threshold:g} and "
+            f"matched at box IoU >= {cmp.box_iou:g}: PyTorch {cmp.matched_torch}/{cmp.confident_torch}, "
+            f"TVM {cmp.matched_tvm}/{cmp.confident_tvm}{pairs}"
+        )
     if cmp.mode == "fast":
         return (
             f"fast build: scored >= {cmp.score_threshold:g}: {cmp.checked_torch} in PyTorch "

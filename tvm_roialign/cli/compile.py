@@ -9,7 +9,6 @@ assembly of the host code).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from ._model_file import (
     signature,
     symbolic_inputs_note,
 )
+from ._precision import add_precision_arguments, print_precision_line, resolve_precision
 from ._progress import progress_session
 from ._tuning import add_records_argument, open_records, print_coverage
 
@@ -72,13 +72,7 @@ def register(subparsers, parents) -> None:
         "installed, else a .tar with a note)",
     )
     p.add_argument("--target", default="native", help=HELP_TARGET)
-    p.add_argument(
-        "--precision",
-        default="fp32",
-        choices=("fp32", "bf16"),
-        help="bf16: convolutions and matmuls in bf16 with fp32 accumulation, on AMX (a target "
-        "without AMX builds fp32, with a note saying why); models and detectors (default fp32)",
-    )
+    add_precision_arguments(p)
     add_model_arguments(p)
     add_records_argument(p)
     _detector.add_compile_arguments(p)
@@ -200,17 +194,6 @@ class _LastRelaxModule:
             self.mod = mod
 
 
-def _precision(args, target) -> str:
-    """The precision the build uses: ``--precision``, or fp32 (with a note on stderr, unless
-    ``-q``) where ``target`` has no AMX bf16 (:func:`~tvm_roialign.pipeline_phases.chosen_precision`)."""
-    from ..pipeline_phases import chosen_precision
-
-    precision, note = chosen_precision(args.precision, target)
-    if note and not args.quiet:
-        print(f"note: {note}", file=sys.stderr)
-    return precision
-
-
 def _precision_metadata(precision: str, target) -> dict:
     from ..pipeline_phases import precision_metadata
 
@@ -312,13 +295,17 @@ def main(args) -> int:
     options = model_options(args, target)
     formats = _dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
-    precision = _precision(args, target)
+    precision = resolve_precision(args, target)
     if _detector.is_detector(args.model):
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
         return _detector.compile_main(args, target, out, layout, t_start, link_note, precision)
     check_model_file(Path(args.model), _detector.alternatives())
     _detector.reject_detector_options(args)
+    if args.fp32_layers is not None:
+        raise CLIError(
+            f"--fp32-layers only applies to a detector name, not to the model file {args.model!r}"
+        )
     times = {}
     with progress_session(args.quiet) as progress:
         records = open_records(args.tuning_records, target, report=_printed_by_main)
@@ -380,6 +367,7 @@ def main(args) -> int:
         f"{meta.get('precision', 'fp32')}) in "
         f"{format_times(times)}{extra}"
     )
+    print_precision_line(args)
     return 0
 
 

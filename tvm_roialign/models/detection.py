@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from ..runtime.detector import METADATA_KIND
 from .compare import compare_detections
 from .detector_import import import_detector
 from .detector_photo import add_photo_function, serves_photos
+from .detector_precision import bf16_options, detector_precision, parse_fp32_layers
 from .detector_reference import SAMPLE_PHOTOS, sample_photo, torch_detections
 from .detector_sizes import ANY, MODES, WINOGRAD_TILE, bucket_sizes, build_mode, graph_options
 from .detector_zoo import DETECTORS, DetectorConfig, build_torch_detector, load_program
@@ -102,6 +102,7 @@ def compile_detector(
     name: str | None = None,
     fast: bool = False,
     precision: str = "fp32",
+    fp32_layers=None,
 ) -> DetectorArtifact:
     """Compile a whole torchvision detector into one artifact (see the module doc).
 
@@ -138,7 +139,12 @@ def compile_detector(
         False (``"mode": "exact"``): direct 3x3 convolutions, detections by :data:`~.compare.CRITERIA`;
         True (``"fast"``): Winograd ones, :data:`~.compare.FAST_CRITERIA`.
     precision : str
-        ``"fp32"`` or ``"bf16"`` (convs and matmuls on AMX; fp32 with a warning without AMX)
+        ``"fp32"``, ``"bf16"`` (convs and matmuls on AMX; fp32 with a warning without AMX) or
+        ``"auto"`` (bf16 where the target has AMX bf16, else fp32: :func:`~..pipeline_phases.auto_precision`)
+    fp32_layers : str | list of str | None
+        bf16 only: the layers left in fp32, by torchvision module
+        (:data:`~.detector_precision.FP32_LAYERS`: ``"rpn,box_predictor"``, ``"none"``); None:
+        :data:`~.detector_precision.DEFAULT_FP32_LAYERS`
     """
     from ..pipeline import build
     from ..pipeline_phases import precision_metadata
@@ -146,7 +152,8 @@ def compile_detector(
 
     progress = progress or (lambda _msg: None)
     target = parse_target(target)
-    precision = _detector_precision(precision, target)
+    precision = detector_precision(precision, target)
+    kept = parse_fp32_layers(fp32_layers)
     model, name = _torch_model(model, config, name, progress)
     progress(_import_message(model, image_sizes))
     t0 = time.perf_counter()
@@ -155,8 +162,8 @@ def compile_detector(
     progress(f"build for {target.kind.name}")
     t0 = time.perf_counter()
     # import_detector converted the layout
-    options = graph_options(model, fast)
-    executable = build(mod, target, layout=None, precision=precision, **options).executable
+    options = {**graph_options(model, fast), **bf16_options(model, precision, kept)}
+    executable = build(mod, target, layout=None, **options).executable
     compile_s = time.perf_counter() - t0
     meta = {
         "kind": METADATA_KIND,
@@ -165,6 +172,7 @@ def compile_detector(
         "layout": layout,
         "mode": build_mode(fast),
         **precision_metadata(precision, target),
+        **({"fp32_layers": list(kept)} if precision == "bf16" else {}),
         "target": target_config(target),
         "import_s": import_s,
         "compile_s": compile_s,
@@ -184,16 +192,6 @@ def _import(model, image_sizes, layout: str, target, offset_trick_max_numel: int
     if serves_photos(meta, target):
         mod, meta = add_photo_function(mod, meta)
     return mod, meta
-
-
-def _detector_precision(precision: str, target) -> str:
-    """The precision the detector is built in (a warning where bf16 falls back to fp32)."""
-    from ..pipeline_phases import chosen_precision
-
-    precision, note = chosen_precision(precision, target)
-    if note:
-        warnings.warn(note, stacklevel=3)
-    return precision
 
 
 def _torch_model(model, config, name, progress):
