@@ -47,6 +47,14 @@ def check_precision_arguments(args) -> None:
             raise CLIError(str(err)) from None
 
 
+def reject_fp32_layers(args) -> None:
+    """``--fp32-layers`` given with a model file: a one-line error (it names detector modules)."""
+    if getattr(args, "fp32_layers", None) is not None:
+        raise CLIError(
+            f"--fp32-layers only applies to a detector name, not to the model file {args.model!r}"
+        )
+
+
 def resolve_precision(args, target) -> str:
     """The precision the build uses (:func:`~tvm_roialign.pipeline_phases.chosen_precision`):
     a note on stderr (unless ``-q``) where bf16 falls back to fp32; for ``auto``, what it chose

@@ -302,10 +302,6 @@ def main(args) -> int:
         return _detector.compile_main(args, target, out, layout, t_start, link_note, precision)
     check_model_file(Path(args.model), _detector.alternatives())
     _detector.reject_detector_options(args)
-    if args.fp32_layers is not None:
-        raise CLIError(
-            f"--fp32-layers only applies to a detector name, not to the model file {args.model!r}"
-        )
     times = {}
     with progress_session(args.quiet) as progress:
         records = open_records(args.tuning_records, target, report=_printed_by_main)
@@ -364,8 +360,7 @@ def main(args) -> int:
         print(coverage)
     print(
         f"compiled {args.model} -> {out} ({describe(target)}, layout {layout_name}, "
-        f"{meta.get('precision', 'fp32')}) in "
-        f"{format_times(times)}{extra}"
+        f"{meta.get('precision', 'fp32')}) in {format_times(times)}{extra}"
     )
     print_precision_line(args)
     return 0

@@ -37,7 +37,7 @@ from ..runtime.detector import METADATA_KIND
 from .compare import compare_detections
 from .detector_import import import_detector
 from .detector_photo import add_photo_function, serves_photos
-from .detector_precision import bf16_options, detector_precision, parse_fp32_layers
+from .detector_precision import bf16_metadata, bf16_options, detector_precision
 from .detector_reference import SAMPLE_PHOTOS, sample_photo, torch_detections
 from .detector_sizes import ANY, MODES, WINOGRAD_TILE, bucket_sizes, build_mode, graph_options
 from .detector_zoo import DETECTORS, DetectorConfig, build_torch_detector, load_program
@@ -138,22 +138,16 @@ def compile_detector(
     fast : bool
         False (``"mode": "exact"``): direct 3x3 convolutions, detections by :data:`~.compare.CRITERIA`;
         True (``"fast"``): Winograd ones, :data:`~.compare.FAST_CRITERIA`.
-    precision : str
-        ``"fp32"``, ``"bf16"`` (convs and matmuls on AMX; fp32 with a warning without AMX) or
-        ``"auto"`` (bf16 where the target has AMX bf16, else fp32: :func:`~..pipeline_phases.auto_precision`)
-    fp32_layers : str | list of str | None
-        bf16 only: the layers left in fp32, by torchvision module
-        (:data:`~.detector_precision.FP32_LAYERS`: ``"rpn,box_predictor"``, ``"none"``); None:
-        :data:`~.detector_precision.DEFAULT_FP32_LAYERS`
+    precision, fp32_layers : str; str | list of str | None
+        ``"fp32"``, ``"bf16"`` (on AMX; else fp32 with a warning) or ``"auto"`` (bf16 on AMX); a
+        bf16 build's layers kept in fp32 (:mod:`.detector_precision`, e.g. ``"rpn,box_predictor"``).
     """
     from ..pipeline import build
-    from ..pipeline_phases import precision_metadata
     from ..target import parse_target, target_config
 
     progress = progress or (lambda _msg: None)
     target = parse_target(target)
-    precision = detector_precision(precision, target)
-    kept = parse_fp32_layers(fp32_layers)
+    precision, kept = detector_precision(precision, target, fp32_layers)
     model, name = _torch_model(model, config, name, progress)
     progress(_import_message(model, image_sizes))
     t0 = time.perf_counter()
@@ -171,11 +165,9 @@ def compile_detector(
         **meta,
         "layout": layout,
         "mode": build_mode(fast),
-        **precision_metadata(precision, target),
-        **({"fp32_layers": list(kept)} if precision == "bf16" else {}),
+        **bf16_metadata(precision, target, kept),
         "target": target_config(target),
-        "import_s": import_s,
-        "compile_s": compile_s,
+        **{"import_s": import_s, "compile_s": compile_s},
     }
     return DetectorArtifact(executable, mod, meta, import_s, compile_s)
 

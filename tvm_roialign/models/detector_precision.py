@@ -122,16 +122,25 @@ def keeps_fp32(model, layers: Iterable[str]) -> Callable[[np.ndarray], bool] | N
     return keep
 
 
-def detector_precision(precision: str, target) -> str:
-    """The precision a detector is built in for ``target``
+def detector_precision(precision: str, target, fp32_layers=None) -> tuple[str, tuple[str, ...]]:
+    """``(precision, layers kept in fp32)`` of a detector built for ``target``
     (:func:`~tvm_roialign.pipeline_phases.chosen_precision`: ``auto`` resolved; a warning where
-    bf16 falls back to fp32)."""
+    bf16 falls back to fp32; ``fp32_layers`` by :func:`parse_fp32_layers`)."""
     from ..pipeline_phases import chosen_precision
 
     chosen, note = chosen_precision(precision, target)
     if note and precision != "auto":
         warnings.warn(note, stacklevel=3)
-    return chosen
+    return chosen, parse_fp32_layers(fp32_layers)
+
+
+def bf16_metadata(precision: str, target, kept) -> dict:
+    """An artifact's metadata of ``precision``
+    (:func:`~tvm_roialign.pipeline_phases.precision_metadata`) and, for bf16, ``fp32_layers``."""
+    from ..pipeline_phases import precision_metadata
+
+    meta = precision_metadata(precision, target)
+    return {**meta, "fp32_layers": list(kept)} if precision == "bf16" else meta
 
 
 def bf16_options(model, precision: str, fp32_layers) -> dict:
@@ -146,6 +155,7 @@ def bf16_options(model, precision: str, fp32_layers) -> dict:
 __all__ = [
     "DEFAULT_FP32_LAYERS",
     "FP32_LAYERS",
+    "bf16_metadata",
     "bf16_options",
     "detector_precision",
     "fingerprint",

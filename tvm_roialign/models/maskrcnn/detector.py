@@ -180,8 +180,8 @@ class TVMMaskRCNN:
         use_usable_cores()  # TVM's pool, before constant folding runs the first kernel
         self.model = model
         self.target = parse_target(target)
-        self.precision = detector_precision(precision, self.target)
-        self.options = bf16_options(model, self.precision, fp32_layers)
+        self.precision, kept = detector_precision(precision, self.target, fp32_layers)
+        self.options = bf16_options(model, self.precision, kept)
         self.layout = layout
         self.device = device_or_none(self.target)
         self.progress = progress or (lambda _msg: None)
