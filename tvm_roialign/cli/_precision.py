@@ -8,7 +8,7 @@ import sys
 from ._common import CLIError
 
 HELP_PRECISION = (
-    "fp32 (the default), bf16 (convolutions and matmuls in bf16 with fp32 accumulation, on AMX; "
+    "fp32, bf16 (convolutions and matmuls in bf16 with fp32 accumulation, on AMX; "
     "a target without AMX builds fp32, with a note saying why) or auto (bf16 where the target "
     "has AMX bf16, else fp32; the summary says which)"
 )
