@@ -157,3 +157,12 @@ def test_fp32_layers_are_found_in_the_imported_graph():
     assert count["box_predictor"] == count["none"] - 2, count
     assert count["rpn"] == count["none"] - 3, count
     assert count["all"] == 0, count
+
+
+def test_cli_fp32_layers_with_a_model_file_is_one_line(pt2_model, cli_workdir, capsys):
+    """``--fp32-layers`` names detector modules: with a model file, a one-line error."""
+    model = pt2_model[0]
+    argv = ["compile", str(model), "-o", str(cli_workdir / "f.so"), "--precision", "bf16"]
+    assert cli.main([*argv, "--fp32-layers", "rpn"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--fp32-layers only applies to a detector name" in err, err
