@@ -166,3 +166,27 @@ def test_cli_fp32_layers_with_a_model_file_is_one_line(pt2_model, cli_workdir, c
     assert cli.main([*argv, "--fp32-layers", "rpn"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--fp32-layers only applies to a detector name" in err, err
+
+
+def test_tiny_detector_bf16_with_every_layer_kept_fp32_equals_eager(tmp_path):
+    """A bf16 build of the small Mask R-CNN with every layer named in ``fp32_layers``: no
+    contraction is left in bf16, so its detections equal torchvision eager's (the exact criteria);
+    the metadata records the list."""
+    from _tiny_rcnn import tiny_rcnn
+
+    from tvm_roialign.host import request_amx
+    from tvm_roialign.models import detection as det
+    from tvm_roialign.models.detector_precision import FP32_LAYERS
+    from tvm_roialign.runtime import Detector
+
+    try:
+        request_amx(required=True)
+    except RuntimeError as err:
+        pytest.skip(str(err))
+    model = tiny_rcnn(masks=True, seed=0, detections_per_img=20)
+    artifact = det.compile_detector(model, None, "native", precision="bf16", fp32_layers=list(FP32_LAYERS))
+    assert artifact.meta["precision"] == "bf16" and artifact.meta["fp32_layers"] == list(FP32_LAYERS)
+    rgb = det.sample_photo("coffee")
+    ours = Detector(artifact.export(tmp_path / "kept.so"))(rgb)
+    result = det.compare(ours, det.torch_detections(model, rgb))
+    assert result["passed"], result
