@@ -30,6 +30,7 @@ from _common import write_report
 from tvm_roialign.host import use_usable_cores
 from tvm_roialign.models import detection as det
 from tvm_roialign.models.compare import match_confident, sum_matches
+from tvm_roialign.models.compare_bf16 import BF16_BOX_IOU, BF16_CRITERIA, BF16_SCORE, bf16_passed
 from tvm_roialign.runtime import Detector
 
 
@@ -95,7 +96,9 @@ def artifacts(args, model, workdir: Path) -> dict:
         path = getattr(args, precision)
         if path is None:
             print(f"compile the {precision} any-size artifact", file=sys.stderr, flush=True)
-            art = det.compile_detector(model, None, args.target, precision=precision)
+            art = det.compile_detector(
+                model, None, args.target, precision=precision, fp32_layers=args.fp32_layers
+            )
             path = art.export(workdir / f"{precision}.so")
         out[precision] = Detector(path)
         meta = out[precision].meta
@@ -129,12 +132,13 @@ def main(argv=None) -> int:
     parser.add_argument("--photos", default="astronaut,coffee,portrait")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--low-score", type=float, default=0.1)
+    parser.add_argument("--fp32-layers", default=None, help="the bf16 build's layers kept in fp32")
     parser.add_argument("--out", default="benchmarks/results/bench_detector_precision.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(use_usable_cores())
     model = det.build_torch_detector(args.model)
     report = {"model": args.model, "target": args.target, "rounds": args.rounds, "photos": {}}
-    matches = {(0.5, 0.9): [], (args.low_score, 0.9): [], (0.5, 0.5): []}
+    matches = {(BF16_SCORE, BF16_BOX_IOU): [], (args.low_score, 0.9): [], (0.5, 0.5): []}
     with tempfile.TemporaryDirectory() as workdir:
         tvm = artifacts(args, model, Path(workdir))
         for name, rgb in photos(args.photos.split(",")).items():
@@ -153,7 +157,10 @@ def main(argv=None) -> int:
                 "accuracy": {f"score {s:g}, IoU {i:g}": m[-1] for (s, i), m in matches.items()},
             }
     report["accuracy"] = {f"score {s:g}, IoU {i:g}": sum_matches(m) for (s, i), m in matches.items()}
+    verdict = bf16_passed(sum_matches(matches[(BF16_SCORE, BF16_BOX_IOU)]))
+    report["bf16_criterion"] = {"criteria": BF16_CRITERIA, "passed": verdict}
     write_report(report, args.out, print_report)
+    print(f"bf16 criterion ({BF16_CRITERIA}): {'PASS' if verdict else 'FAIL'}")
     return 0
 
 

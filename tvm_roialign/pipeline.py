@@ -42,7 +42,13 @@ import tvm
 from tvm import relax
 
 from .host import request_amx
-from .pipeline_phases import check_precision, cpu_schedule_pass, prepare_pipeline
+from .pipeline_phases import (
+    auto_precision,
+    check_keep_fp32,
+    check_precision,
+    cpu_schedule_pass,
+    prepare_pipeline,
+)
 from .schedules import CPUDefault, cpu_info
 from .target import is_cross
 
@@ -271,17 +277,26 @@ def build(
     directory's or TuningRecords' records is returned in :attr:`Built.coverage` and also goes to
     the records' ``report`` (by default a warning when some tasks had no record).
 
-    ``precision``: ``"fp32"`` (the default) or ``"bf16"``: constant-weight convolutions and
+    ``precision``: ``"fp32"`` (the default), ``"bf16"`` or ``"auto"`` (bf16 where ``target``
+    has AMX bf16, else fp32: :func:`~.pipeline_phases.auto_precision`); bf16: constant-weight convolutions and
     matmuls in bf16 with fp32 accumulation on AMX, where ``target`` has it (else fp32, with a
     warning); see ``docs/precision.md``. ``"int8"``: the same convolutions and matmuls quantized
     (int8 weights per output channel, uint8 activations per tensor, calibrated on ``calibration``:
     None for the sample photos, a directory of photos, or a list of input arrays) on AMX-INT8 or
-    AVX512-VNNI, except those at the positions ``keep_fp32`` (in the graph's order of the
-    contractions int8 takes; -1: the last). A ValueError for any other value."""
+    AVX512-VNNI. A ValueError for any other value. ``keep_fp32`` leaves some of those layers in
+    fp32: for bf16 a predicate of a layer's ``[K, N]`` weight
+    (:class:`~tvm_roialign.passes.BF16Contractions`), for int8 their positions in the graph's order
+    of the contractions int8 takes (-1: the last)."""
     kind = target.kind.name
-    precision = check_precision(options.pop("precision", "fp32"))
+    precision = options.pop("precision", "fp32")
+    if precision == "auto":
+        precision = auto_precision(target)[0]
+    precision = check_precision(precision)
+    keep_fp32 = options.pop("keep_fp32", None)
     if kind == "llvm" and precision != "fp32":
         options["precision"] = precision
+        if keep_fp32 is not None:
+            options["keep_fp32"] = check_keep_fp32(precision, keep_fp32)
         info = cpu_info(target)
         amx = info.has_amx_bf16 if precision == "bf16" else info.has_amx_int8
         if not is_cross(target) and amx:

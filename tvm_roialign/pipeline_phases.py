@@ -34,7 +34,7 @@ def _graph_passes(
     reference_side: int,
     precision: str = "fp32",
     calibration=None,
-    keep_fp32=(),
+    keep_fp32=None,
 ) -> list:
     from .passes import (
         BF16Contractions,
@@ -71,9 +71,9 @@ def _graph_passes(
     ]
     if precision == "bf16" and bf16_supported(target):
         # before the channel padding and Winograd, which would take the same convolutions
-        passes.append(BF16Contractions())
+        passes.append(BF16Contractions(keep_fp32=keep_fp32))
     if precision == "int8" and int8_supported(target):
-        passes.append(_int8_pass(target, calibration, keep_fp32))
+        passes.append(_int8_pass(target, calibration, keep_fp32 or ()))
     if pad_channels:
         passes.append(PadChannels(multiple=cpu_info(target).lanes()))
     if winograd:
@@ -109,6 +109,37 @@ def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=()) -> tvm.tran
 
 #: the ``precision`` values a build takes
 PRECISIONS = ("fp32", "bf16", "int8")
+
+
+#: the ``precision`` values of the user-facing builds: :data:`PRECISIONS` and ``auto``
+#: (:func:`auto_precision`)
+PRECISION_CHOICES = (*PRECISIONS, "auto")
+
+
+def auto_precision(target: tvm.target.Target) -> tuple[str, str]:
+    """``(precision, why)`` of ``precision="auto"``: the fastest precision ``target``'s matrix
+    units serve, bf16 where it has AMX bf16; fp32 elsewhere, also with AVX512-BF16 alone, whose
+    bf16 kernels run slower than fp32 (docs/precision.md)."""
+    from .schedules import cpu_info
+
+    if target.kind.name != "llvm":
+        return "fp32", f"target kind {target.kind.name} has no bf16 kernels here"
+    info = cpu_info(target)
+    if info.has_amx_bf16:
+        return "bf16", "the target has AMX bf16"
+    if info.has_avx512_bf16:
+        return "fp32", "the target has AVX512-BF16 but no AMX, where bf16 runs slower than fp32"
+    return "fp32", "the target has no AMX bf16"
+
+
+def check_keep_fp32(precision: str, keep_fp32):
+    """``keep_fp32`` when it fits ``precision`` (bf16: a predicate of a layer's weight; int8: a
+    sequence of integer positions), else a one-line ``ValueError``."""
+    if precision == "bf16" and not callable(keep_fp32):
+        raise ValueError("keep_fp32 of a bf16 build must be a predicate of a layer's [K, N] weight")
+    if precision == "int8" and (callable(keep_fp32) or not all(isinstance(p, int) for p in keep_fp32)):
+        raise ValueError("keep_fp32 of an int8 build must be a sequence of integer positions")
+    return keep_fp32
 
 
 def check_precision(precision: str) -> str:
@@ -158,12 +189,18 @@ def int8_supported(target: tvm.target.Target, note: bool = True) -> bool:
 
 def chosen_precision(precision: str, target: tvm.target.Target) -> tuple[str, str | None]:
     """``(precision the build uses, note)`` for the user-facing ``compile``/``compile_detector``:
+    ``auto``: :func:`auto_precision`, the note saying what it chose;
     bf16 where ``target`` has AMX bf16; else fp32 and a one-line note saying why (no bf16
     instructions, or AVX512-BF16 only, where the bf16 kernels run slower than fp32: see
     docs/precision.md). ``pipeline.build`` itself builds bf16 on AVX512-BF16 when asked."""
     from .schedules import cpu_info
     from .target import describe
 
+    if precision not in PRECISION_CHOICES:
+        raise ValueError(f"precision must be one of {', '.join(PRECISION_CHOICES)}, got {precision!r}")
+    if precision == "auto":
+        chosen, why = auto_precision(target)
+        return chosen, f"precision auto: {chosen} ({why})"
     if check_precision(precision) == "int8":
         return _chosen_int8(target)
     if precision != "bf16":
@@ -211,15 +248,17 @@ def prepare_pipeline(
     reference_side: int = 320,
     precision: str = "fp32",
     calibration=None,
-    keep_fp32=(),
+    keep_fp32=None,
 ) -> tvm.transform.Pass:
     """Phases 1-3 of :func:`~tvm_roialign.pipeline.cpu_pipeline` for the llvm ``target``: what
     schedules (and tuning records) apply to. ``precision="bf16"``: constant-weight convolutions
     and matmuls as bf16 contractions (:class:`~tvm_roialign.passes.BF16Contractions`) where the
     target has AMX bf16, else fp32 with a warning (:func:`bf16_supported`); ``precision="int8"``:
-    as int8 contractions calibrated on ``calibration`` (:func:`_int8_pass`), except those at the
-    positions ``keep_fp32``, where the target has AMX-INT8 or AVX512-VNNI, else fp32 with a
-    warning (:func:`int8_supported`)."""
+    as int8 contractions calibrated on ``calibration`` (:func:`_int8_pass`), where the target has
+    AMX-INT8 or AVX512-VNNI, else fp32 with a warning (:func:`int8_supported`). ``keep_fp32``: for
+    bf16 a predicate of a layer's ``[K, N]`` weight that leaves it in fp32
+    (``BF16Contractions(keep_fp32=...)``), for int8 the positions of the contractions left in fp32
+    (:func:`check_keep_fp32`)."""
     check_precision(precision)
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
@@ -252,6 +291,8 @@ def prepare_pipeline(
 
 __all__ = [
     "PRECISIONS",
+    "PRECISION_CHOICES",
+    "auto_precision",
     "bf16_supported",
     "check_precision",
     "chosen_precision",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models.compare import compare_for_mode
+from ..models.compare_bf16 import compare_bf16
 from ..models.detector_sizes import build_mode
 from ..models.maskrcnn.detector import TVMMaskRCNN
 from ..models.maskrcnn.pieces import PIECE_NAMES
@@ -38,8 +39,8 @@ class JobConfig:
     ``target``: anything :func:`~tvm_roialign.target.parse_target` takes (None: ``native``);
     ``layout``: NHWC or NCHW; ``repeat``: timed runs after a warm-up (the best is reported);
     ``roi_timing``: time RoIAlign ours vs stock TVM; ``onnxruntime``: time ONNX Runtime too;
-    ``tuning_records``, ``shapes`` and ``fast`` as :class:`~tvm_roialign.models.maskrcnn.TVMMaskRCNN`
-    takes them;
+    ``tuning_records``, ``shapes``, ``fast``, ``precision`` and ``fp32_layers`` as
+    :class:`~tvm_roialign.models.maskrcnn.TVMMaskRCNN` takes them;
     ``model`` and ``image_name`` (how the model and photo were made) only fill ``report.config``.
     """
 
@@ -53,6 +54,8 @@ class JobConfig:
     image_name: str | None = None
     shapes: str | None = None
     fast: bool = False
+    precision: str = "fp32"
+    fp32_layers: object = None
 
 
 def _transposes(detector: TVMMaskRCNN) -> Transposes:
@@ -70,16 +73,17 @@ def _transposes(detector: TVMMaskRCNN) -> Transposes:
     )
 
 
-def _run_config(job: JobConfig, target, repeat, shapes) -> RunConfig:
+def _run_config(job: JobConfig, detector, repeat) -> RunConfig:
     config = job.model or MaskRCNNConfig()
     return RunConfig(
         image=job.image_name or DEFAULT_IMAGE,
         weights=config.describe_weights(),
         seed=config.seed if config.weights is None else None,
-        target=target_config(target),
+        target=target_config(detector.target),
         layout=job.layout,
-        shapes=shapes,
+        shapes=detector.shapes,
         mode=build_mode(job.fast),
+        precision=detector.precision,
         min_size=config.min_size,
         max_size=config.max_size,
         proposals=config.rpn_post_nms_top_n_test,
@@ -92,7 +96,8 @@ def _run_config(job: JobConfig, target, repeat, shapes) -> RunConfig:
 def _compiled_detector(model, image, job: JobConfig, progress):
     """The detector for ``job``'s target, its pieces built for ``image``'s padded size."""
     detector = TVMMaskRCNN(
-        model, job.target, job.layout, progress, job.tuning_records, job.shapes, fast=job.fast
+        model, job.target, job.layout, progress, job.tuning_records, job.shapes, fast=job.fast,
+        precision=job.precision, fp32_layers=job.fp32_layers,
     )
     with torch.no_grad():
         image_list, _ = model.transform([image])
@@ -105,7 +110,7 @@ def compile_maskrcnn_report(model, image, job: JobConfig | None = None, progress
     job = job or JobConfig()
     detector, pieces = _compiled_detector(model, image, job, progress)
     return MaskRCNNReport(
-        config=_run_config(job, detector.target, 0, detector.shapes),
+        config=_run_config(job, detector, 0),
         environment=environment(),
         pieces={n: PieceTimes(p.import_s, p.compile_s) for n, p in pieces.items()},
         totals=Totals(
@@ -139,21 +144,14 @@ def run_maskrcnn_report(model, image, job: JobConfig | None = None, progress=Non
     last = timed.runs[-1]
     progress("PyTorch eager pieces")
     torch_s = time_torch_pieces(model, image, last.proposals, last.detection_boxes, repeat)
-    heads = model.roi_heads
-    cmp = compare_for_mode(
-        last.detections,
-        timed.ref,
-        build_mode(job.fast),
-        nms_threshold=heads.nms_thresh,
-        max_detections=heads.detections_per_img,
-    )
+    cmp = _comparison(detector, model, last.detections, timed.ref, job)
 
     def best_piece(name):
         times = [r.piece_s[name] for r in timed.runs if name in r.piece_s]
         return min(times) if times else None
 
     report = MaskRCNNReport(
-        config=_run_config(job, detector.target, repeat, detector.shapes),
+        config=_run_config(job, detector, repeat),
         environment=environment(),
         pieces={
             name: PieceTimes(p.import_s, p.compile_s, best_piece(name), torch_s[f"{name}_s"])
@@ -169,6 +167,22 @@ def run_maskrcnn_report(model, image, job: JobConfig | None = None, progress=Non
     if job.roi_timing:
         report.roi_align = _roi_timing(model, detector, last, report, progress, repeat)
     return report
+
+
+def _comparison(detector, model, detections, ref, job: JobConfig) -> dict:
+    """The TVM detections against eager's by the build's criteria: a bf16 build's by
+    :func:`~tvm_roialign.models.compare_bf16.compare_bf16` (eager is the fp32 reference), else
+    the mode's (:func:`~tvm_roialign.models.compare.compare_for_mode`)."""
+    if detector.precision == "bf16":
+        return compare_bf16(detections, ref)
+    heads = model.roi_heads
+    return compare_for_mode(
+        detections,
+        ref,
+        build_mode(job.fast),
+        nms_threshold=heads.nms_thresh,
+        max_detections=heads.detections_per_img,
+    )
 
 
 @dataclass

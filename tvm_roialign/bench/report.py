@@ -57,7 +57,10 @@ class Totals:
 class Comparison:
     num_detections_tvm: int = _doc("detections of the TVM detector")
     num_detections_torch: int = _doc("detections of PyTorch eager")
-    mode: str = _doc("build mode judged: exact (CRITERIA) or fast (FAST_CRITERIA)", "exact")
+    mode: str = _doc(
+        "what is judged: exact (CRITERIA), fast (FAST_CRITERIA) or bf16 (compare_bf16.BF16_CRITERIA)",
+        "exact",
+    )
     same_labels: bool | None = _doc("exact: the paired detections have the same labels")
     reordered_pairs: int | None = _doc(
         "detections paired out of order (scores tied to float noise; paired by label + nearest box)"
@@ -75,7 +78,13 @@ class Comparison:
     unmatched_torch: int | None = _doc("fast: of checked_torch, not found in TVM's")
     unmatched_tvm: int | None = _doc("fast: of checked_tvm, not found in eager's")
     min_box_iou: float | None = _doc("fast: least box IoU of the matched pairs")
-    min_mask_iou: float | None = _doc("fast: least mask IoU of the matched pairs (at 0.5)")
+    min_mask_iou: float | None = _doc("fast, bf16: least mask IoU of the matched pairs (at 0.5)")
+    box_iou: float | None = _doc("bf16: least box IoU of a matched pair")
+    confident_torch: int | None = _doc("bf16: eager's detections scored at least score_threshold")
+    matched_torch: int | None = _doc("bf16: of confident_torch, matched in TVM's")
+    confident_tvm: int | None = _doc("bf16: TVM's detections scored at least score_threshold")
+    matched_tvm: int | None = _doc("bf16: of confident_tvm, matched in eager's")
+    mean_mask_iou: float | None = _doc("bf16: mean mask IoU of the matched pairs (at 0.5)")
     passed: bool = _doc(
         f"TVM agrees with PyTorch eager by the mode's criteria; exact: {CRITERIA}; fast: {FAST_CRITERIA}"
     )
@@ -134,6 +143,7 @@ class RunConfig:
         "any (one build serves every padded image size) or static (a build for this size)", "any"
     )
     mode: str = _doc("exact (direct 3x3 convolutions) or fast (Winograd)", "exact")
+    precision: str = _doc("fp32 or bf16: the precision the pieces were built in", "fp32")
     min_size: int = _doc("torchvision resize min_size", 0)
     max_size: int = _doc("torchvision resize max_size", 0)
     proposals: int = _doc("RPN proposals kept (box-branch rois at most)", 0)

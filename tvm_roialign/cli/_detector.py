@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import _photos
 from ._common import CLIError, add_total, first_line, format_times, output_path
+from ._precision import print_precision_line, reject_fp32_layers
 from ._progress import progress_session
 
 #: What marks a .pt2 as a detector exported in the static form (its NMS custom op).
@@ -89,13 +90,16 @@ def add_compile_arguments(p) -> None:
 
 def reject_detector_options(args, exported_detector: bool = False) -> None:
     """The options of detector names, given with a model file: an error naming the first;
-    ``--fast`` too unless the file is an ``exported_detector`` (a .pt2 in the static form)."""
+    ``--fast`` and ``--fp32-layers`` too unless the file is an ``exported_detector`` (a .pt2 in
+    the static form)."""
     for attr, flag in _NAME_OPTIONS:
         if getattr(args, attr, None) is not None:
             raise CLIError(
                 f"{flag} only applies to a detector name ({_names()}), not to the model file "
                 f"{args.model!r}"
             )
+    if not exported_detector:
+        reject_fp32_layers(args)
     if not exported_detector and getattr(args, "fast", None):
         raise CLIError(
             f"--fast only applies to a detector (a name: {_names()}; or a .pt2 written by "
@@ -193,7 +197,8 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
         try:
             fast = bool(getattr(args, "fast", False))
             artifact = compile_detector(
-                model, sizes, target, layout, progress=progress, name=name, fast=fast, precision=precision
+                model, sizes, target, layout, progress=progress, name=name, fast=fast,
+                precision=precision, fp32_layers=getattr(args, "fp32_layers", None),
             )
             times["import_s"], times["build_s"] = artifact.import_s, artifact.compile_s
             progress(f"export {out}")
@@ -210,6 +215,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
         f"layout {layout}, {artifact.meta['mode']}, {artifact.meta.get('precision', 'fp32')}) -> "
         f"{out} (+ {out.name}.json) in {format_times(times)}"
     )
+    print_precision_line(args)
     return 0
 
 

@@ -97,6 +97,12 @@ def print_summary(report, out, report_path) -> None:
 
 def _comparison_details(cmp) -> str:
     """What the comparison of the build's mode measured, in words."""
+    if cmp.mode == "bf16":
+        return (
+            f"bf16 build against fp32 (PyTorch eager): scored >= {cmp.score_threshold:g} and "
+            f"matched at box IoU >= {cmp.box_iou:g}: PyTorch {cmp.matched_torch}/{cmp.confident_torch}, "
+            f"TVM {cmp.matched_tvm}/{cmp.confident_tvm}{_bf16_pairs(cmp)}"
+        )
     if cmp.mode == "fast":
         return (
             f"fast build: scored >= {cmp.score_threshold:g}: {cmp.checked_torch} in PyTorch "
@@ -107,6 +113,18 @@ def _comparison_details(cmp) -> str:
     return (
         f"same labels: {cmp.same_labels}; max box diff {cmp.max_box_diff:.2e} px; "
         f"mask pixels equal {100 * cmp.mask_pixel_agreement:.4f}%"
+    )
+
+
+def _bf16_pairs(cmp) -> str:
+    """A bf16 comparison's matched pairs, in words (or why there are none)."""
+    if not cmp.confident_torch:
+        return f"; nothing scored >= {cmp.score_threshold:g} on the fp32 side to compare"
+    if cmp.mean_mask_iou is None:
+        return ""
+    return (
+        f"; matched pairs: mask IoU min {cmp.min_mask_iou:.3f} mean {cmp.mean_mask_iou:.3f}, "
+        f"largest score difference {cmp.max_score_diff:.4f}"
     )
 
 

@@ -9,7 +9,6 @@ assembly of the host code).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from ._model_file import (
     signature,
     symbolic_inputs_note,
 )
+from ._precision import add_precision_arguments, print_precision_line, resolve_precision
 from ._progress import progress_session
 from ._tuning import add_records_argument, open_records, print_coverage
 
@@ -72,15 +72,7 @@ def register(subparsers, parents) -> None:
         "installed, else a .tar with a note)",
     )
     p.add_argument("--target", default="native", help=HELP_TARGET)
-    p.add_argument(
-        "--precision",
-        default="fp32",
-        choices=("fp32", "bf16", "int8"),
-        help="bf16: convolutions and matmuls in bf16 with fp32 accumulation, on AMX (a target "
-        "without AMX builds fp32, with a note saying why); models and detectors (default fp32). "
-        "int8 (models): quantized convolutions and matmuls calibrated on photos (--calibrate), on "
-        "AMX-INT8 or AVX512-VNNI",
-    )
+    add_precision_arguments(p)
     p.add_argument(
         "--calibrate",
         default=None,
@@ -218,21 +210,6 @@ class _LastRelaxModule:
             self.mod = mod
 
 
-def _precision(args, target) -> str:
-    """The precision the build uses: ``--precision``, or fp32 (with a note on stderr, unless
-    ``-q``) where ``target`` lacks its instructions (:func:`~tvm_roialign.pipeline_phases.chosen_precision`);
-    a one-line error for int8 options that do not apply."""
-    from ..pipeline_phases import chosen_precision
-
-    _int8_options(args)  # the int8 options' errors, before anything is built
-    if args.precision == "int8" and _detector.is_detector(args.model):
-        raise CLIError("--precision int8 applies to models, not yet to detectors: use fp32 or bf16")
-    precision, note = chosen_precision(args.precision, target)
-    if note and not args.quiet:
-        print(f"note: {note}", file=sys.stderr)
-    return precision
-
-
 def _precision_metadata(precision: str, target) -> dict:
     from ..pipeline_phases import precision_metadata
 
@@ -353,8 +330,11 @@ def main(args) -> int:
     options = model_options(args, target)
     formats = _dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
-    precision = _precision(args, target)
+    _int8_options(args)  # the int8 options' errors, before anything is built
+    precision = resolve_precision(args, target)
     if _detector.is_detector(args.model):
+        if precision == "int8":
+            raise CLIError("--precision int8 applies to models, not yet to detectors: use fp32, bf16 or auto")
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
         return _detector.compile_main(args, target, out, layout, t_start, link_note, precision)
@@ -418,9 +398,9 @@ def main(args) -> int:
         print(coverage)
     print(
         f"compiled {args.model} -> {out} ({describe(target)}, layout {layout_name}, "
-        f"{meta.get('precision', 'fp32')}) in "
-        f"{format_times(times)}{extra}"
+        f"{meta.get('precision', 'fp32')}) in {format_times(times)}{extra}"
     )
+    print_precision_line(args)
     return 0
 
 

@@ -12,6 +12,7 @@ import sys
 
 from ._common import CLIError, device_for, first_line, output_path, resolve_target
 from ._detector import HELP_FAST
+from ._precision import add_precision_arguments, print_precision_line, resolve_precision
 from ._progress import progress_session
 from ._tuning import add_records_argument, open_records, print_coverage
 from .compile import HELP_TARGET
@@ -36,6 +37,7 @@ def register(subparsers, parents) -> None:
     )
     p.add_argument("--target", default="native", help=HELP_TARGET)
     add_model_arguments(p)
+    add_precision_arguments(p)
     add_records_argument(p)
     p.add_argument("--out", default="result.png", help="annotated picture (.png/.jpg)")
     p.add_argument("--report", default=None, help="JSON report (default: --out with .json)")
@@ -51,7 +53,8 @@ def register(subparsers, parents) -> None:
         "--check",
         action="store_true",
         help="exit 3 when TVM and PyTorch disagree (by the criteria of the build's mode: exact, "
-        "or --fast's)",
+        "or --fast's; a bf16 build by the bf16 criterion against the fp32 reference, "
+        "docs/precision.md)",
     )
     p.add_argument(
         "--shapes",
@@ -136,6 +139,8 @@ def _job_config(args, target, config, records, onnxruntime):
         image_name=args.image,
         shapes=args.shapes,
         fast=args.fast,
+        precision=args.resolved_precision,
+        fp32_layers=args.fp32_layers,
     )
 
 
@@ -161,6 +166,9 @@ def main(args) -> int:
 
     target = resolve_target(args.target)
     check_layout(args)
+    if args.precision == "int8":
+        raise CLIError("--precision int8 applies to models, not yet to detectors: use fp32, bf16 or auto")
+    args.resolved_precision = resolve_precision(args, target)
     out = output_path(args.out, "--out", PICTURE_SUFFIXES)
     report_path = output_path(args.report, "--report") if args.report else out.with_suffix(".json")
     if not args.compile_only:
@@ -186,6 +194,8 @@ def main(args) -> int:
     print_coverage(coverages)
     if args.compile_only:
         print_compile_only(report, report_path)
+        print_precision_line(args)
         return 0
     print_summary(report, out, report_path)
+    print_precision_line(args)
     return 0 if report.comparison.passed or not args.check else 3

@@ -13,7 +13,8 @@ A build in the default mode (direct convolutions) is judged by :func:`compare_de
 (:data:`CRITERIA`: every detection equal to eager's); a fast build (Winograd convolutions) by
 :func:`compare_fast` (:data:`FAST_CRITERIA`: the detections scored at least
 :data:`FAST_SCORE_THRESHOLD` found on both sides with nearly the same box);
-:func:`compare_for_mode` picks the one of a mode.
+:func:`compare_for_mode` picks the one of a mode. A bf16 build is judged against fp32 by
+:func:`tvm_roialign.models.compare_bf16.compare_bf16` (:data:`~.compare_bf16.BF16_CRITERIA`).
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from ..runtime.detector import METADATA_KIND
 from .compare import compare_detections
 from .detector_import import import_detector
 from .detector_photo import add_photo_function, serves_photos
+from .detector_precision import bf16_metadata, bf16_options, detector_precision
 from .detector_reference import SAMPLE_PHOTOS, sample_photo, torch_detections
 from .detector_sizes import ANY, MODES, WINOGRAD_TILE, bucket_sizes, build_mode, graph_options
 from .detector_zoo import DETECTORS, DetectorConfig, build_torch_detector, load_program
@@ -102,6 +102,7 @@ def compile_detector(
     name: str | None = None,
     fast: bool = False,
     precision: str = "fp32",
+    fp32_layers=None,
 ) -> DetectorArtifact:
     """Compile a whole torchvision detector into one artifact (see the module doc).
 
@@ -137,16 +138,16 @@ def compile_detector(
     fast : bool
         False (``"mode": "exact"``): direct 3x3 convolutions, detections by :data:`~.compare.CRITERIA`;
         True (``"fast"``): Winograd ones, :data:`~.compare.FAST_CRITERIA`.
-    precision : str
-        ``"fp32"`` or ``"bf16"`` (convs and matmuls on AMX; fp32 with a warning without AMX)
+    precision, fp32_layers : str; str | list of str | None
+        ``"fp32"``, ``"bf16"`` (on AMX; else fp32 with a warning) or ``"auto"`` (bf16 on AMX); a
+        bf16 build's layers kept in fp32 (:mod:`.detector_precision`, e.g. ``"rpn,box_predictor"``).
     """
     from ..pipeline import build
-    from ..pipeline_phases import precision_metadata
     from ..target import parse_target, target_config
 
     progress = progress or (lambda _msg: None)
     target = parse_target(target)
-    precision = _detector_precision(precision, target)
+    precision, kept = detector_precision(precision, target, fp32_layers)
     model, name = _torch_model(model, config, name, progress)
     progress(_import_message(model, image_sizes))
     t0 = time.perf_counter()
@@ -155,8 +156,8 @@ def compile_detector(
     progress(f"build for {target.kind.name}")
     t0 = time.perf_counter()
     # import_detector converted the layout
-    options = graph_options(model, fast)
-    executable = build(mod, target, layout=None, precision=precision, **options).executable
+    options = {**graph_options(model, fast), **bf16_options(model, precision, kept)}
+    executable = build(mod, target, layout=None, **options).executable
     compile_s = time.perf_counter() - t0
     meta = {
         "kind": METADATA_KIND,
@@ -164,10 +165,9 @@ def compile_detector(
         **meta,
         "layout": layout,
         "mode": build_mode(fast),
-        **precision_metadata(precision, target),
+        **bf16_metadata(precision, target, kept),
         "target": target_config(target),
-        "import_s": import_s,
-        "compile_s": compile_s,
+        **{"import_s": import_s, "compile_s": compile_s},
     }
     return DetectorArtifact(executable, mod, meta, import_s, compile_s)
 
@@ -184,18 +184,6 @@ def _import(model, image_sizes, layout: str, target, offset_trick_max_numel: int
     if serves_photos(meta, target):
         mod, meta = add_photo_function(mod, meta)
     return mod, meta
-
-
-def _detector_precision(precision: str, target) -> str:
-    """The precision the detector is built in (a warning where bf16 falls back to fp32)."""
-    from ..pipeline_phases import chosen_precision
-
-    if precision == "int8":
-        raise ValueError("precision int8 applies to models, not yet to detectors: use fp32 or bf16")
-    precision, note = chosen_precision(precision, target)
-    if note:
-        warnings.warn(note, stacklevel=3)
-    return precision
 
 
 def _torch_model(model, config, name, progress):

@@ -22,7 +22,6 @@ import functools
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import mutator
 
 from ..topi.bf16_contraction import ConvGeometry, bf16_contraction, pack_weight_vnni
 from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module, tensor_shape
@@ -46,8 +45,9 @@ def _dims(expr) -> list | None:
     return [s if s is not None else d for s, d in zip(shape, expr.ty.shape.values)]
 
 
-@mutator
 class _BF16Rewriter(FunctionRewriter):
+    keep_fp32 = None  # the pass's keep_fp32
+
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = self.visit_expr_post_order(call)
         new = None
@@ -58,6 +58,8 @@ class _BF16Rewriter(FunctionRewriter):
         return call if new is None else new
 
     def _emit(self, name: str, x, weight: np.ndarray, rows, out_shape, geometry=None):
+        if self.keep_fp32 is not None and self.keep_fp32(weight):
+            return None
         self.changed = True
         packed = relax.const(pack_weight_vnni(weight))
         compute = functools.partial(
@@ -125,10 +127,18 @@ class _BF16Rewriter(FunctionRewriter):
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.BF16Contractions")
 class BF16Contractions:  # pylint: disable=too-few-public-methods
-    """Constant-weight conv2d (NHWC) and matmul as bf16 contractions (see module docstring)."""
+    """Constant-weight conv2d (NHWC) and matmul as bf16 contractions (see module docstring).
+
+    ``keep_fp32``: None, or called with each candidate's weight as a ``[K, N]`` matrix (one
+    column per output channel); True leaves that call in fp32."""
+
+    def __init__(self, keep_fp32=None):
+        self.keep_fp32 = keep_fp32
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        return rewrite_module(_BF16Rewriter, mod)
+        return rewrite_module(
+            _BF16Rewriter, mod, keep_fp32=staticmethod(self.keep_fp32) if self.keep_fp32 else None
+        )
 
 
 __all__ = ["BF16Contractions"]

@@ -7,7 +7,6 @@ proposals, detection boxes) and how long each step took, for reports and timings
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from ...passes import ConvertLayout, desired_layouts
 from ...pipeline import build
 from ...target import describe, device_or_none, parse_target
 from ..detection import graph_options
+from ..detector_precision import bf16_options, detector_precision
 from .pieces import (
     count_permutes,
     export_piece,
@@ -29,6 +29,7 @@ from .pieces import (
     piece_modules,
     static_rois,
 )
+from .torch_threads import torch_threads
 
 #: ConvertLayout's desired layouts for the NHWC build (conv2d and both RoIAlign ops).
 DEFAULT_LAYOUTS = desired_layouts("NHWC")
@@ -142,6 +143,9 @@ class TVMMaskRCNN:
         setting). Default 1: the glue's operations are small, and PyTorch's OpenMP threads, which
         wait actively between parallel regions, slow both the glue and the TVM pieces after it
         many times over on a busy machine (see docs/pipeline.md, "Threads and registration").
+    precision, fp32_layers : str, str or list of str or None
+        As :func:`~tvm_roialign.models.detection.compile_detector` takes them (``"fp32"``,
+        ``"bf16"``, ``"auto"``; the bf16 layers kept in fp32).
 
     Graphs are compiled on first use (``compile(image_shape)`` to do it ahead): once, or once per
     padded image size with ``shapes="static"``. Building for a target that this machine cannot run
@@ -159,6 +163,8 @@ class TVMMaskRCNN:
         *,
         fast: bool = False,
         glue_threads: int | None = 1,
+        precision: str = "fp32",
+        fp32_layers=None,
     ):
         if layout not in ("NCHW", "NHWC"):
             raise ValueError(f"layout must be 'NCHW' or 'NHWC', got {layout!r}")
@@ -174,6 +180,8 @@ class TVMMaskRCNN:
         use_usable_cores()  # TVM's pool, before constant folding runs the first kernel
         self.model = model
         self.target = parse_target(target)
+        self.precision, kept = detector_precision(precision, self.target, fp32_layers)
+        self.options = bf16_options(model, self.precision, kept)
         self.layout = layout
         self.device = device_or_none(self.target)
         self.progress = progress or (lambda _msg: None)
@@ -221,6 +229,7 @@ class TVMMaskRCNN:
                 tuning_records=records,
                 layout=None,
                 **graph_options(self.model, self.fast),
+                **self.options,
             ).executable
             compile_s = time.perf_counter() - t0
             pieces[name] = Piece(name, imported, mod, executable, self.device, import_s, compile_s)
@@ -397,21 +406,6 @@ class TVMMaskRCNN:
                     "adjacent_to_roi_align_after": permutes_adjacent_to_roi_align(piece.mod),
                 }
         return out
-
-
-@contextlib.contextmanager
-def torch_threads(count: int | None):
-    """PyTorch's intra-op thread count set to ``count`` inside the block and restored after it
-    (None: left alone)."""
-    if count is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(int(count))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def symbolic_dims(layout: str) -> dict[str, dict]:

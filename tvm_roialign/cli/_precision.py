@@ -1,0 +1,77 @@
+"""``--precision`` and ``--fp32-layers`` (``compile`` and ``maskrcnn``): parsed, checked with
+one-line errors, resolved for the target (``auto``)."""
+
+from __future__ import annotations
+
+import sys
+
+from ._common import CLIError
+
+HELP_PRECISION = (
+    "fp32, bf16 (convolutions and matmuls in bf16 with fp32 accumulation, on AMX; "
+    "a target without AMX builds fp32, with a note saying why), int8 (models: quantized "
+    "convolutions and matmuls calibrated on photos, --calibrate, on AMX-INT8 or AVX512-VNNI) or "
+    "auto (bf16 where the target has AMX bf16, else fp32; the summary says which)"
+)
+
+
+def add_precision_arguments(p, detector: bool = True) -> None:
+    """``--precision`` and (``detector``) ``--fp32-layers``."""
+    p.add_argument("--precision", default="fp32", metavar="{fp32,bf16,int8,auto}", help=HELP_PRECISION)
+    if detector:
+        from ..models.detector_precision import DEFAULT_FP32_LAYERS, FP32_LAYERS
+
+        p.add_argument(
+            "--fp32-layers",
+            default=None,
+            metavar="LAYERS",
+            help="a bf16 detector's layers kept in fp32, by torchvision module: 'none' or a "
+            f"comma-separated list of {', '.join(FP32_LAYERS)} (default: "
+            f"{','.join(DEFAULT_FP32_LAYERS)}; see docs/precision.md)",
+        )
+
+
+def check_precision_arguments(args) -> None:
+    """A one-line error for a ``--precision`` or ``--fp32-layers`` value that is not one of the
+    choices (before anything is built)."""
+    from ..models.detector_precision import parse_fp32_layers
+    from ..pipeline_phases import PRECISION_CHOICES
+
+    if args.precision not in PRECISION_CHOICES:
+        raise CLIError(
+            f"--precision must be one of {', '.join(PRECISION_CHOICES)}, got {args.precision!r}"
+        )
+    if getattr(args, "fp32_layers", None) is not None:
+        try:
+            parse_fp32_layers(args.fp32_layers, "--fp32-layers")
+        except ValueError as err:
+            raise CLIError(str(err)) from None
+
+
+def reject_fp32_layers(args) -> None:
+    """``--fp32-layers`` given with a model file: a one-line error (it names detector modules)."""
+    if getattr(args, "fp32_layers", None) is not None:
+        raise CLIError(
+            f"--fp32-layers only applies to a detector name, not to the model file {args.model!r}"
+        )
+
+
+def resolve_precision(args, target) -> str:
+    """The precision the build uses (:func:`~tvm_roialign.pipeline_phases.chosen_precision`):
+    a note on stderr (unless ``-q``) where bf16 falls back to fp32; for ``auto``, what it chose
+    in ``args.precision_line`` (the summary prints it)."""
+    from ..pipeline_phases import chosen_precision
+
+    check_precision_arguments(args)
+    precision, note = chosen_precision(args.precision, target)
+    args.precision_line = note if args.precision == "auto" else None
+    if note and args.precision != "auto" and not args.quiet:
+        print(f"note: {note}", file=sys.stderr)
+    return precision
+
+
+def print_precision_line(args) -> None:
+    """What ``--precision auto`` chose, as a line of the summary (nothing otherwise)."""
+    line = getattr(args, "precision_line", None)
+    if line:
+        print(line)
