@@ -50,30 +50,14 @@ def _tvm_runner(model, x, target, precision, **options):
 
 
 def _ort_runners(model, x, photos, threads: int, folder: Path):
-    import onnxruntime as ort
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    from tvm_roialign.bench.onnxruntime_peer import cpu_session, quantized_int8
 
-    fp32, pre, int8 = folder / "r50.onnx", folder / "r50_pre.onnx", folder / "r50_int8.onnx"
+    fp32, int8 = folder / "r50.onnx", folder / "r50_int8.onnx"
     torch.onnx.export(model, (x,), str(fp32), input_names=["x"], output_names=["y"], dynamo=False)
-    quant_pre_process(str(fp32), str(pre))
-
-    class Photos(CalibrationDataReader):
-        def __init__(self):
-            self.items = iter([{"x": p[None]} for p in photos])
-
-        def get_next(self):
-            return next(self.items, None)
-
-    quantize_static(
-        str(pre), str(int8), Photos(), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-    )
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
+    quantized_int8(str(fp32), str(int8), {"x": [p[None] for p in photos]})
     runners = {}
     for name, path in (("fp32", fp32), ("int8", int8)):
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        session = cpu_session(str(path), threads)
         runners[name] = lambda a, s=session: s.run(None, {"x": a})[0]
     return runners
 
