@@ -249,3 +249,24 @@ def test_run_errors(pt2_lib, pt2_model, cli_workdir, capsys):
         assert code == 1, (argv, err)
         one_line_error(err, *words)
     assert not (cli_workdir / "nowhere").exists()  # no folder is created silently
+
+
+def test_run_takes_an_onnx_models_own_input_names(cli_workdir, capsys):
+    """TVM renames an ONNX input that is not an identifier (``input.1`` -> ``input_1``): ``run``
+    takes arrays under the file's own name as well as under TVM's."""
+    pytest.importorskip("onnx")
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    path, lib = cli_workdir / "dotted.onnx", cli_workdir / "dotted.so"
+    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17, input_names=["input.1"])
+    code, _, err = run_cli(["compile", str(path), "-o", str(lib)], capsys)
+    assert code == 0, err
+    for key in ("input.1", "input_1"):
+        inputs, outputs = cli_workdir / "dotted_in.npz", cli_workdir / "dotted_out.npz"
+        np.savez(inputs, **{key: x.numpy()})
+        code, _, err = run_cli(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
+        assert code == 0, (key, err)
+        with np.load(outputs) as result:
+            np.testing.assert_allclose(result["output_0"], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)

@@ -138,9 +138,19 @@ def _load_onnx(path: Path, shapes: dict):
             f"{', '.join(inputs) or 'none'}"
         )
     try:
-        return from_onnx(model, shape_dict=shapes or None)
+        mod = from_onnx(model, shape_dict=shapes or None)
     except Exception as err:  # noqa: BLE001 - the importer raises many kinds
         raise CLIError(f"cannot import {str(path)!r} into TVM: {first_line(err)}") from None
+    # TVM renames inputs that are not identifiers (``input.1`` -> ``input_1``): the file's own
+    # names go into the library's .json too, where ``run --inputs`` finds them
+    main = mod["main"]
+    if len(main.params) == len(inputs):
+        mod["main"] = main.with_attr(SOURCE_NAMES_ATTR, inputs)
+    return mod
+
+
+#: the function attribute holding the model file's input names, in the parameters' order
+SOURCE_NAMES_ATTR = "tvm_roialign.source_input_names"
 
 
 MODEL_SUFFIXES = (*PT2_SUFFIXES, ".onnx")
@@ -214,15 +224,19 @@ def load_model(path: Path, shapes: dict | None = None):
 
 
 def signature(mod) -> list[dict]:
-    """``[{"name", "shape", "dtype"}]`` of ``main``'s parameters (symbolic dims as text)."""
+    """``[{"name", "shape", "dtype"}]`` of ``main``'s parameters (symbolic dims as text), with
+    ``source_name`` where the model file names the input otherwise (ONNX names TVM renamed)."""
     from tvm import relax
 
     params = []
-    for var in mod["main"].params:
+    sources = (mod["main"].attrs or {}).get(SOURCE_NAMES_ATTR) if mod["main"].attrs else None
+    for index, var in enumerate(mod["main"].params):
         ty = var.ty
         shape = None
         if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
             shape = [int(v) if hasattr(v, "value") else str(v) for v in ty.shape.values]
         dtype = str(ty.dtype) if isinstance(ty, relax.TensorType) else None
         params.append({"name": var.name, "shape": shape, "dtype": dtype})
+        if sources is not None and str(sources[index]) != var.name:
+            params[-1]["source_name"] = str(sources[index])
     return params

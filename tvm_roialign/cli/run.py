@@ -147,6 +147,12 @@ def _match(arrays: dict, specs: list | None, by_order: bool, source: str):
             "the library has no .json beside it, so its input names are unknown; "
             "add --inputs-by-order to pass the arrays in file order"
         )
+    # an input also found under the model file's own name (an ONNX name TVM renamed)
+    arrays = dict(arrays)
+    for spec in specs:
+        source = spec.get("source_name")
+        if source in arrays and spec["name"] not in arrays:
+            arrays[spec["name"]] = arrays.pop(source)
     missing = [n for n in names if n not in arrays]
     if missing:
         hint = " (add --inputs-by-order to match by position)" if len(arrays) >= len(names) else ""
