@@ -36,10 +36,13 @@ SUBCOMMANDS = [compile_command, run_command, maskrcnn_command, tune_command]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """argparse's defaults in the help, except for options whose default is "not given"."""
+    """argparse's defaults in the help, except for options whose default is "not given" or whose
+    help names its default itself."""
 
     def _get_help_string(self, action):
         if action.default in (None, False, argparse.SUPPRESS) or action.help is None:
+            return action.help
+        if "default" in action.help:  # the help says it already
             return action.help
         return super()._get_help_string(action)
 

@@ -140,7 +140,7 @@ def _input_sizes(text: str | None):
                 raise ValueError
         except ValueError:
             raise CLIError(
-                f"--input-size {text!r} must be any, all, or look like 512x512 or "
+                f"--input-size {text!r} must be any, all, or positive sizes like 512x512 or "
                 "400x600,600x400 (height x width of the photos)"
             ) from None
         sizes.append((height, width))

@@ -83,14 +83,28 @@ def mask_regions(masks, boxes, threshold: float = 0.5) -> np.ndarray:
     return out
 
 
+def _pieces(draw, word: str, font, width: int) -> list[str]:
+    """``word`` cut into pieces no wider than ``width`` pixels: after its commas where it can
+    (a target's ``-mattr=+a,+b,...``), else between characters."""
+    pieces = [""]
+    for part in word.replace(",", ",\0").split("\0"):
+        for char in part if draw.textlength(part, font=font) > width else [part]:
+            if pieces[-1] and draw.textlength(pieces[-1] + char, font=font) > width:
+                pieces.append("")
+            pieces[-1] += char
+    return pieces
+
+
 def _wrap(draw, text: str | None, font, width: int) -> list[str]:
-    """``text`` broken at spaces into lines no wider than ``width`` pixels."""
+    """``text`` broken at spaces into lines no wider than ``width`` pixels (a longer word cut
+    into pieces, :func:`_pieces`)."""
     lines: list[str] = []
     for word in (text or "").split():
-        if lines and draw.textlength(f"{lines[-1]} {word}", font=font) <= width:
-            lines[-1] += f" {word}"
-        else:
-            lines.append(word)
+        for piece in _pieces(draw, word, font, width):
+            if lines and draw.textlength(f"{lines[-1]} {piece}", font=font) <= width:
+                lines[-1] += f" {piece}"
+            else:
+                lines.append(piece)
     return lines
 
 
