@@ -95,14 +95,14 @@ def test_auto_precision_per_target(target, expected):
 
 
 def test_chosen_precision_refuses_unknown_values():
-    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, auto"):
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, int8, auto"):
         chosen_precision("fp16", parse_target("llvm -mcpu=sapphirerapids"))
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--precision", "fp16"], "--precision must be one of fp32, bf16, auto, got 'fp16'"),
+        (["--precision", "fp16"], "--precision must be one of fp32, bf16, int8, auto, got 'fp16'"),
         (["--precision", "bf16", "--fp32-layers", "rpn,heads"], "--fp32-layers must be 'none' or"),
     ],
 )

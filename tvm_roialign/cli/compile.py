@@ -210,6 +210,15 @@ class _LastRelaxModule:
             self.mod = mod
 
 
+def _precision(args, target) -> str:
+    """The precision the build uses (:func:`resolve_precision`), after the one-line errors of the
+    int8 options and of int8 for a detector."""
+    _int8_options(args)
+    if args.precision == "int8" and _detector.is_detector(args.model):
+        raise CLIError("--precision int8 applies to models, not yet to detectors: use fp32, bf16 or auto")
+    return resolve_precision(args, target)
+
+
 def _precision_metadata(precision: str, target) -> dict:
     from ..pipeline_phases import precision_metadata
 
@@ -330,11 +339,8 @@ def main(args) -> int:
     options = model_options(args, target)
     formats = _dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
-    _int8_options(args)  # the int8 options' errors, before anything is built
-    precision = resolve_precision(args, target)
+    precision = _precision(args, target)
     if _detector.is_detector(args.model):
-        if precision == "int8":
-            raise CLIError("--precision int8 applies to models, not yet to detectors: use fp32, bf16 or auto")
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
         return _detector.compile_main(args, target, out, layout, t_start, link_note, precision)
