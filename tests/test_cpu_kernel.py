@@ -82,14 +82,16 @@ def _legalized_primfuncs(mod):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("sampling_ratio", [-1, 0, 2])
-def test_strategy_uses_kernel_for_every_grid(layout, sampling_ratio):
+def test_strategy_uses_kernel_for_adaptive_grids_and_nhwc(layout, sampling_ratio):
     mod = build_roi_align_module(_shape(layout, 12), 4, (3, 3), 0.5, sampling_ratio, False, layout)
     (func,) = _legalized_primfuncs(mod)
     script = func.script()
-    assert 'sblock("roi_align_adaptive")' in script
-    assert 'sblock("roi_align_acc' not in script
+    kernel = sampling_ratio <= 0 or layout == "NHWC"
+    assert ('sblock("roi_align_adaptive")' in script) == kernel
+    assert ('sblock("roi_align_acc' in script) == (not kernel)
     assert func.attrs["tirx.is_scheduled"]
-    assert "T.vectorized(4)" in script  # 12 channels: 3 groups of 4 lanes
+    if kernel:
+        assert "T.vectorized(4)" in script  # 12 channels: 3 groups of 4 lanes
 
 
 def test_kernel_not_applicable():
@@ -97,9 +99,12 @@ def test_kernel_not_applicable():
     rois = te.placeholder((3, 5), "float32", "rois")
     attrs = RoiAlignAttrs((2, 2), 1.0, -1, False, "NCHW", "avg")
     assert cpu_adaptive_kernel([data, rois], attrs, HOST) is not None
-    # RoIAlign with a static grid takes the kernel too (sample rows in the map's row order)
+    # a static grid: the kernel in NHWC (sample rows in the map's row order), the TE path in NCHW
     static = RoiAlignAttrs((2, 2), 1.0, 2, False, "NCHW", "avg")
-    assert cpu_adaptive_kernel([data, rois], static, HOST) is not None
+    assert cpu_adaptive_kernel([data, rois], static, HOST) is None
+    nhwc = te.placeholder((1, 5, 5, 8), "float32", "data")
+    static_nhwc = RoiAlignAttrs((2, 2), 1.0, 2, False, "NHWC", "avg")
+    assert cpu_adaptive_kernel([nhwc, rois], static_nhwc, HOST) is not None
     # a symbolic channel count: no accumulator size; the TE compute is used
     sym = te.placeholder((1, tvm.tirx.Var("c", "int64"), 5, 5), "float32", "data")
     assert cpu_adaptive_kernel([sym, rois], attrs, HOST) is None
@@ -195,8 +200,11 @@ def _built(layout, mode, aligned, channels, num_rois, use_kernel, sampling_ratio
     return tvm.compile(tvm.IRModule({"main": func}), target=HOST)
 
 
-@pytest.mark.parametrize("layout, mode, aligned", itertools.product(LAYOUTS, MODES, [False, True]))
-@pytest.mark.parametrize("sampling_ratio", [-1, 2])
+@pytest.mark.parametrize(
+    "layout, mode, aligned, sampling_ratio",
+    [(*p, -1) for p in itertools.product(LAYOUTS, MODES, [False, True])]
+    + [("NHWC", mode, aligned, 2) for mode, aligned in itertools.product(MODES, [False, True])],
+)
 def test_bitwise_equal_to_te_compute(layout, mode, aligned, sampling_ratio):
     """Random data with infinities, random and degenerate boxes (negative sizes with ``aligned``):
     the same bits as the TE path, adaptive grids by bin rows, static grids by sample rows."""
