@@ -1,4 +1,10 @@
-"""Hand-scheduled CPU kernel for RoIAlign with an adaptive sampling grid (``sampling_ratio <= 0``).
+"""Hand-scheduled CPU kernel for RoIAlign: adaptive sampling grids (``sampling_ratio <= 0``) in
+both layouts, and static grids in NHWC (the strategy's choice, :mod:`tvm_roialign.strategies.cpu_kernel`).
+
+The work runs in the order of the feature rows it reads (:mod:`.roi_align_kernel_order`): bin rows
+for adaptive grids (each bin accumulated over its whole grid at once), sample rows for static grids
+(accumulating in the output), so that each worker sweeps a band of the map that stays in its cache.
+The per-sample parts are :mod:`.roi_align_kernel_samples`.
 
 With an adaptive grid the sampling loops' extents depend on the roi, so the TE compute of
 :mod:`tvm_roialign.topi.roi_align` nests them in a block per output element and no schedule can
