@@ -1,6 +1,7 @@
-"""The hand-scheduled CPU kernel for adaptive sampling grids (tvm_roialign.strategies.cpu_kernel).
+"""The hand-scheduled CPU kernel (tvm_roialign.strategies.cpu_kernel).
 
-It is used by the x86 and ARM strategies when ``sampling_ratio <= 0``; these tests check that the
+It is used by the x86 and ARM strategies for RoIAlign (any grid) and the RoI family's adaptive
+grids; these tests check that the
 legalized PrimFunc is that kernel (not the TE compute), that it equals the TE compute bit for bit
 on the generic llvm target, its vector width and channel blocks, and symbolic sizes. Its numerics
 against torchvision and the float64 reference (every mode and dtype, degenerate boxes) are the
@@ -81,14 +82,15 @@ def _legalized_primfuncs(mod):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("sampling_ratio", [-1, 0, 2])
-def test_strategy_uses_kernel_for_adaptive_grids_only(layout, sampling_ratio):
+def test_strategy_uses_kernel_for_adaptive_grids_and_nhwc(layout, sampling_ratio):
     mod = build_roi_align_module(_shape(layout, 12), 4, (3, 3), 0.5, sampling_ratio, False, layout)
     (func,) = _legalized_primfuncs(mod)
     script = func.script()
-    assert ('sblock("roi_align_adaptive")' in script) == (sampling_ratio <= 0)
-    assert ('sblock("roi_align_acc' in script) == (sampling_ratio > 0)
+    kernel = sampling_ratio <= 0 or layout == "NHWC"
+    assert ('sblock("roi_align_adaptive")' in script) == kernel
+    assert ('sblock("roi_align_acc' in script) == (not kernel)
     assert func.attrs["tirx.is_scheduled"]
-    if sampling_ratio <= 0:
+    if kernel:
         assert "T.vectorized(4)" in script  # 12 channels: 3 groups of 4 lanes
 
 
@@ -97,8 +99,12 @@ def test_kernel_not_applicable():
     rois = te.placeholder((3, 5), "float32", "rois")
     attrs = RoiAlignAttrs((2, 2), 1.0, -1, False, "NCHW", "avg")
     assert cpu_adaptive_kernel([data, rois], attrs, HOST) is not None
+    # a static grid: the kernel in NHWC (sample rows in the map's row order), the TE path in NCHW
     static = RoiAlignAttrs((2, 2), 1.0, 2, False, "NCHW", "avg")
     assert cpu_adaptive_kernel([data, rois], static, HOST) is None
+    nhwc = te.placeholder((1, 5, 5, 8), "float32", "data")
+    static_nhwc = RoiAlignAttrs((2, 2), 1.0, 2, False, "NHWC", "avg")
+    assert cpu_adaptive_kernel([nhwc, rois], static_nhwc, HOST) is not None
     # a symbolic channel count: no accumulator size; the TE compute is used
     sym = te.placeholder((1, tvm.tirx.Var("c", "int64"), 5, 5), "float32", "data")
     assert cpu_adaptive_kernel([sym, rois], attrs, HOST) is None
@@ -178,13 +184,14 @@ def test_channel_blocks_equal_one_block(layout, tol):
 # --- bit-for-bit the TE compute ---------------------------------------------------------------
 
 
-def _built(layout, mode, aligned, channels, num_rois, use_kernel):
+def _built(layout, mode, aligned, channels, num_rois, use_kernel, sampling_ratio=-1):
     data = te.placeholder(_shape(layout, channels), "float32", "data")
     rois = te.placeholder((num_rois, 5), "float32", "rois")
-    attrs = RoiAlignAttrs((3, 2), 0.5, -1, aligned, layout, mode)
+    attrs = RoiAlignAttrs((3, 2), 0.5, sampling_ratio, aligned, layout, mode)
 
     def compute(d, r):
-        return tvm_roialign.topi.roi_align(d, r, (3, 2), 0.5, mode, -1, aligned, layout)
+        return tvm_roialign.topi.roi_align(d, r, (3, 2), 0.5, mode, sampling_ratio, aligned,
+                                           layout)
 
     func = STRATEGIES["x86"].build(
         compute, [data, rois], HOST, layout, attrs if use_kernel else None
@@ -193,9 +200,14 @@ def _built(layout, mode, aligned, channels, num_rois, use_kernel):
     return tvm.compile(tvm.IRModule({"main": func}), target=HOST)
 
 
-@pytest.mark.parametrize("layout, mode, aligned", itertools.product(LAYOUTS, MODES, [False, True]))
-def test_bitwise_equal_to_te_compute(layout, mode, aligned):
-    """Random data with infinities, random and degenerate boxes: the same bits as the TE path."""
+@pytest.mark.parametrize(
+    "layout, mode, aligned, sampling_ratio",
+    [(*p, -1) for p in itertools.product(LAYOUTS, MODES, [False, True])]
+    + [("NHWC", mode, aligned, 2) for mode, aligned in itertools.product(MODES, [False, True])],
+)
+def test_bitwise_equal_to_te_compute(layout, mode, aligned, sampling_ratio):
+    """Random data with infinities, random and degenerate boxes (negative sizes with ``aligned``):
+    the same bits as the TE path, adaptive grids by bin rows, static grids by sample rows."""
     channels = 12 if aligned else 3
     rng = np.random.default_rng(1)
     data = rng.standard_normal((N, channels, H, W)).astype("float32")
@@ -205,7 +217,7 @@ def test_bitwise_equal_to_te_compute(layout, mode, aligned):
     rois = rois.astype("float32")
     outs = []
     for use_kernel in (True, False):
-        lib = _built(layout, mode, aligned, channels, len(rois), use_kernel)
+        lib = _built(layout, mode, aligned, channels, len(rois), use_kernel, sampling_ratio)
         x = data if layout == "NCHW" else np.ascontiguousarray(data.transpose(0, 2, 3, 1))
         out_shape = (len(rois), channels, 3, 2) if layout == "NCHW" else (len(rois), 3, 2, channels)
         out = tvm.runtime.tensor(np.full(out_shape, 7.0, "float32"))

@@ -1,4 +1,10 @@
-"""Hand-scheduled CPU kernel for RoIAlign with an adaptive sampling grid (``sampling_ratio <= 0``).
+"""Hand-scheduled CPU kernel for RoIAlign: adaptive sampling grids (``sampling_ratio <= 0``) in
+both layouts, and static grids in NHWC (the strategy's choice, :mod:`tvm_roialign.strategies.cpu_kernel`).
+
+The work runs in the order of the feature rows it reads (:mod:`.roi_align_kernel_order`): bin rows
+for adaptive grids (each bin accumulated over its whole grid at once), sample rows for static grids
+(accumulating in the output), so that each worker sweeps a band of the map that stays in its cache.
+The per-sample parts are :mod:`.roi_align_kernel_samples`.
 
 With an adaptive grid the sampling loops' extents depend on the roi, so the TE compute of
 :mod:`tvm_roialign.topi.roi_align` nests them in a block per output element and no schedule can
@@ -37,194 +43,158 @@ attributes is :mod:`tvm_roialign.strategies.cpu_kernel`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from ..topi._sampling import bilinear_coeffs, data_dims, exact_product, roi_geometry
+from ..topi._sampling import data_dims, exact_product
 from .roi_align_kernel_constants import FamilyKernel, KernelConstants
+from .roi_align_kernel_order import assign_chunks, order_items
+from .roi_align_kernel_samples import (
+    RoiReader,
+    add_sample,
+    bin_row,
+    chan,
+    copy_channels_last,
+    finish,
+    to_acc,
+    turn,
+    write_bin,
+)
 
 __all__ = ["roi_align_adaptive_cpu"]
 
 
-@dataclass(frozen=True)
-class _RoiReader:
-    """A roi's geometry from its row of the rois buffer: the TE compute's own helpers (same float
-    operations); the family's geometry when there is one."""
-
-    c: KernelConstants
-    num_batch: object
-    pooled_size: tuple
-    spatial_scale: float
-    aligned: bool
-    half_pixel: bool
-    family: FamilyKernel | None
-
-    def geometry(self, buf, k):
-        roi = lambda j: _to_acc(self.c, buf[k, j])
-        acc, idx = self.c.acc, self.c.idx
-        if self.family is not None:
-            return self.family.geometry(roi, self.num_batch, acc, idx)
-        return roi_geometry(roi, self.num_batch, self.pooled_size, self.spatial_scale, 0,
-                            self.aligned, acc, idx, self.half_pixel, self.c.target)
-
-    def fields(self, buf, k):
-        geo = self.geometry(buf, k)
-        return (geo.start_h, geo.start_w, geo.bin_h, geo.bin_w, geo.grid_h, geo.grid_w,
-                geo.roi_ok, geo.batch)
-
-    def rotation(self, buf, k):
-        rotation = self.geometry(buf, k).rotation
-        c = self.c
-        return rotation if rotation is not None else (c.one, c.zero, c.zero, c.zero)
-
-
-# --- expressions of the kernel (the vectorized channel loops hold whole expressions, no
-# statements: TVM's vectorizer does not widen a Bind inside a vectorized loop) ---
-
-
-def _to_acc(c: KernelConstants, value):
-    return tirx.Cast(c.acc, value)
-
-
-def _chan(c: KernelConstants, cb, co, ci):
-    """The channel of lane ``ci`` of vector ``co`` of block ``cb``."""
-    return cb * c.block_i + co * c.lanes + ci
-
-
-def _in_chan(c: KernelConstants, cb, co, ci, ph, pw):
-    """The data channel read for output channel ``_chan(cb, co, ci)`` of bin ``(ph, pw)``."""
-    if c.position_sensitive:
-        return _chan(c, cb, co, ci) * c.bins + ph * c.pooled_w + pw
-    return _chan(c, cb, co, ci)
-
-
-def _turn(c: KernelConstants, yy, xx, cos_t, sin_t, centre_h, centre_w):
-    """A sample ``(yy, xx)`` of the roi's grid -> feature-map ``(y, x)``: turned about the centre
-    for a rotated roi (each product rounded once, as topi's sample_point), else itself."""
-    if not c.rotated:
-        return yy, xx
-    y = exact_product(yy, cos_t, c.target) - exact_product(xx, sin_t, c.target) + centre_h
-    x = exact_product(yy, sin_t, c.target) + exact_product(xx, cos_t, c.target) + centre_w
-    return y, x
-
-
-def _sample(c: KernelConstants, w1, w2, w3, w4, v1, v2, v3, v4):
-    """torchvision: ``w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4``, left to right (``onnx_max``: the
-    max of the four products)."""
-    if c.mode == "onnx_max":
-        return tirx.max(
-            tirx.max(w1 * _to_acc(c, v1), w2 * _to_acc(c, v2)),
-            tirx.max(w3 * _to_acc(c, v3), w4 * _to_acc(c, v4)),
-        )
-    return w1 * _to_acc(c, v1) + w2 * _to_acc(c, v2) + w3 * _to_acc(c, v3) + w4 * _to_acc(c, v4)
-
-
-def _update(c: KernelConstants, acc_value, value):
-    """The reduction's combiner, accumulator first (as TE's sum / max)."""
-    return acc_value + value if c.mode == "avg" else tirx.max(acc_value, value)
-
-
-def _finish(c: KernelConstants, acc_value, nonempty, count):
-    """avg: divide by ``max(grid_h * grid_w, 1)``; every mode: 0 for an empty grid."""
-    value = acc_value / count if c.mode == "avg" else acc_value
-    return tirx.Cast(c.dtype, tirx.Select(nonempty, value, c.zero))
-
-
-# --- statements of the kernel (TVMScript macros, inlined where they are called) ---
-
-
 @T.macro
-def _copy_channels_last(c, data_buf, feat):
-    # channels-last copy of the feature map: the channel loop reads contiguous vectors
-    for nh in T.parallel(c.num_batch * c.height):
-        for w in range(c.width):
-            for co in range(c.copy_vectors):
-                for ci in T.vectorized(c.lanes):
-                    feat[nh // c.height, nh % c.height, w, co * c.lanes + ci] = data_buf[
-                        nh // c.height, co * c.lanes + ci, nh % c.height, w
-                    ]
-
-
-def _coefficients(c: KernelConstants, y, x, roi_ok):
-    """``(valid, y_low, y_high, x_low, x_high, w1, w2, w3, w4)`` of the sample at ``(y, x)``: the
-    TE compute's :func:`~tvm_roialign.topi._sampling.bilinear_coeffs`, its bindings emitted here
-    as Bind statements (scalars, computed once for all the channels)."""
-    co = bilinear_coeffs(y, x, c.height, c.width, roi_ok, c.acc, c.idx)
-    for var, value in co.bindings:
-        T.Bind(value, var=var)
-    return co.valid, co.y_low, co.y_high, co.x_low, co.x_high, co.w1, co.w2, co.w3, co.w4
-
-
-@T.macro
-def _add_sample(c, feat, acc_buf, cb, ph, pw, batch, roi_ok, y, x):
-    # the sample's positions and weights, once for all the channels (scalars)
-    valid, y_low, y_high, x_low, x_high, w1, w2, w3, w4 = _coefficients(c, y, x, roi_ok)
-    if valid:
-        for co in range(c.block_vectors):
-            for ci in T.vectorized(c.lanes):
-                # one expression (no Bind inside a vectorized loop)
-                acc_buf[co * c.lanes + ci] = _update(
-                    c,
-                    acc_buf[co * c.lanes + ci],
-                    _sample(
-                        c, w1, w2, w3, w4,
-                        feat[batch, y_low, x_low, _in_chan(c, cb, co, ci, ph, pw)],
-                        feat[batch, y_low, x_high, _in_chan(c, cb, co, ci, ph, pw)],
-                        feat[batch, y_high, x_low, _in_chan(c, cb, co, ci, ph, pw)],
-                        feat[batch, y_high, x_high, _in_chan(c, cb, co, ci, ph, pw)],
-                    ),
-                )
-    else:
-        # an outside sample contributes 0 (adding 0 changes no sum)
-        if c.mode != "avg":
-            for co in range(c.block_vectors):
-                for ci in T.vectorized(c.lanes):
-                    acc_buf[co * c.lanes + ci] = T.max(acc_buf[co * c.lanes + ci], c.zero)
-
-
-@T.macro
-def _write_bin(c, out, acc_buf, cb, k, ph, pw, nonempty, count):
-    # the bin's output, written once
-    for co in range(c.block_vectors):
-        for ci in T.vectorized(c.lanes):
-            if c.nchw:
-                out[k, _chan(c, cb, co, ci), ph, pw] = _finish(
-                    c, acc_buf[co * c.lanes + ci], nonempty, count
-                )
-            else:
-                out[k, ph, pw, _chan(c, cb, co, ci)] = _finish(
-                    c, acc_buf[co * c.lanes + ci], nonempty, count
-                )
-
-
-@T.macro
-def _pool_row(c, reader, feat, rois_buf, out, cb, row):
-    # one bin row of one roi: its geometry once, then each bin over the roi's grid
-    k = row // c.pooled_h
-    ph = row % c.pooled_h
-    start_h, start_w, bin_h, bin_w, grid_h, grid_w, roi_ok, batch = reader.fields(rois_buf, k)
-    cos_t, sin_t, centre_h, centre_w = reader.rotation(rois_buf, k)
-    grid_h_f = _to_acc(c, grid_h)
-    grid_w_f = _to_acc(c, grid_w)
-    nonempty = T.And(grid_h > c.i_zero, grid_w > c.i_zero)
-    count = _to_acc(c, T.max(grid_h * grid_w, c.i_one))
-    y_base = start_h + exact_product(_to_acc(c, ph), bin_h, c.target)
+def _pool_row(c, feat, out, cb, g):
+    # one bin row g of one roi (its geometry bound once): each bin over the roi's grid
     for pw in range(c.pooled_w):
-        x_base = start_w + exact_product(_to_acc(c, pw), bin_w, c.target)
+        x_base = T.Bind(g.start_w + exact_product(to_acc(c, pw), g.bin_w, c.target))
         acc_buf = T.alloc_buffer((c.block,), c.acc, scope="local")
-        for co in range(c.block_vectors):
+        for co in c.vector_loop(c.block_vectors):
             for ci in T.vectorized(c.lanes):
                 acc_buf[co * c.lanes + ci] = c.init
-        for iy in range(grid_h):
-            yy = y_base + (_to_acc(c, iy) + c.half) * bin_h / grid_h_f
-            for ix in range(grid_w):
+        for iy in range(g.grid_h):
+            yy = T.Bind(g.y_base + (to_acc(c, iy) + c.half) * g.bin_h / g.grid_h_f)
+            for ix in range(g.grid_w):
                 # (the row's terms are loop-invariant here unless the roi is rotated)
-                xx = x_base + (_to_acc(c, ix) + c.half) * bin_w / grid_w_f
-                y, x = _turn(c, yy, xx, cos_t, sin_t, centre_h, centre_w)
-                _add_sample(c, feat, acc_buf, cb, ph, pw, batch, roi_ok, y, x)
-        _write_bin(c, out, acc_buf, cb, k, ph, pw, nonempty, count)
+                xx = T.Bind(x_base + (to_acc(c, ix) + c.half) * g.bin_w / g.grid_w_f)
+                add_sample(c, feat, acc_buf, cb, g.ph, pw, g.batch, g.roi_ok,
+                           turn(c, yy, xx, g.rotation))
+        write_bin(c, out, acc_buf, cb, g.k, g.ph, pw, g.nonempty, g.count)
+
+
+@T.macro
+def _pool_sample_row(c, feat, acc_out, cb, g, iy):
+    # sample row iy of bin row g: its samples added to the bins' accumulators in acc_out
+    # (channels-last), which the bin row's first sample row starts and its last one finishes
+    yy = T.Bind(g.y_base + (to_acc(c, iy) + c.half) * g.bin_h / g.grid_h_f)
+    for pw in range(c.pooled_w):
+        x_base = T.Bind(g.start_w + exact_product(to_acc(c, pw), g.bin_w, c.target))
+        acc_buf = T.alloc_buffer((c.block,), c.acc, scope="local")
+        if iy == c.i_zero:
+            for co in c.vector_loop(c.block_vectors):
+                for ci in T.vectorized(c.lanes):
+                    acc_buf[co * c.lanes + ci] = c.init
+        else:
+            for co in c.vector_loop(c.block_vectors):
+                for ci in T.vectorized(c.lanes):
+                    acc_buf[co * c.lanes + ci] = acc_out[g.k, g.ph, pw, chan(c, cb, co, ci)]
+        for ix in range(g.grid_w):
+            xx = T.Bind(x_base + (to_acc(c, ix) + c.half) * g.bin_w / g.grid_w_f)
+            add_sample(c, feat, acc_buf, cb, g.ph, pw, g.batch, g.roi_ok, (yy, xx))
+        if iy == g.grid_h - c.i_one:
+            for co in c.vector_loop(c.block_vectors):
+                for ci in T.vectorized(c.lanes):
+                    acc_out[g.k, g.ph, pw, chan(c, cb, co, ci)] = finish(
+                        c, acc_buf[co * c.lanes + ci], g.nonempty, g.count
+                    )
+        else:
+            for co in c.vector_loop(c.block_vectors):
+                for ci in T.vectorized(c.lanes):
+                    acc_out[g.k, g.ph, pw, chan(c, cb, co, ci)] = acc_buf[co * c.lanes + ci]
+
+
+@T.macro
+def _to_channels_first(c, acc_out, out):
+    # NCHW output from the channels-last bins, one roi per iteration
+    for k in T.parallel(c.num_rois):
+        for ch in range(c.channels):
+            for ph in range(c.pooled_h):
+                for pw in range(c.pooled_w):
+                    out[k, ch, ph, pw] = acc_out[k, ph, pw, ch]
+
+
+def _bin_row_kernel(c: KernelConstants, reader: RoiReader):
+    """Bin rows in parallel, each bin's accumulator in registers; in the order of the feature
+    rows they read unless the rois are rotated."""
+
+    @T.prim_func(s_tir=True)
+    def kernel(d: T.handle, r: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        data_buf = T.match_buffer(d, c.data_shape, c.dtype)
+        rois_buf = T.match_buffer(r, c.rois_shape, c.dtype)
+        out = T.match_buffer(o, c.out_shape, c.dtype)
+        if c.nchw:
+            feat = T.alloc_buffer(c.feat_shape, c.dtype)
+            copy_channels_last(c, data_buf, feat)
+        else:
+            feat = data_buf
+        if c.ordered:
+            keys = T.alloc_buffer((c.items,), c.idx)
+            counts = T.alloc_buffer((c.num_keys + c.i_one,), c.idx)
+            order = T.alloc_buffer((c.items,), c.idx)
+            order_items(c, reader, rois_buf, keys, counts, order)
+            # channel blocks outermost: the map is swept once per block
+            for cb in range(c.num_blocks):
+                # each worker takes a contiguous run of the ordered rows: one band of the map
+                for t in T.parallel(c.rows):
+                    _pool_row(c, feat, out, cb, bin_row(c, reader, rois_buf, order[t]))
+        else:
+            for cb in range(c.num_blocks):
+                for row in T.parallel(c.rows):
+                    _pool_row(c, feat, out, cb, bin_row(c, reader, rois_buf, row))
+
+    return kernel
+
+
+def _sample_row_kernel(c: KernelConstants, reader: RoiReader):
+    """Static grids: sample rows in the order of the feature rows they read, each chunk of bin
+    rows on one worker (:mod:`.roi_align_kernel_order`); NCHW accumulates channels-last first."""
+
+    @T.prim_func(s_tir=True)
+    def kernel(d: T.handle, r: T.handle, o: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        data_buf = T.match_buffer(d, c.data_shape, c.dtype)
+        rois_buf = T.match_buffer(r, c.rois_shape, c.dtype)
+        out = T.match_buffer(o, c.out_shape, c.dtype)
+        if c.nchw:
+            feat = T.alloc_buffer(c.feat_shape, c.dtype)
+            copy_channels_last(c, data_buf, feat)
+            acc_out = T.alloc_buffer(c.bins_shape, c.acc)
+        else:
+            feat = data_buf
+            acc_out = out
+        keys = T.alloc_buffer((c.items,), c.idx)
+        counts = T.alloc_buffer((c.num_keys + c.i_one,), c.idx)
+        order = T.alloc_buffer((c.items,), c.idx)
+        owner = T.alloc_buffer((c.rows,), c.idx)
+        chunk_start = T.alloc_buffer((c.chunks,), c.idx)
+        order_items(c, reader, rois_buf, keys, counts, order)
+        assign_chunks(c, order, owner, chunk_start)
+        for cb in range(c.num_blocks):
+            for chunk in T.parallel(c.chunks):
+                for i in range(chunk_start[chunk], c.items):
+                    item = T.Bind(order[i])
+                    if owner[item // c.row_samples] == chunk:
+                        _pool_sample_row(
+                            c, feat, acc_out, cb,
+                            bin_row(c, reader, rois_buf, item // c.row_samples),
+                            item % c.row_samples,
+                        )
+        if c.nchw:
+            _to_channels_first(c, acc_out, out)
+
+    return kernel
 
 
 def roi_align_adaptive_cpu(
@@ -240,8 +210,9 @@ def roi_align_adaptive_cpu(
     half_pixel: bool = False,
     family: FamilyKernel | None = None,
     target=None,
+    sampling_ratio: int = 0,
 ) -> tirx.PrimFunc:
-    """The scheduled PrimFunc ``(data, rois, out)`` of RoIAlign with an adaptive grid.
+    """The scheduled PrimFunc ``(data, rois, out)`` of RoIAlign on the CPU.
 
     Parameters
     ----------
@@ -263,34 +234,25 @@ def roi_align_adaptive_cpu(
         None for RoIAlign (``spatial_scale``, ``aligned`` and ``half_pixel`` then give the
         geometry). ``C`` is then the *output* channel count.
     target : tvm.target.Target, optional
-        What the geometry's products are fenced for (None: plain products).
+        What the geometry's products are fenced for (None: plain products), and whose cores the
+        sample rows of a static grid are divided among (None: one).
+    sampling_ratio : int
+        Samples per bin side when positive (RoIAlign only; the family's grids are adaptive), else
+        the adaptive grid.
 
     Returns
     -------
     tirx.PrimFunc
         Parameters ``data``, ``rois``, ``out`` (``[K, C, PH, PW]`` or ``[K, PH, PW, C]``).
     """
+    sampling_ratio = max(int(sampling_ratio), 0) if family is None else 0
     c = KernelConstants.of(
-        data, rois, pooled_size, mode, layout, lanes, channel_block, family, target
+        data, rois, pooled_size, mode, layout, lanes, channel_block, family, target,
+        sampling_ratio,
     )
     num_batch = data_dims(data.shape, layout)[0]
-    reader = _RoiReader(c, num_batch, pooled_size, spatial_scale, aligned, half_pixel, family)
-
-    @T.prim_func(s_tir=True)
-    def kernel(d: T.handle, r: T.handle, o: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        data_buf = T.match_buffer(d, c.data_shape, c.dtype)
-        rois_buf = T.match_buffer(r, c.rois_shape, c.dtype)
-        out = T.match_buffer(o, c.out_shape, c.dtype)
-        if c.nchw:
-            feat = T.alloc_buffer(c.feat_shape, c.dtype)
-            _copy_channels_last(c, data_buf, feat)
-        else:
-            feat = data_buf
-        # channel blocks outermost: all rois read one block of the feature map at a time, which
-        # stays in the last-level cache for the next rois
-        for cb in range(c.num_blocks):
-            for row in T.parallel(c.rows):
-                _pool_row(c, reader, feat, rois_buf, out, cb, row)
-
-    return kernel
+    reader = RoiReader(c, num_batch, pooled_size, spatial_scale, aligned, half_pixel, family,
+                       sampling_ratio)
+    if c.by_sample_row:
+        return _sample_row_kernel(c, reader)
+    return _bin_row_kernel(c, reader)

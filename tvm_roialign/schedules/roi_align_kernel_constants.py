@@ -8,9 +8,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import tvm
 from tvm import tirx
+from tvm.script import tirx as T
 
 from ..topi._sampling import accumulate_dtype, data_dims, index_dtype_for, is_static, output_shape
+from .target_info import cpu_info
 
 __all__ = ["MAX_ACC_BYTES", "FamilyKernel", "KernelConstants", "channel_block_for"]
 
@@ -59,7 +62,21 @@ class KernelConstants:
     rois_shape: list
     out_shape: list
     feat_shape: list  # the channels-last copy of an NCHW feature map
-    rows: tirx.PrimExpr  # parallel (roi, bin row) iterations
+    ordered: bool  # work runs in the order of the feature rows it reads (not rotated)
+    #: a static grid whose accumulator has the data's dtype: sample rows are the work items,
+    #: accumulating in the output (:mod:`.roi_align_kernel_order`); else bin rows
+    by_sample_row: bool
+    rows: tirx.PrimExpr  # (roi, bin row) pairs
+    row_samples: tirx.PrimExpr  # work items per bin row: the static grid's rows, or 1
+    items: tirx.PrimExpr  # work items: rows * row_samples
+    chunks: tirx.PrimExpr  # runs of bin rows, one per core of the target (sample rows)
+    num_keys: tirx.PrimExpr  # sort keys of the items: one per (image, feature row)
+    num_rois: tirx.PrimExpr
+    channels: tirx.PrimExpr
+    bins_shape: list  # [K, PH, PW, C]: the channels-last accumulators of an NCHW output
+    #: the accumulator's channel vectors unrolled: they fit in half the target's vector registers
+    #: (the other half holds the weights and the loaded data), so that they stay in registers
+    unroll_vectors: bool
     pooled_h: tirx.PrimExpr
     pooled_w: tirx.PrimExpr
     bins: tirx.PrimExpr  # PH * PW
@@ -80,7 +97,8 @@ class KernelConstants:
     target: object = None  # what the geometry's products are fenced for (topi's exact_product)
 
     @classmethod
-    def of(cls, data, rois, pooled_size, mode, layout, lanes, channel_block, family, target=None):
+    def of(cls, data, rois, pooled_size, mode, layout, lanes, channel_block, family, target=None,
+           sampling_ratio=0):
         dtype = str(data.dtype)
         acc = accumulate_dtype(dtype)
         num_batch, in_channels, height, width = data_dims(data.shape, layout)
@@ -98,12 +116,29 @@ class KernelConstants:
             return tirx.const(value, idx)
 
         zero = tirx.const(0.0, acc)
+        by_sample_row = family is None and sampling_ratio > 0 and acc == dtype
+        row_samples = sampling_ratio if by_sample_row else 1
+        rows = ival(rois.shape[0]) * const(pooled_h)
+        info = cpu_info(target) if target is not None else None
+        chunks = info.num_cores if info is not None else 1
+        acc_bits = block * tvm.runtime.DataType(acc).bits
+        unroll = info is not None and acc_bits <= info.vector_bits * (info.vector_registers // 2)
         return cls(
             dtype, acc, idx, mode, layout == "NCHW",
             family is not None and family.rotated,
             family is not None and family.position_sensitive,
             block, data.shape, rois.shape, out_shape, [num_batch, height, width, in_channels],
-            rows=ival(rois.shape[0]) * const(pooled_h),
+            ordered=family is None or not family.rotated,
+            by_sample_row=by_sample_row,
+            rows=rows,
+            row_samples=const(row_samples),
+            items=rows * const(row_samples),
+            chunks=const(chunks),
+            num_keys=ival(num_batch) * ival(height),
+            num_rois=ival(rois.shape[0]),
+            channels=const(channels),
+            bins_shape=[rois.shape[0], pooled_h, pooled_w, channels],
+            unroll_vectors=unroll,
             pooled_h=const(pooled_h), pooled_w=const(pooled_w), bins=const(pooled_h * pooled_w),
             num_batch=ival(num_batch), height=ival(height), width=ival(width),
             lanes=const(lanes), copy_vectors=const(int(in_channels) // lanes),
@@ -114,3 +149,7 @@ class KernelConstants:
             init=zero if mode == "avg" else tirx.min_value(acc),
             target=target,
         )
+
+    def vector_loop(self, extent):
+        """The loop over an accumulator's channel vectors: unrolled when they stay in registers."""
+        return T.unroll(extent) if self.unroll_vectors else T.serial(extent)

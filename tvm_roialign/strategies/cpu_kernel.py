@@ -1,13 +1,13 @@
-"""The x86 and ARM strategies' kernel for adaptive sampling grids (``sampling_ratio <= 0``): from
-the op's attributes to the hand-scheduled CPU kernel of
-:mod:`tvm_roialign.schedules.roi_align_kernel`.
+"""The x86 and ARM strategies' kernel: from the op's attributes to the hand-scheduled CPU kernel of
+:mod:`tvm_roialign.schedules.roi_align_kernel`, for RoIAlign with an adaptive grid or NHWC data, and
+for the RoI family with adaptive grids.
 
 :func:`cpu_adaptive_kernel` tells the ops of the RoI family apart by their attributes, checks them
 as the op's TE compute does, picks the vector lanes
 (:func:`~tvm_roialign.schedules.roi_align_cpu.vector_lanes`) and the channel blocking, and returns
 the kernel as a TE extern op; it returns None (the TE path is used) for a static grid
-(``sampling_ratio > 0``), a symbolic channel count, or arguments the TE compute would reject (so
-that it raises its own error).
+(``sampling_ratio > 0``) in NCHW or of a family op, a symbolic channel count, or arguments the TE
+compute would reject (so that it raises its own error).
 """
 
 from __future__ import annotations
@@ -77,16 +77,21 @@ def cpu_adaptive_kernel(te_inputs, attrs, target):
     (:class:`~tvm_roialign.ops.roi_align.RoiAlignAttrs`, ``RoiAlignRotatedAttrs`` or
     ``PSRoiAlignAttrs``). Returns the output tensor of the scheduled adaptive-grid kernel
     (:func:`roi_align_adaptive_cpu`) wrapped as a TE extern op, or None (the op's TE compute is
-    used) for ``sampling_ratio > 0``, a symbolic channel count, or arguments the TE compute rejects
-    (it raises the error).
+    used) for ``sampling_ratio > 0`` in NCHW or of a family op, a symbolic channel count, or arguments the
+    TE compute rejects (it raises the error).
     """
-    if len(te_inputs) != 2 or int(attrs.sampling_ratio) > 0:
+    if len(te_inputs) != 2:
         return None
     data, rois = te_inputs
     layout = str(attrs.layout)
     try:
         pooled, spatial_scale, mode, family = _family_of(data, rois, attrs, target)
     except (ValueError, TypeError):
+        return None
+    sampling_ratio = int(attrs.sampling_ratio)
+    if sampling_ratio > 0 and (family is not None or layout == "NCHW"):
+        # an NCHW output of a static grid: the TE schedule's roi-major write is faster than the
+        # kernel's channels-last copies
         return None
     channels = data_dims(data.shape, layout)[1] if family is None else family.out_channels
     if not is_static(channels) or int(channels) <= 0:
@@ -106,6 +111,7 @@ def cpu_adaptive_kernel(te_inputs, attrs, target):
         bool(getattr(attrs, "half_pixel", False)),
         family,
         target,
+        sampling_ratio,
     )
     return te.extern_primfunc(
         [data, rois], func, name="roi_align_adaptive", tag=f"roi_align_{layout.lower()}"
