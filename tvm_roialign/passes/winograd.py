@@ -162,10 +162,14 @@ class _WinogradRewriter(FunctionRewriter):
         )
         rows = bb.emit(relax.op.memory.view(transformed, [alpha * alpha, tiles, dims[3]]))
         product = bb.emit(relax.op.matmul(rows, weight_u))
-        out_shape = (dims[0], *output_size(dims[1], dims[2], pad), weight_u.ty.shape[2])
+        filters = weight_u.ty.shape[2]
+        tiled = bb.emit(
+            relax.op.memory.view(product, [alpha * alpha, dims[0], tiles_h, tiles_w, filters])
+        )
+        out_shape = (dims[0], *output_size(dims[1], dims[2], pad), filters)
         return bb.emit_te(
-            lambda t: output_transform(t, m, out_shape, tiles_h, tiles_w),
-            product,
+            lambda t: output_transform(t, m, out_shape, tiles_h, tiles_w, flat=False),
+            tiled,
             primfunc_name_hint="winograd_output_transform",
         )
 
@@ -213,7 +217,7 @@ class WinogradConv2D:  # pylint: disable=too-few-public-methods
         self.reference_side = int(reference_side)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        return rewrite_module(
+        rewritten = rewrite_module(
             _WinogradRewriter,
             mod,
             tile=self.tile,
@@ -221,6 +225,11 @@ class WinogradConv2D:  # pylint: disable=too-few-public-methods
             min_tiles=self.min_tiles,
             reference_side=self.reference_side,
         )
+        if rewritten is mod:
+            return mod
+        # a rewritten conv's binding is an alias of its output transform's result, which FuseOps
+        # does not look through: without this the bias / ReLU epilogue would stay a pass of its own
+        return relax.transform.CanonicalizeBindings()(rewritten)
 
 
 __all__ = [
