@@ -63,8 +63,21 @@ def _shape_exprs(expr):
         return None
     return list(ty.shape.values)
 
+def choose_tile(tiles, n: int, h: int, w: int, pad) -> tuple[int, int, int]:
+    """``(m, tiles_h, tiles_w)``: of the output tiles ``tiles``, the one whose layer has the
+    fewest transformed products ``(m + 2)^2 * N * tiles_h * tiles_w`` (the batched product's
+    multiply-adds per channel pair, and the size of its operands), the smaller tile on a tie."""
+    best = None
+    for m in sorted(tiles):
+        tiles_h, tiles_w = tile_counts(h, w, pad, m)
+        work = (m + 2) ** 2 * n * tiles_h * tiles_w
+        if best is None or work < best[0]:
+            best = (work, m, tiles_h, tiles_w)
+    return best[1:]
+
+
 class _WinogradRewriter(FunctionRewriter):
-    tile = 4
+    tiles = (4,)
     min_channels = 64
     min_tiles = 32
     reference_side = 320
@@ -98,14 +111,13 @@ class _WinogradRewriter(FunctionRewriter):
         ):
             return call
         pad = [int(v) for v in attrs.padding]  # top, left, bottom, right
-        m = self.tile
-        # the decision is taken at the layer's size for the reference image side when the size
-        # is symbolic (one library serves every size; the few-tile layers stay direct)
+        # the decisions are taken at the layer's size for the reference image side when the
+        # size is symbolic (one library serves every size; the few-tile layers stay direct)
         n_ref, h_ref, w_ref = (self._reference(d) for d in dims[:3])
         out_h, out_w = output_size(h_ref, w_ref, pad)
         if out_h < 1 or out_w < 1:
             return call
-        tiles_h, tiles_w = tile_counts(h_ref, w_ref, pad, m)
+        m, tiles_h, tiles_w = choose_tile(self.tiles, max(n_ref, 1), h_ref, w_ref, pad)
         if n_ref * tiles_h * tiles_w < self.min_tiles:
             return call
         self.changed = True
@@ -198,20 +210,29 @@ class _WinogradRewriter(FunctionRewriter):
         )
 
 
+def tile_set(tile) -> tuple[int, ...]:
+    """The candidate output tiles of ``tile`` (an int or a sequence of them), checked against
+    :data:`~tvm_roialign.topi.winograd.POINTS`."""
+    tiles = tuple(int(t) for t in (tile if isinstance(tile, (tuple, list)) else (tile,)))
+    if not tiles or any(t not in POINTS for t in tiles):
+        raise ValueError(f"tile must be one of {sorted(POINTS)} or a tuple of them, got {tile}")
+    return tiles
+
+
 @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.WinogradConv2D")
 class WinogradConv2D:  # pylint: disable=too-few-public-methods
-    """Rewrite 3x3 stride-1 NHWC constant-weight conv2d as Winograd ``F(tile x tile, 3 x 3)``."""
+    """Rewrite 3x3 stride-1 NHWC constant-weight conv2d as Winograd ``F(m x m, 3 x 3)``: ``tile``
+    is ``m``, or a tuple of candidate tiles of which each conv gets the one with the fewest
+    transformed products at its size (:func:`choose_tile`)."""
 
     def __init__(
         self,
-        tile: int = 4,
+        tile: int | tuple = 4,
         min_channels: int = 64,
         min_tiles: int = 32,
         reference_side: int = 320,
     ):
-        if tile not in POINTS:
-            raise ValueError(f"tile must be one of {sorted(POINTS)}, got {tile}")
-        self.tile = int(tile)
+        self.tiles = tile_set(tile)
         self.min_channels = int(min_channels)
         self.min_tiles = int(min_tiles)
         self.reference_side = int(reference_side)
@@ -220,7 +241,7 @@ class WinogradConv2D:  # pylint: disable=too-few-public-methods
         rewritten = rewrite_module(
             _WinogradRewriter,
             mod,
-            tile=self.tile,
+            tiles=self.tiles,
             min_channels=self.min_channels,
             min_tiles=self.min_tiles,
             reference_side=self.reference_side,
@@ -236,8 +257,10 @@ __all__ = [
     "INPUT_BLOCK",
     "OUTPUT_BLOCK",
     "WinogradConv2D",
+    "choose_tile",
     "input_transform",
     "output_transform",
+    "tile_set",
     "transform_weight",
     "winograd_matrices",
 ]

@@ -29,6 +29,7 @@ from tvm import te, tirx
 POINTS = {
     2: (0, 1, -1),
     4: (0, 1, -1, Fraction(1, 2), Fraction(-1, 2)),
+    5: (0, 1, -1, 2, Fraction(1, 2), Fraction(-1, 2)),
     6: (0, 1, -1, 2, -2, Fraction(1, 2), Fraction(-1, 2)),
 }
 
