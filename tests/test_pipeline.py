@@ -279,8 +279,8 @@ def test_winograd_matrices_compute_a_correlation(tile):
 @pytest.mark.parametrize("tile", [2, 4, 5, (4, 5)])
 def test_winograd_rewrite_structure_and_accuracy(tile):
     """Odd output sizes (the last tile cropped), padding, and the float64 direct conv as reference.
-    With the candidates (4, 5), the 11x9 output takes F(5x5): 3 x 2 tiles of 49 products (294)
-    against F(4x4)'s 3 x 3 tiles of 36 (324)."""
+    With the candidates (4, 5), the 11x9 output keeps F(4x4): its 3 x 3 tiles of 36 products (324)
+    against F(5x5)'s 3 x 2 tiles of 49 (294, 91%)."""
     rng = np.random.default_rng(3)
     weight = (rng.standard_normal((3, 3, 64, 64)) * 0.1).astype("float32")
     bb = relax.BlockBuilder()
@@ -304,7 +304,7 @@ def test_winograd_rewrite_structure_and_accuracy(tile):
     rewritten = WinogradConv2D(tile=tile, min_tiles=0)(mod)
     assert not _ops(rewritten, "relax.nn.conv2d")
     (mm,) = _ops(rewritten, "relax.matmul")
-    chosen = 5 if tile == (4, 5) else tile
+    chosen = 4 if tile == (4, 5) else tile
     assert [int(v) for v in mm.args[1].ty.shape] == [(chosen + 2) ** 2, 64, 64]
     data = rng.standard_normal((2, 11, 9, 64)).astype("float32")
     expected = (
@@ -332,11 +332,14 @@ def test_winograd_leaves_other_convs():
 
 
 def test_winograd_tile_choice_counts_the_transformed_products():
-    """14x14 (the mask head): F(4x4) 4 x 4 tiles of 36 (576), F(5x5) 3 x 3 of 49 (441), F(6x6)
-    3 x 3 of 64 (576); 32x32: F(4x4) 64 tiles of 36 (2304) against F(5x5)'s 49 of 49 (2401); a
-    tie goes to the smaller tile."""
+    """A larger tile is taken when it needs at most 85% of the smaller one's transformed products:
+    14x14 (the mask head): F(4x4) 4 x 4 tiles of 36 (576), F(5x5) 3 x 3 of 49 (441, 77%), F(6x6)
+    3 x 3 of 64 (576); 128x128: F(5x5) 26 x 26 of 49 (33124) is 90% of F(4x4)'s 32 x 32 of 36
+    (36864); 32x32: F(5x5) 49 tiles of 49 (2401) against F(4x4)'s 64 of 36 (2304)."""
     same = [1, 1, 1, 1]
     assert choose_tile((4, 5), 1, 14, 14, same) == (5, 3, 3)
+    assert choose_tile((5, 4), 100, 14, 14, same) == (5, 3, 3)
+    assert choose_tile((4, 5), 1, 128, 128, same) == (4, 32, 32)
     assert choose_tile((4, 5), 1, 32, 32, same) == (4, 8, 8)
     assert choose_tile((6, 4), 100, 14, 14, same) == (4, 4, 4)
     assert choose_tile((2,), 1, 14, 14, same) == (2, 7, 7)

@@ -63,15 +63,30 @@ def _shape_exprs(expr):
         return None
     return list(ty.shape.values)
 
+#: ``op_pattern`` of the output transforms (TVM's ``kOutEWiseFusable``): FuseOps fuses the conv's
+#: elementwise epilogue (bias, ReLU) into them, but not the next conv's input transform, which
+#: their unrolled two-stage schedule does not take in the same function
+_OUT_EWISE_FUSABLE = 4
+
+
+#: How many of the smaller tile's transformed products a larger tile may need at most to be chosen:
+#: a larger tile's transforms hold more vectors ((m + 2)^2 per channel vector, beyond a 32-register
+#: file for m >= 4) and cost more per product, so a tile that saves only a few percent of the
+#: products (F(5x5) against F(4x4) on a large map: 10%) gives it back in its transforms, while one
+#: that fits the map much better (F(5x5) on 14x14: 23% fewer) wins
+LARGER_TILE_SHARE = 0.85
+
+
 def choose_tile(tiles, n: int, h: int, w: int, pad) -> tuple[int, int, int]:
-    """``(m, tiles_h, tiles_w)``: of the output tiles ``tiles``, the one whose layer has the
-    fewest transformed products ``(m + 2)^2 * N * tiles_h * tiles_w`` (the batched product's
-    multiply-adds per channel pair, and the size of its operands), the smaller tile on a tie."""
+    """``(m, tiles_h, tiles_w)``: of the output tiles ``tiles``, the smallest one unless a larger one
+    needs at most :data:`LARGER_TILE_SHARE` of its transformed products ``(m + 2)^2 * N *
+    tiles_h * tiles_w`` (the batched product's multiply-adds per channel pair, and the size of its
+    operands)."""
     best = None
     for m in sorted(tiles):
         tiles_h, tiles_w = tile_counts(h, w, pad, m)
         work = (m + 2) ** 2 * n * tiles_h * tiles_w
-        if best is None or work < best[0]:
+        if best is None or work <= LARGER_TILE_SHARE * best[0]:
             best = (work, m, tiles_h, tiles_w)
     return best[1:]
 
@@ -179,11 +194,14 @@ class _WinogradRewriter(FunctionRewriter):
             relax.op.memory.view(product, [alpha * alpha, dims[0], tiles_h, tiles_w, filters])
         )
         out_shape = (dims[0], *output_size(dims[1], dims[2], pad), filters)
-        return bb.emit_te(
+        out = bb.emit_te(
             lambda t: output_transform(t, m, out_shape, tiles_h, tiles_w, flat=False),
             tiled,
             primfunc_name_hint="winograd_output_transform",
         )
+        gvar = bb.lookup_binding(out).args[0]
+        bb.update_func(gvar, bb.get()[gvar].with_attr("op_pattern", _OUT_EWISE_FUSABLE))
+        return out
 
     def _reference(self, dim) -> int:
         """``dim`` as an integer: its value, or its value at the reference image side."""
@@ -202,6 +220,8 @@ class _WinogradRewriter(FunctionRewriter):
             while not isinstance(placeholder.op, te.PlaceholderOp):
                 placeholder = placeholder.op.input_tensors[0]
             func = te.create_prim_func([placeholder, out]).without_attr("global_symbol")
+            if name == "winograd_output_transform":
+                func = func.with_attr("op_pattern", _OUT_EWISE_FUSABLE)
             cache[(name, key)] = self.builder_.add_func(func, name)
         return self.builder_.emit(
             relax.call_tir(
