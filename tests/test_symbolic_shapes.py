@@ -275,15 +275,16 @@ def test_conv_of_compound_symbolic_extents_matches_float64(rng):
     )
 
 
-def test_winograd_at_symbolic_sizes_matches_float64(rng):
+@pytest.mark.parametrize("tile", [4, 5], ids=["F4", "F5"])
+def test_winograd_at_symbolic_sizes_matches_float64(tile, rng):
     """The 3x3 conv after a stem and a pool (extents ``(h - 1) // 4 + 1``) as Winograd F(4x4, 3x3)
     at a symbolic size: transforms whose tiles are axes (no division by a symbolic count), a
     product over ``N * tiles`` rows. A symbolic resnet18 ran 1.3x its static build without it.
-    Sizes not a multiple of the tile, a batch, and images smaller than one tile."""
+    Sizes not a multiple of the tile, a batch, and images smaller than one tile; F(5x5) too."""
     stem = (rng.standard_normal((7, 7, 3, 64)) * 0.2).astype("float32")
     weight = (rng.standard_normal((3, 3, 64, 64)) * 0.1).astype("float32")
     mod = _module([N, H, W, 3], _stem_then_conv(stem, weight))
-    funcs = _scheduled(mod)
+    funcs = _scheduled(mod, winograd=tile)
     names = sorted(funcs)
     assert any("winograd_input_transform" in n for n in names), names
     assert any("winograd_output_transform" in n for n in names), names
@@ -297,6 +298,7 @@ def test_winograd_at_symbolic_sizes_matches_float64(rng):
         [(1, 64, 80, 3), (1, 37, 45, 3), (2, 50, 33, 3), (1, 9, 5, 3)],
         lambda x: _torch_stem_then_conv(x, stem, weight),
         rng,
+        winograd=tile,
     )
 
 

@@ -11,7 +11,7 @@ relax_pipeline="tvm_roialign_cpu")`` works after ``import tvm_roialign``). Its p
    (``DecomposeOpsForInference``), fold constants; pad the output channels of constant-weight
    conv2d / matmul to a multiple of the target's vector width
    (:class:`~tvm_roialign.passes.PadChannels`); 3x3 stride-1 convolutions as Winograd
-   ``F(4x4, 3x3)`` (:class:`~tvm_roialign.passes.WinogradConv2D`);
+   ``F(m x m, 3x3)`` (:class:`~tvm_roialign.passes.WinogradConv2D`);
 2. **legalize and fuse**: TVM's CPU library dispatch, ``LegalizeOps``, ``AnnotateTIROpPattern``,
    ``FoldConstant``, ``FuseOps``, ``FuseTIR`` (a conv and its bias / residual add / ReLU become one
    PrimFunc);
@@ -91,7 +91,8 @@ def cpu_pipeline(
         ``ConvertLayout`` adds transposes at the edges of an NCHW model and folds those that
         cancel; None keeps the model's layouts), ``fold_batch_norm`` and ``pad_channels``
         (True), ``winograd``: output tile of the Winograd rewrite of 3x3 convolutions (4:
-        ``F(4x4, 3x3)``, 2, or 0: off), ``reference_side``: the image side (320) at which a conv
+        ``F(4x4, 3x3)``, 2, 5, 6, a tuple of them: each conv takes the one of fewest products, or
+        0: off), ``reference_side``: the image side (320) at which a conv
         of symbolic size is judged worth Winograd (one library serves every size),
         ``precision``: ``"fp32"``, ``"bf16"`` (:class:`~tvm_roialign.passes.BF16Contractions`) or
         ``"int8"`` (:class:`~tvm_roialign.passes.Int8Contractions`, calibrated on ``calibration``).

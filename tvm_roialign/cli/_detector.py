@@ -28,7 +28,7 @@ DEFAULT_MAX_SIZE = 512
 
 #: ``--fast`` of ``compile DETECTOR``, ``maskrcnn`` and ``tune maskrcnn``.
 HELP_FAST = (
-    "fast build: the 3x3 convolutions as Winograd F(4x4, 3x3); detections scored >= 0.1 match "
+    "fast build: the 3x3 convolutions as Winograd F(4x4, 3x3) or F(5x5, 3x3); detections scored >= 0.1 match "
     "eager's with box IoU >= 0.99, near ties excepted (docs/detectors.md, build modes). Default: "
     "exact, direct convolutions, every detection equal to eager's"
 )

@@ -9,10 +9,12 @@ from __future__ import annotations
 #: Winograd rounds otherwise than PyTorch's direct convs, which can change near-tie decisions.
 WINOGRAD_TILE = 0
 
-#: Winograd output tile of the fast mode (``fast=True``, ``--fast``): F(4x4, 3x3), 4x fewer
-#: products than a direct conv, its rounding error a few times the direct float32 conv's
-#: (F(2x2) has 2.25x fewer, its error within the direct conv's; docs/detectors.md compares them).
-FAST_WINOGRAD_TILE = 4
+#: Winograd output tiles of the fast mode (``fast=True``, ``--fast``): each 3x3 conv gets F(4x4, 3x3)
+#: or F(5x5, 3x3), whichever needs fewer products at its size (F(5x5) on the mask head's 14x14
+#: maps, 3 tiles a side against F(4x4)'s 4), 3-4x fewer than a direct conv; their rounding error a
+#: few times the direct float32 conv's (F(2x2) has 2.25x fewer, its error within the direct
+#: conv's; docs/detectors.md compares them).
+FAST_WINOGRAD_TILE = (4, 5)
 
 #: The build modes, as the artifact's metadata names them (``"mode"``): ``exact`` (direct convs,
 #: the default: detections equal to eager's, :data:`tvm_roialign.models.compare.CRITERIA`) and

@@ -63,8 +63,36 @@ def _shape_exprs(expr):
         return None
     return list(ty.shape.values)
 
+#: ``op_pattern`` of the output transforms (TVM's ``kOutEWiseFusable``): FuseOps fuses the conv's
+#: elementwise epilogue (bias, ReLU) into them, but not the next conv's input transform, which
+#: their unrolled two-stage schedule does not take in the same function
+_OUT_EWISE_FUSABLE = 4
+
+
+#: How many of the smaller tile's transformed products a larger tile may need at most to be chosen:
+#: a larger tile's transforms hold more vectors ((m + 2)^2 per channel vector, beyond a 32-register
+#: file for m >= 4) and cost more per product, so a tile that saves only a few percent of the
+#: products (F(5x5) against F(4x4) on a large map: 10%) gives it back in its transforms, while one
+#: that fits the map much better (F(5x5) on 14x14: 23% fewer) wins
+LARGER_TILE_SHARE = 0.85
+
+
+def choose_tile(tiles, n: int, h: int, w: int, pad) -> tuple[int, int, int]:
+    """``(m, tiles_h, tiles_w)``: of the output tiles ``tiles``, the smallest one unless a larger one
+    needs at most :data:`LARGER_TILE_SHARE` of its transformed products ``(m + 2)^2 * N *
+    tiles_h * tiles_w`` (the batched product's multiply-adds per channel pair, and the size of its
+    operands)."""
+    best = None
+    for m in sorted(tiles):
+        tiles_h, tiles_w = tile_counts(h, w, pad, m)
+        work = (m + 2) ** 2 * n * tiles_h * tiles_w
+        if best is None or work <= LARGER_TILE_SHARE * best[0]:
+            best = (work, m, tiles_h, tiles_w)
+    return best[1:]
+
+
 class _WinogradRewriter(FunctionRewriter):
-    tile = 4
+    tiles = (4,)
     min_channels = 64
     min_tiles = 32
     reference_side = 320
@@ -98,14 +126,13 @@ class _WinogradRewriter(FunctionRewriter):
         ):
             return call
         pad = [int(v) for v in attrs.padding]  # top, left, bottom, right
-        m = self.tile
-        # the decision is taken at the layer's size for the reference image side when the size
-        # is symbolic (one library serves every size; the few-tile layers stay direct)
+        # the decisions are taken at the layer's size for the reference image side when the
+        # size is symbolic (one library serves every size; the few-tile layers stay direct)
         n_ref, h_ref, w_ref = (self._reference(d) for d in dims[:3])
         out_h, out_w = output_size(h_ref, w_ref, pad)
         if out_h < 1 or out_w < 1:
             return call
-        tiles_h, tiles_w = tile_counts(h_ref, w_ref, pad, m)
+        m, tiles_h, tiles_w = choose_tile(self.tiles, max(n_ref, 1), h_ref, w_ref, pad)
         if n_ref * tiles_h * tiles_w < self.min_tiles:
             return call
         self.changed = True
@@ -162,12 +189,19 @@ class _WinogradRewriter(FunctionRewriter):
         )
         rows = bb.emit(relax.op.memory.view(transformed, [alpha * alpha, tiles, dims[3]]))
         product = bb.emit(relax.op.matmul(rows, weight_u))
-        out_shape = (dims[0], *output_size(dims[1], dims[2], pad), weight_u.ty.shape[2])
-        return bb.emit_te(
-            lambda t: output_transform(t, m, out_shape, tiles_h, tiles_w),
-            product,
+        filters = weight_u.ty.shape[2]
+        tiled = bb.emit(
+            relax.op.memory.view(product, [alpha * alpha, dims[0], tiles_h, tiles_w, filters])
+        )
+        out_shape = (dims[0], *output_size(dims[1], dims[2], pad), filters)
+        out = bb.emit_te(
+            lambda t: output_transform(t, m, out_shape, tiles_h, tiles_w, flat=False),
+            tiled,
             primfunc_name_hint="winograd_output_transform",
         )
+        gvar = bb.lookup_binding(out).args[0]
+        bb.update_func(gvar, bb.get()[gvar].with_attr("op_pattern", _OUT_EWISE_FUSABLE))
+        return out
 
     def _reference(self, dim) -> int:
         """``dim`` as an integer: its value, or its value at the reference image side."""
@@ -186,6 +220,8 @@ class _WinogradRewriter(FunctionRewriter):
             while not isinstance(placeholder.op, te.PlaceholderOp):
                 placeholder = placeholder.op.input_tensors[0]
             func = te.create_prim_func([placeholder, out]).without_attr("global_symbol")
+            if name == "winograd_output_transform":
+                func = func.with_attr("op_pattern", _OUT_EWISE_FUSABLE)
             cache[(name, key)] = self.builder_.add_func(func, name)
         return self.builder_.emit(
             relax.call_tir(
@@ -194,41 +230,57 @@ class _WinogradRewriter(FunctionRewriter):
         )
 
 
+def tile_set(tile) -> tuple[int, ...]:
+    """The candidate output tiles of ``tile`` (an int or a sequence of them), checked against
+    :data:`~tvm_roialign.topi.winograd.POINTS`."""
+    tiles = tuple(int(t) for t in (tile if isinstance(tile, (tuple, list)) else (tile,)))
+    if not tiles or any(t not in POINTS for t in tiles):
+        raise ValueError(f"tile must be one of {sorted(POINTS)} or a tuple of them, got {tile}")
+    return tiles
+
+
 @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.WinogradConv2D")
 class WinogradConv2D:  # pylint: disable=too-few-public-methods
-    """Rewrite 3x3 stride-1 NHWC constant-weight conv2d as Winograd ``F(tile x tile, 3 x 3)``."""
+    """Rewrite 3x3 stride-1 NHWC constant-weight conv2d as Winograd ``F(m x m, 3 x 3)``: ``tile``
+    is ``m``, or a tuple of candidate tiles of which each conv gets the one with the fewest
+    transformed products at its size (:func:`choose_tile`)."""
 
     def __init__(
         self,
-        tile: int = 4,
+        tile: int | tuple = 4,
         min_channels: int = 64,
         min_tiles: int = 32,
         reference_side: int = 320,
     ):
-        if tile not in POINTS:
-            raise ValueError(f"tile must be one of {sorted(POINTS)}, got {tile}")
-        self.tile = int(tile)
+        self.tiles = tile_set(tile)
         self.min_channels = int(min_channels)
         self.min_tiles = int(min_tiles)
         self.reference_side = int(reference_side)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        return rewrite_module(
+        rewritten = rewrite_module(
             _WinogradRewriter,
             mod,
-            tile=self.tile,
+            tiles=self.tiles,
             min_channels=self.min_channels,
             min_tiles=self.min_tiles,
             reference_side=self.reference_side,
         )
+        if rewritten is mod:
+            return mod
+        # a rewritten conv's binding is an alias of its output transform's result, which FuseOps
+        # does not look through: without this the bias / ReLU epilogue would stay a pass of its own
+        return relax.transform.CanonicalizeBindings()(rewritten)
 
 
 __all__ = [
     "INPUT_BLOCK",
     "OUTPUT_BLOCK",
     "WinogradConv2D",
+    "choose_tile",
     "input_transform",
     "output_transform",
+    "tile_set",
     "transform_weight",
     "winograd_matrices",
 ]

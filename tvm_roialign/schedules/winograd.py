@@ -32,10 +32,11 @@ OUTPUT_BLOCK = "winograd_output"
 def _stage_in_registers(sch: Schedule, block, loop, vec: int) -> None:
     """Compute the separable first stage ``block`` per tile under ``loop``, in a local buffer,
     its tile points unrolled and its channel lanes vectorized."""
+    rank = len(sch.get(block).iter_vars)
     sch.compute_at(block, loop, preserve_unit_loops=True)
     sch.set_scope(block, 0, "local")
-    loops = sch.get_loops(block)
-    inner = loops[-4:]
+    # the block's own loops: its two tile-point axes, the (unit) tile axes, the channel lanes
+    inner = sch.get_loops(block)[-rank:]
     for lp in inner[:2]:
         sch.unroll(lp)
     if vec > 1:

@@ -29,6 +29,7 @@ from tvm import te, tirx
 POINTS = {
     2: (0, 1, -1),
     4: (0, 1, -1, Fraction(1, 2), Fraction(-1, 2)),
+    5: (0, 1, -1, 2, Fraction(1, 2), Fraction(-1, 2)),
     6: (0, 1, -1, 2, -2, Fraction(1, 2), Fraction(-1, 2)),
 }
 
@@ -211,28 +212,31 @@ def input_transform(
 
 
 def output_transform(
-    mt: te.Tensor, m: int, out_shape, tiles_h: int, tiles_w: int
+    mt: te.Tensor, m: int, out_shape, tiles_h, tiles_w, flat: bool = True
 ) -> te.Tensor:
     """``Y [N, OH, OW, K]``: ``A^T M A`` of every tile, cropped to the output; two separable stages:
-    ``T[a, f] = sum_e A^T[a, e] M[e, f]``, then ``Y[a, b] = sum_f A^T[b, f] T[a, f]``."""
+    ``T[a, f] = sum_e A^T[a, e] M[e, f]``, then ``Y[a, b] = sum_f A^T[b, f] T[a, f]``. ``mt`` is
+    ``[a*a, N*tiles_h*tiles_w, K]`` (``flat``) or ``[a*a, N, tiles_h, tiles_w, K]``; the unflattened
+    form finds a pixel's tile without multiplying by a symbolic tile count."""
     at, _, _ = winograd_matrices(m)
     alpha = at.shape[1]
     per_image = tiles_h * tiles_w
 
-    def rows(a, f, p, k):
-        values = [mt[e * alpha + f, p, k] for e in range(alpha)]
+    def rows(a, f, *tile_and_channel):
+        values = [mt[(e * alpha + f, *tile_and_channel)] for e in range(alpha)]
         return _select_of_sums(a, at, values, mt.dtype)
 
     partial = te.compute(
-        i64_shape((m, alpha, mt.shape[1], mt.shape[2])),
-        rows,
-        name=OUTPUT_BLOCK + "_rows",
+        i64_shape((m, alpha, *mt.shape[1:])), rows, name=OUTPUT_BLOCK + "_rows"
     )
 
     def compute(n, h, w, k):
-        p = n * per_image + h // m * tiles_w + w // m
+        if flat:
+            tile = (n * per_image + h // m * tiles_w + w // m,)
+        else:
+            tile = (n, h // m, w // m)
         a, b = h % m, w % m
-        values = [partial[a, f, p, k] for f in range(alpha)]
+        values = [partial[(a, f, *tile, k)] for f in range(alpha)]
         return _select_of_sums(b, at, values, mt.dtype)
 
     return te.compute(i64_shape(out_shape), compute, name=OUTPUT_BLOCK)
