@@ -24,8 +24,9 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import mutator
 
-from ..topi.bf16_contraction import ConvGeometry, bf16_contraction, pack_weight_vnni
+from ..topi.bf16_contraction import ConvGeometry, Epilogue, bf16_contraction, pack_weight_vnni
 from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module, tensor_shape
+from .bf16_plan import plan_chains
 
 #: a conv with a kernel larger than 1x1 is taken when its input channels are a multiple of this:
 #: each kernel tap's channels then fill whole vectors of the gather (an RGB stem is left in fp32)
@@ -46,81 +47,128 @@ def _dims(expr) -> list | None:
     return [s if s is not None else d for s, d in zip(shape, expr.ty.shape.values)]
 
 
+def _conv_spec(call):
+    """``(matrix [K, N], geometry, rows, out_shape)`` of a convertible conv2d, else None."""
+    attrs = call.attrs
+    x, weight = call.args
+    value = const_value(weight)
+    in_shape, out_shape = _dims(x), _dims(call)
+    if (
+        value is None
+        or int(attrs.groups) != 1
+        or str(attrs.data_layout) != "NHWC"
+        or str(attrs.out_layout or attrs.data_layout) != "NHWC"
+        or not (_is_f32(x) and _is_f32(call))
+        or in_shape is None
+        or out_shape is None
+    ):
+        return None
+    layout = str(attrs.kernel_layout)
+    if sorted(layout) != sorted("OIHW"):
+        return None
+    hwio = np.transpose(value, [layout.index(c) for c in "HWIO"])
+    kh, kw, channels, outputs = hwio.shape
+    if channels != in_shape[3] or (kh * kw > 1 and channels % TAP_CHANNELS):
+        return None
+    geometry = ConvGeometry(
+        *out_shape[:3],
+        kh,
+        kw,
+        channels,
+        tuple(int(s) for s in attrs.strides),
+        (int(attrs.padding[0]), int(attrs.padding[1])),
+        tuple(int(d) for d in attrs.dilation),
+    )
+    return hwio.reshape(kh * kw * channels, outputs), geometry, geometry.rows, out_shape
+
+
+def _matmul_spec(call):
+    """``(matrix [K, N], None, rows, out_shape)`` of a convertible matmul, else None."""
+    x, weight = call.args
+    value = const_value(weight)
+    in_shape, out_shape = _dims(x), _dims(call)
+    if (
+        value is None
+        or value.ndim != 2
+        or not (_is_f32(x) and _is_f32(call))
+        or in_shape is None
+        or out_shape is None
+        or len(in_shape) < 2
+    ):
+        return None
+    rows = functools.reduce(lambda a, b: a * b, in_shape[:-1])
+    return value.astype(np.float32), None, rows, out_shape
+
+
+def contraction_spec(call):
+    """What :func:`bf16_contraction` needs of ``call`` (a conv2d or matmul), or None when it is
+    not converted."""
+    if is_op_call(call, "relax.nn.conv2d"):
+        return _conv_spec(call)
+    if is_op_call(call, "relax.matmul"):
+        return _matmul_spec(call)
+    return None
+
+
+def _is_bits(expr) -> bool:
+    ty = expr.ty
+    return isinstance(ty, relax.TensorType) and str(ty.dtype) == "uint16"
+
+
 @mutator
 class _BF16Rewriter(FunctionRewriter):
-    def visit_call_(self, call):  # pylint: disable=arguments-renamed
-        call = self.visit_expr_post_order(call)
-        new = None
-        if is_op_call(call, "relax.nn.conv2d"):
-            new = self._conv(call)
-        elif is_op_call(call, "relax.matmul"):
-            new = self._matmul(call)
-        return call if new is None else new
+    def visit_function_(self, func):  # pylint: disable=arguments-renamed
+        self._chains = plan_chains(func, lambda value: contraction_spec(value) is not None)
+        self._members = {m for chain in self._chains.values() for m in chain.members}
+        return super().visit_function_(func)
 
-    def _emit(self, name: str, x, weight: np.ndarray, rows, out_shape, geometry=None):
+    def visit_var_binding_(self, binding):  # pylint: disable=arguments-renamed
+        chain = self._chains.get(binding.var)
+        if binding.var in self._members:
+            return  # computed inside the fused call of its chain
+        if chain is None:
+            super().visit_var_binding_(binding)
+            return
+        value = self._emit_chain(chain)
+        if isinstance(binding.var, relax.DataflowVar):
+            new_var = self.builder_.emit(value, name_hint=binding.var.name)
+        else:
+            new_var = self.builder_.emit_output(value, name_hint=binding.var.name)
+        self.set_var_remap(binding.var, new_var)
+
+    def _emit_chain(self, chain):
         self.changed = True
-        packed = relax.const(pack_weight_vnni(weight))
+        call = chain.call
+        matrix, geometry, rows, out_shape = contraction_spec(call)
+        x = self.visit_expr(call.args[0])
+        in_hw = None
+        if _is_bits(x):
+            in_hw = tuple(_dims(call.args[0])[1:3]) if geometry is not None else None
+        elif geometry is None and len(out_shape) > 2:
+            x = self.builder_.emit(relax.op.reshape(x, [rows, _dims(x)[-1]]))
+        extra = []
+        if chain.bias is not None:
+            extra.append(relax.const(chain.bias))
+        if chain.residual is not None:
+            extra.append(self.visit_expr(chain.residual))
+        epilogue = Epilogue(
+            bias=chain.bias is not None,
+            residual=chain.residual is not None,
+            relu=chain.relu,
+            bits_out=chain.bits_out,
+        )
         compute = functools.partial(
             bf16_contraction,
             rows=rows,
-            reduction=int(weight.shape[0]),
+            reduction=int(matrix.shape[0]),
             out_shape=list(out_shape),
             geometry=geometry,
+            epilogue=epilogue,
+            in_hw=in_hw,
         )
-        return self.builder_.call_te(compute, x, packed, primfunc_name_hint=name)
-
-    def _conv(self, call):
-        attrs = call.attrs
-        x, weight = call.args
-        value = const_value(weight)
-        in_shape, out_shape = _dims(x), _dims(call)
-        if (
-            value is None
-            or int(attrs.groups) != 1
-            or str(attrs.data_layout) != "NHWC"
-            or str(attrs.out_layout or attrs.data_layout) != "NHWC"
-            or not (_is_f32(x) and _is_f32(call))
-            or in_shape is None
-            or out_shape is None
-        ):
-            return None
-        layout = str(attrs.kernel_layout)
-        if sorted(layout) != sorted("OIHW"):
-            return None
-        hwio = np.transpose(value, [layout.index(c) for c in "HWIO"])
-        kh, kw, channels, outputs = hwio.shape
-        if channels != in_shape[3] or (kh * kw > 1 and channels % TAP_CHANNELS):
-            return None
-        geometry = ConvGeometry(
-            *out_shape[:3],
-            kh,
-            kw,
-            channels,
-            tuple(int(s) for s in attrs.strides),
-            (int(attrs.padding[0]), int(attrs.padding[1])),
-            tuple(int(d) for d in attrs.dilation),
-        )
-        matrix = hwio.reshape(kh * kw * channels, outputs)
-        return self._emit("bf16_conv2d", x, matrix, geometry.rows, out_shape, geometry)
-
-    def _matmul(self, call):
-        x, weight = call.args
-        value = const_value(weight)
-        in_shape, out_shape = _dims(x), _dims(call)
-        if (
-            value is None
-            or value.ndim != 2
-            or not (_is_f32(x) and _is_f32(call))
-            or in_shape is None
-            or out_shape is None
-            or len(in_shape) < 2
-        ):
-            return None
-        rows = functools.reduce(lambda a, b: a * b, in_shape[:-1])
-        flat = x if len(in_shape) == 2 else self.builder_.emit(
-            relax.op.reshape(x, [rows, in_shape[-1]])
-        )
-        return self._emit("bf16_matmul", flat, value.astype(np.float32), rows, out_shape)
+        name = "bf16_conv2d" if geometry is not None else "bf16_matmul"
+        packed = relax.const(pack_weight_vnni(matrix))
+        return self.builder_.call_te(compute, x, packed, *extra, primfunc_name_hint=name)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.BF16Contractions")

@@ -29,7 +29,7 @@ from ..passes.request_amx_state import AMX_TILES
 from ..topi.bf16_contraction import CONTRACTION, GATHER_A, OUTPUT
 from .amx_intrin import BLOCK, STEP, amx_bf16_intrin
 from .avx512_bf16_intrin import avx512_bf16_intrin
-from .base import CPURule, find_block, inline_epilogue, static_int
+from .base import CPURule, find_block, inline_epilogue, loop_extent, static_int, try_step
 from .elementwise import schedule_injective_block, schedule_rest
 from .target_info import cpu_info
 
@@ -67,13 +67,26 @@ def _schedule_gather(sch, gather, lanes: int) -> None:
     sch.parallel(rows)
 
 
+def _fuse_output_into_blocks(sch, out, loop, lanes: int) -> bool:
+    """Compute the output stage of a bf16-rows output (2-D, its epilogue in it) block by block,
+    right after each GEMM block, under ``loop``: the fp32 block then stays in L1 (the buffer
+    is compacted to the block) instead of a full fp32 pass through memory."""
+    if len(sch.get(out).iter_vars) != 2 or not try_step(sch.reverse_compute_at, out, loop):
+        return False
+    inner = sch.get_loops(out)[-1]
+    if loop_extent(sch, inner) == BLOCK:
+        sch.vectorize(inner)
+    return True
+
+
 class BF16Contraction(CPURule):
     """The bf16 contraction's GEMM on AMX tiles, its gather and output as vector passes."""
 
     def schedule(self, sch, func, target):
-        gather, acc, out = (find_block(sch, n) for n in (GATHER_A, CONTRACTION, OUTPUT))
-        if gather is None or acc is None or out is None:
+        acc, out = find_block(sch, CONTRACTION), find_block(sch, OUTPUT)
+        if acc is None or out is None:
             return None
+        gather = find_block(sch, GATHER_A)
         info = cpu_info(target)
         if info.has_amx_bf16:
             intrin = amx_bf16_intrin
@@ -83,19 +96,23 @@ class BF16Contraction(CPURule):
             intrin = avx512_bf16_intrin
         else:
             return None
-        (rows, columns), (_, reduction) = _shape(sch, acc), _shape(sch, gather)
+        rows, columns = _shape(sch, acc)
+        m, n, k = sch.get_loops(acc)
+        reduction = loop_extent(sch, k)
         # a symbolic row count is a multiple of the block by construction (the gather's padding)
         if None in (columns, reduction) or (rows or 0) % BLOCK or columns % BLOCK or reduction % STEP:
             return None
         kc, rows_outer = choose_blocking(rows, columns, reduction, info.l2_bytes)
-        m, n, k = sch.get_loops(acc)
         m_out, m_in = sch.split(m, [None, BLOCK])
         n_out, n_in = sch.split(n, [None, BLOCK])
         spatial = [m_out, n_out] if rows_outer else [n_out, m_out]
+        fused_output = False
         if kc == reduction:
             # the whole reduction in one call: the accumulators start at zero in the tiles
             sch.reorder(*spatial, m_in, n_in, k)
-            sch.parallel(sch.fuse(*spatial))
+            fused = sch.fuse(*spatial)
+            sch.parallel(fused)
+            fused_output = _fuse_output_into_blocks(sch, out, fused, info.lanes())
             sch.tensorize(m_in, intrin(kc, zero_init=True))
         else:
             k_out, k_in = sch.split(k, [None, kc])
@@ -103,10 +120,13 @@ class BF16Contraction(CPURule):
             sch.parallel(sch.fuse(*spatial))
             schedule_injective_block(sch, sch.decompose_reduction(acc, k_out), info.lanes())
             sch.tensorize(m_in, intrin(kc))
-        lanes = info.lanes()
-        _schedule_gather(sch, gather, lanes)
-        inline_epilogue(sch, out)
-        schedule_rest(sch, lanes)
+        if gather is not None:
+            # a copy of bf16 rows moves 16-bit lanes; a rounding of fp32 works on 32-bit ones
+            source = sch.get(gather).reads[0].source.ty.dtype
+            _schedule_gather(sch, gather, info.lanes("uint16" if str(source) == "uint16" else "float32"))
+        if not fused_output:
+            inline_epilogue(sch, out)
+        schedule_rest(sch, info.lanes())
         return sch
 
 

@@ -91,9 +91,15 @@ class ConvGeometry:
         return self.kh * self.kw * self.c
 
 
-def _gather_conv(x: te.Tensor, g: ConvGeometry):
-    """``(m, k) -> x`` value of im2col row ``m`` column ``k`` (zero outside the image)."""
-    height, width = x.shape[1], x.shape[2]
+def _gather_conv(x: te.Tensor, g: ConvGeometry, in_hw):
+    """``(m, k) -> x`` value of im2col row ``m`` column ``k`` (zero outside the image); ``x`` is
+    NHWC or bf16 rows ``[Mp, c]`` (uint16) of an ``in_hw`` image."""
+    height, width = in_hw
+    zero = tirx.const(0, x.dtype)
+    if len(x.shape) == 4:
+        read = lambda b, y, x_, ch: x[b, y, x_, ch]
+    else:
+        read = lambda b, y, x_, ch: x[(b * height + y) * width + x_, ch]
 
     def value(m, k):
         b = m // (g.oh * g.ow)
@@ -107,28 +113,81 @@ def _gather_conv(x: te.Tensor, g: ConvGeometry):
         inside = tirx.all(iy >= 0, iy < height, ix >= 0, ix < width)
         safe_y = tirx.max(tirx.min(iy, height - 1), 0)
         safe_x = tirx.max(tirx.min(ix, width - 1), 0)
-        return tirx.if_then_else(inside, x[b, safe_y, safe_x, ch], tirx.const(0, "float32"))
+        return tirx.if_then_else(inside, read(b, safe_y, safe_x, ch), zero)
 
     return value
 
 
-def bf16_contraction(x: te.Tensor, packed: te.Tensor, rows, reduction: int, out_shape,
-                     geometry: ConvGeometry | None = None) -> te.Tensor:
+@dataclass(frozen=True)
+class Epilogue:
+    """What the contraction's output stage applies to each fp32 sum, in this order: ``+ bias[n]``,
+    ``+ residual`` (an fp32 tensor of the output's shape, or bf16 rows ``[Mp, N]`` as uint16),
+    ``max(., 0)``; ``bits_out``: the result rounded to bf16 and stored as rows ``[Mp, N]`` (uint16,
+    the padding rows included) instead of fp32 in the op's output shape."""
+
+    bias: bool = False
+    residual: bool = False
+    relu: bool = False
+    bits_out: bool = False
+
+
+def bf16_rows(rows):
+    """The row count of a bf16 activation of ``rows`` GEMM rows: padded to whole 32-row blocks."""
+    return _round_up(rows, TILE_M)
+
+
+def _unflatten(m, out_shape, rows) -> tuple:
+    """The output indices (all but the channel) of GEMM row ``m`` (clamped to the real rows)."""
+    safe = tirx.min(m, rows - 1)
+    dims, idx = out_shape[:-1], []
+    for j, dim in enumerate(dims):
+        inner = 1
+        for later in dims[j + 1:]:
+            inner = inner * later
+        idx.append(safe // inner % dim)
+    return tuple(idx)
+
+
+def direct_operand(geometry: ConvGeometry | None, reduction: int, bits_in: bool) -> bool:
+    """Whether the GEMM reads its ``A`` operand straight from bf16 rows (no gather): a matmul or a
+    1x1 stride-1 unpadded conv over a multiple of 32 channels (each row is then an A-tile row)."""
+    if not bits_in or reduction % TILE_K:
+        return False
+    if geometry is None:
+        return True
+    return (geometry.kh, geometry.kw, geometry.stride, geometry.padding) == (1, 1, (1, 1), (0, 0))
+
+
+def bf16_contraction(x: te.Tensor, packed: te.Tensor, *extra: te.Tensor, rows, reduction: int,
+                     out_shape, geometry: ConvGeometry | None = None, epilogue: Epilogue = Epilogue(),
+                     in_hw=None) -> te.Tensor:
     """The stages of the module docstring; ``x`` is ``[rows, reduction]`` (a matmul) or the NHWC
-    input of a conv of ``geometry``; ``packed`` the :func:`pack_weight_vnni` weights. ``rows``
-    and the output's leading dimensions may be symbolic (an any-size image): the gathered rows
-    are then padded to ``Mp = ceil(rows / 32) * 32``, so every 32-row block the micro-kernel
-    loads and stores lies inside the buffers, its padding rows zero and never read back."""
+    input of a conv of ``geometry``, or (``in_hw`` given for a conv, or uint16 ``x`` for a matmul)
+    bf16 rows ``[Mp, c]`` of an ``in_hw`` image; ``packed`` the :func:`pack_weight_vnni`
+    weights; ``extra`` the bias ``[N]`` and the residual of ``epilogue``, in this order. ``rows``
+    and the output's leading dimensions may be symbolic (an any-size image): the GEMM's rows are
+    then padded to ``Mp = ceil(rows / 32) * 32``, so every 32-row block the micro-kernel loads
+    and stores lies inside the buffers, its padding rows never read back as real rows."""
+    bits_in = str(x.dtype) == "uint16"
     mp, kp = _round_up(rows, TILE_M), _round_up(reduction, TILE_K)
     np_ = int(packed.shape[0]) * TILE_N
-    source = _gather_conv(x, geometry) if geometry is not None else (lambda m, k: x[m, k])
+    if direct_operand(geometry, reduction, bits_in):
+        a = x
+    else:
+        if geometry is None:
+            source = lambda m, k: x[m, k]
+        else:
+            hw = in_hw if in_hw is not None else (x.shape[1], x.shape[2])
+            source = _gather_conv(x, geometry, hw)
+        zero = tirx.const(0, "uint16")
 
-    def gather(m, k):
-        inside = tirx.all(m < rows, k < reduction)
-        safe_m, safe_k = tirx.min(m, rows - 1), tirx.min(k, reduction - 1)
-        return tirx.if_then_else(inside, bf16_bits(source(safe_m, safe_k)), tirx.const(0, "uint16"))
+        def gather(m, k):
+            inside = tirx.all(m < rows, k < reduction)
+            safe_m, safe_k = tirx.min(m, rows - 1), tirx.min(k, reduction - 1)
+            value = source(safe_m, safe_k)
+            return tirx.if_then_else(inside, value if bits_in else bf16_bits(value), zero)
 
-    a = te.compute((mp, kp), gather, name=GATHER_A)
+        a = te.compute((mp, kp), gather, name=GATHER_A)
     r = te.reduce_axis((0, kp), "k")
     acc = te.compute(
         (mp, np_),
@@ -138,13 +197,37 @@ def bf16_contraction(x: te.Tensor, packed: te.Tensor, rows, reduction: int, out_
         ),
         name=CONTRACTION,
     )
-    out_shape = list(out_shape)
+    return _output(acc, list(extra), epilogue, rows, mp, list(out_shape))
+
+
+def _output(acc, extra, epilogue: Epilogue, rows, mp, out_shape):
+    bias = extra.pop(0) if epilogue.bias else None
+    residual = extra.pop(0) if epilogue.residual else None
+    columns = out_shape[-1]
+
+    def residual_value(m, n, idx):
+        if str(residual.dtype) == "uint16":
+            return bf16_value(residual[m, n])
+        return residual[idx] if idx is not None else residual[(*_unflatten(m, out_shape, rows), n)]
+
+    def value(m, n, idx=None):
+        v = acc[m, n]
+        if bias is not None:
+            v = v + bias[n]
+        if residual is not None:
+            v = v + residual_value(m, n, idx)
+        if epilogue.relu:
+            v = tirx.max(v, tirx.const(0, "float32"))
+        return v
+
+    if epilogue.bits_out:
+        return te.compute((mp, columns), lambda m, n: bf16_bits(value(m, n)), name=OUTPUT)
 
     def output(*idx):
         row = idx[0]
         for dim, i in zip(out_shape[1:-1], idx[1:-1]):
             row = row * dim + i
-        return acc[row, idx[-1]]
+        return value(row, idx[-1], tuple(idx))
 
     return te.compute(out_shape, output, name=OUTPUT)
 
@@ -157,9 +240,12 @@ __all__ = [
     "TILE_M",
     "TILE_N",
     "ConvGeometry",
+    "Epilogue",
     "bf16_bits",
     "bf16_contraction",
+    "bf16_rows",
     "bf16_value",
+    "direct_operand",
     "pack_weight_vnni",
     "to_bf16_bits",
 ]
