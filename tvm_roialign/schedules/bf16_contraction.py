@@ -58,16 +58,18 @@ def _shape(sch, block, index: int = 0) -> list[int | None]:
     return [static_int(d) for d in sch.get(block).writes[index].source.ty.shape]
 
 
-def _schedule_gather(sch, gather, lanes: int) -> None:
-    """Rows in parallel, each row's reduction elements in vectors of ``lanes``: a conv's input
-    channels are contiguous within a kernel tap, and the tap's bounds test is one per vector."""
-    rows, elements = sch.get_loops(gather)
+def _schedule_gather(sch, gather, lanes: int, in_block: bool) -> None:
+    """Each row's reduction elements in vectors of ``lanes`` (a conv's input channels are
+    contiguous within a kernel tap, and the tap's bounds test is one per vector); the rows in
+    parallel, unless the gather runs per row block inside the GEMM's parallel loop."""
+    rows, elements = sch.get_loops(gather)[-2:]
     _, vector = sch.split(elements, [None, lanes])
     sch.vectorize(vector)
-    sch.parallel(rows)
+    if not in_block:
+        sch.parallel(rows)
 
 
-def _fuse_output_into_blocks(sch, out, loop, lanes: int) -> bool:
+def _fuse_output_into_blocks(sch, out, loop) -> bool:
     """Compute the output stage of a bf16-rows output (2-D, its epilogue in it) block by block,
     right after each GEMM block, under ``loop``: the fp32 block then stays in L1 (the buffer
     is compacted to the block) instead of a full fp32 pass through memory."""
@@ -77,6 +79,31 @@ def _fuse_output_into_blocks(sch, out, loop, lanes: int) -> bool:
     if loop_extent(sch, inner) == BLOCK:
         sch.vectorize(inner)
     return True
+
+
+def _gather_per_row_block(rows: int | None, rows_outer: bool, gather, cores: int) -> bool:
+    """Whether a conv's im2col rows are gathered per 32-row block, right before the block's
+    GEMMs (the rows then stay in L1/L2 instead of a full pass through memory): when the row
+    blocks are the outer, parallel loop and there are at least two for each core (a symbolic
+    row count is an image's: taken as enough)."""
+    return gather is not None and rows_outer and (rows is None or rows // BLOCK >= 2 * cores)
+
+
+def _whole_reduction(sch, acc, out, gather, loops, intrin, per_row_block: bool):
+    """The blocks each over the whole reduction (see module docstring); returns whether the
+    output stage runs per block."""
+    m_out, n_out, m_in, n_in, k = loops
+    sch.reorder(m_out, n_out, m_in, n_in, k)
+    if per_row_block:
+        sch.parallel(m_out)
+        sch.compute_at(gather, m_out)
+        fused_output = _fuse_output_into_blocks(sch, out, n_out)
+    else:
+        fused = sch.fuse(m_out, n_out)
+        sch.parallel(fused)
+        fused_output = _fuse_output_into_blocks(sch, out, fused)
+    sch.tensorize(m_in, intrin)
+    return fused_output
 
 
 class BF16Contraction(CPURule):
@@ -105,25 +132,27 @@ class BF16Contraction(CPURule):
         kc, rows_outer = choose_blocking(rows, columns, reduction, info.l2_bytes)
         m_out, m_in = sch.split(m, [None, BLOCK])
         n_out, n_in = sch.split(n, [None, BLOCK])
-        spatial = [m_out, n_out] if rows_outer else [n_out, m_out]
-        fused_output = False
+        per_row_block = False
         if kc == reduction:
             # the whole reduction in one call: the accumulators start at zero in the tiles
-            sch.reorder(*spatial, m_in, n_in, k)
-            fused = sch.fuse(*spatial)
-            sch.parallel(fused)
-            fused_output = _fuse_output_into_blocks(sch, out, fused, info.lanes())
-            sch.tensorize(m_in, intrin(kc, zero_init=True))
+            per_row_block = _gather_per_row_block(rows, rows_outer, gather, info.num_cores)
+            loops = [m_out, n_out, m_in, n_in, k] if rows_outer else [n_out, m_out, m_in, n_in, k]
+            fused_output = _whole_reduction(
+                sch, acc, out, gather, loops, intrin(kc, zero_init=True), per_row_block
+            )
         else:
+            spatial = [m_out, n_out] if rows_outer else [n_out, m_out]
             k_out, k_in = sch.split(k, [None, kc])
             sch.reorder(k_out, *spatial, m_in, n_in, k_in)
             sch.parallel(sch.fuse(*spatial))
             schedule_injective_block(sch, sch.decompose_reduction(acc, k_out), info.lanes())
             sch.tensorize(m_in, intrin(kc))
+            fused_output = False
         if gather is not None:
             # a copy of bf16 rows moves 16-bit lanes; a rounding of fp32 works on 32-bit ones
             source = sch.get(gather).reads[0].source.ty.dtype
-            _schedule_gather(sch, gather, info.lanes("uint16" if str(source) == "uint16" else "float32"))
+            lanes = info.lanes("uint16" if str(source) == "uint16" else "float32")
+            _schedule_gather(sch, gather, lanes, per_row_block)
         if not fused_output:
             inline_epilogue(sch, out)
         schedule_rest(sch, info.lanes())
