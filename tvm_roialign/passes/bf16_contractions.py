@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import mutator
 
-from ..topi.bf16_contraction import ConvGeometry, Epilogue, bf16_contraction, pack_weight_vnni
+from ..topi.bf16_contraction import TILE_K, ConvGeometry, Epilogue, bf16_contraction, pack_weight_vnni
 from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module, tensor_shape
 from .bf16_plan import plan_chains
 
@@ -68,7 +68,14 @@ def _conv_spec(call):
         return None
     hwio = np.transpose(value, [layout.index(c) for c in "HWIO"])
     kh, kw, channels, outputs = hwio.shape
-    if channels != in_shape[3] or (kh * kw > 1 and channels % TAP_CHANNELS):
+    if channels != in_shape[3]:
+        return None
+    dilation = tuple(int(d) for d in attrs.dilation)
+    # narrow taps (an RGB stem): each kernel row's run of kw * c inputs padded to one tile's depth
+    row_taps = kh * kw > 1 and channels % TAP_CHANNELS != 0
+    pads = [int(p) for p in attrs.padding]
+    symmetric = len(pads) != 4 or pads[:2] == pads[2:]
+    if row_taps and (kw * channels > TILE_K or dilation != (1, 1) or not symmetric):
         return None
     geometry = ConvGeometry(
         *out_shape[:3],
@@ -77,8 +84,13 @@ def _conv_spec(call):
         channels,
         tuple(int(s) for s in attrs.strides),
         (int(attrs.padding[0]), int(attrs.padding[1])),
-        tuple(int(d) for d in attrs.dilation),
+        dilation,
+        row_taps,
     )
+    if row_taps:
+        matrix = np.zeros((kh, TILE_K, outputs), np.float32)
+        matrix[:, : kw * channels] = hwio.reshape(kh, kw * channels, outputs)
+        return matrix.reshape(kh * TILE_K, outputs), geometry, geometry.rows, out_shape
     return hwio.reshape(kh * kw * channels, outputs), geometry, geometry.rows, out_shape
 
 

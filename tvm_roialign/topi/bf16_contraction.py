@@ -81,6 +81,9 @@ class ConvGeometry:
     stride: tuple[int, int]
     padding: tuple[int, int]
     dilation: tuple[int, int]
+    #: narrow taps (an RGB stem): the reduction runs over kernel rows, each a run of ``kw * c``
+    #: elements contiguous in the (padded) input, zero-padded to :data:`TILE_K`
+    row_taps: bool = False
 
     @property
     def rows(self):
@@ -88,7 +91,51 @@ class ConvGeometry:
 
     @property
     def reduction(self) -> int:
+        if self.row_taps:
+            return self.kh * TILE_K
         return self.kh * self.kw * self.c
+
+
+PADDED_INPUT = "bf16_padded_input"
+
+
+def _gather_row_taps(x: te.Tensor, g: ConvGeometry, in_hw):
+    """``(m, k) -> x`` for narrow taps (:attr:`ConvGeometry.row_taps`): the input rounded to bf16
+    once in a zero-padded copy (wide enough that a kernel row's whole run of ``TILE_K`` elements
+    lies inside it), so that each kernel row of an im2col row is one contiguous run."""
+    height, width = in_hw
+    (ph, pw), c = g.padding, g.c
+    extra = -(-(TILE_K - g.kw * c) // c)
+    shape = (x.shape[0], height + 2 * ph, width + 2 * pw + extra, c)
+    read = _reader(x, height, width)
+
+    def padded(b, y, x_, ch):
+        iy, ix = y - ph, x_ - pw
+        inside = tirx.all(iy >= 0, iy < height, ix >= 0, ix < width)
+        safe_y = tirx.max(tirx.min(iy, height - 1), 0)
+        safe_x = tirx.max(tirx.min(ix, width - 1), 0)
+        value = read(b, safe_y, safe_x, ch)
+        value = value if str(x.dtype) == "uint16" else bf16_bits(value)
+        return tirx.if_then_else(inside, value, tirx.const(0, "uint16"))
+
+    xp = te.compute(shape, padded, name=PADDED_INPUT)
+
+    def value(m, k):
+        b = m // (g.oh * g.ow)
+        oy = m // g.ow % g.oh
+        ox = m % g.ow
+        ky, j = k // TILE_K, k % TILE_K
+        tap = xp[b, oy * g.stride[0] + ky, ox * g.stride[1] + j // c, j % c]
+        return tirx.if_then_else(j < g.kw * c, tap, tirx.const(0, "uint16"))
+
+    return value
+
+
+def _reader(x: te.Tensor, height, width):
+    """Index ``x`` (NHWC, or bf16 rows ``[Mp, c]`` of an image ``height x width``) as NHWC."""
+    if len(x.shape) == 4:
+        return lambda b, y, x_, ch: x[b, y, x_, ch]
+    return lambda b, y, x_, ch: x[(b * height + y) * width + x_, ch]
 
 
 def _gather_conv(x: te.Tensor, g: ConvGeometry, in_hw):
@@ -96,10 +143,7 @@ def _gather_conv(x: te.Tensor, g: ConvGeometry, in_hw):
     NHWC or bf16 rows ``[Mp, c]`` (uint16) of an ``in_hw`` image."""
     height, width = in_hw
     zero = tirx.const(0, x.dtype)
-    if len(x.shape) == 4:
-        read = lambda b, y, x_, ch: x[b, y, x_, ch]
-    else:
-        read = lambda b, y, x_, ch: x[(b * height + y) * width + x_, ch]
+    read = _reader(x, height, width)
 
     def value(m, k):
         b = m // (g.oh * g.ow)
@@ -178,14 +222,15 @@ def bf16_contraction(x: te.Tensor, packed: te.Tensor, *extra: te.Tensor, rows, r
             source = lambda m, k: x[m, k]
         else:
             hw = in_hw if in_hw is not None else (x.shape[1], x.shape[2])
-            source = _gather_conv(x, geometry, hw)
+            source = (_gather_row_taps if geometry.row_taps else _gather_conv)(x, geometry, hw)
         zero = tirx.const(0, "uint16")
 
         def gather(m, k):
             inside = tirx.all(m < rows, k < reduction)
             safe_m, safe_k = tirx.min(m, rows - 1), tirx.min(k, reduction - 1)
             value = source(safe_m, safe_k)
-            return tirx.if_then_else(inside, value if bits_in else bf16_bits(value), zero)
+            bits = bits_in or (geometry is not None and geometry.row_taps)
+            return tirx.if_then_else(inside, value if bits else bf16_bits(value), zero)
 
         a = te.compute((mp, kp), gather, name=GATHER_A)
     r = te.reduce_axis((0, kp), "k")
@@ -236,6 +281,7 @@ __all__ = [
     "CONTRACTION",
     "GATHER_A",
     "OUTPUT",
+    "PADDED_INPUT",
     "TILE_K",
     "TILE_M",
     "TILE_N",
