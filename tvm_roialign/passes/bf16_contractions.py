@@ -1,15 +1,17 @@
 """Convolutions and matmuls with constant weights as bf16 contractions (``precision="bf16"``).
 
-Each ungrouped NHWC ``conv2d`` (1x1, or larger over a multiple of :data:`TAP_CHANNELS` input
-channels) and each 2-D ``matmul`` of a constant weight, in float32, becomes a call of
+Each ungrouped NHWC ``conv2d`` (a kernel larger than 1x1 over fewer than :data:`TAP_CHANNELS`
+channels, an RGB stem, with each kernel row's taps padded to one tile's depth) and each 2-D
+``matmul`` of a constant weight, in float32, becomes a call of
 :func:`tvm_roialign.topi.bf16_contraction.bf16_contraction` (its channels static; its batch and image
 size, so the GEMM's row count, may be symbolic, as in an any-size detector): the weight is rounded
-to bf16 and packed into the pair layout here, once, at compile time; the activations are rounded to bf16
-inside the kernel, the products accumulated in fp32 and the result is fp32, so every other op of
-the model (bias, residual adds, RoIAlign, NMS, post-processing) stays as it was:
+to bf16 and packed into the pair layout here, once, at compile time; the products are accumulated in
+fp32. The bias, residual add and ReLU after it are computed in its output stage, and its result is
+bf16 rows ``[ceil(M / 32) * 32, C]`` where only contractions read it, else fp32 in the op's shape
+(:mod:`.bf16_plan`):
 
-    conv2d(x, W)      ->  call_tir(bf16_conv2d, x, pack(W))            # im2col'd x, [N, H, W, O]
-    matmul(x, W[K, N]) -> call_tir(bf16_matmul, reshape(x, [M, K]), pack(W))
+    relu(conv2d(x, W) + b + r)  ->  call_tir(bf16_conv2d, x, pack(W), b, r)   # x, r: fp32 or bf16 rows
+    matmul(x, W[K, N])          ->  call_tir(bf16_matmul, reshape(x, [M, K]), pack(W))
 
 The schedule rule :class:`tvm_roialign.schedules.BF16Contraction` runs them on AMX tiles; the
 pipeline applies this pass only for a target that has them.
@@ -28,8 +30,8 @@ from ..topi.bf16_contraction import TILE_K, ConvGeometry, Epilogue, bf16_contrac
 from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module, tensor_shape
 from .bf16_plan import plan_chains
 
-#: a conv with a kernel larger than 1x1 is taken when its input channels are a multiple of this:
-#: each kernel tap's channels then fill whole vectors of the gather (an RGB stem is left in fp32)
+#: a conv with a kernel larger than 1x1 over a multiple of this many input channels gathers its taps
+#: as they are (each fills whole vectors of the gather); over fewer, its kernel rows are padded
 TAP_CHANNELS = 16
 
 

@@ -1,7 +1,7 @@
 """Rule: the bf16 contraction (:mod:`tvm_roialign.topi.bf16_contraction`) on AMX tiles, or on
 ``vdpbf16ps`` where the target has AVX512-BF16 and no AMX.
 
-The function has three stages, ``bf16_gather_a`` (activations rounded to bf16, im2col'd for a conv),
+The function has up to three stages, ``bf16_gather_a`` (activations as bf16, im2col'd for a conv),
 ``bf16_contraction`` (the GEMM, fp32 accumulation) and ``bf16_output`` (the real rows and columns in
 the op's shape), followed by whatever elementwise epilogue fusion gave it. The GEMM's row count is
 static or (an any-size image) ``ceil(M / 32) * 32`` of a symbolic ``M``. The GEMM is cut into
@@ -16,8 +16,11 @@ AVX512-BF16 one, :mod:`.avx512_bf16_intrin`) over ``kc`` reduction elements:
 * otherwise (a box head's ``[1000, 12544] x [12544, 1024]``) the reduction is cut into chunks whose
   slice of the smaller operand fits (GEMM blocking): the chunk loop outermost, the blocks zeroed in
   a pass of their own and accumulating in the output across chunks;
-* the gather and the output stages run as parallel, vectorized passes, the epilogue inlined into the
-  output stage.
+* a bf16-rows output stage (its epilogue in it) runs per 32 x 32 block right after the block's tiles
+  are stored; a conv's gather runs per 32-row block inside the parallel row loop where the row
+  blocks are outermost and at least two per core; otherwise the gather and the output stages run as
+  parallel, vectorized passes, the fused epilogue inlined into the output stage. There may be no
+  gather: the GEMM then loads its A tiles straight from the input's bf16 rows.
 
 Targets without either are not served (the graph pass only emits these functions for targets with
 one; elsewhere the fallback rule would compute the same values in fp32 arithmetic).

@@ -5,15 +5,19 @@
 bf16 values are held as their uint16 bit patterns (TVM's llvm lowering would otherwise widen a bf16
 buffer the function allocates to fp32, which the tile loads cannot read):
 
-* ``A [Mp, Kp]`` (stage ``bf16_gather_a``): the fp32 activations rounded to bf16, gathered as the rows
-  of the GEMM (a matmul's rows as they are; a convolution's im2col rows, one per output pixel, the
-  reduction running over kernel rows, kernel columns and input channels, zero outside the image)
-  and zero-padded to ``Mp`` rows and ``Kp`` columns (multiples of the micro-kernel's tile);
+* ``A [Mp, Kp]``: bf16 rows of the input read as they are (a matmul, or a 1x1 stride-1 conv, over
+  bf16 rows and a multiple of 32 channels), else (stage ``bf16_gather_a``) the activations (fp32
+  rounded to bf16, or bf16 rows copied) gathered as the rows of the GEMM (a matmul's rows as they
+  are; a convolution's im2col rows, one per output pixel, the reduction running over kernel rows,
+  kernel columns and input channels, zero outside the image; narrow taps through a padded copy,
+  ``bf16_padded_input``) and zero-padded to ``Mp`` rows and ``Kp`` columns (multiples of the
+  micro-kernel's tile);
 * ``B [Np / 32, Kp / 2, 32, 2]``: the constant weights in bf16, packed at compile time
   (:func:`pack_weight_vnni`): blocks of 32 columns, each in the pair layout the bf16 dot products
   read (two consecutive reduction elements of a column side by side);
 * ``bf16_contraction [Mp, Np]``: the products summed in fp32;
-* ``bf16_output``: the real rows and columns, in the op's output shape.
+* ``bf16_output``: the :class:`Epilogue` (bias, residual, ReLU) on the sums; fp32 in the op's output
+  shape, or bf16 rows ``[Mp, N]`` (uint16).
 
 The schedule is :class:`tvm_roialign.schedules.bf16_contraction.BF16Contraction`.
 """
