@@ -344,3 +344,66 @@ def test_amx_library_runs_through_tvm_alone(tmp_path):
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     a, w = _bf16(x), _bf16(layer.weight.detach())
     _check_bound(np.load(tmp_path / "y.npy"), a @ w.T, a.abs() @ w.abs().T)
+
+
+def test_bf16_rgb_stem_matches_float64():
+    """A 7x7 stride-2 conv over 3 channels (an RGB stem: each kernel row's 21 inputs padded to one
+    tile's depth of 32), against float64 from the same bf16-rounded inputs and weights."""
+    _amx_or_skip()
+    torch.manual_seed(3)
+    conv = torch.nn.Conv2d(3, 40, 7, stride=2, padding=3, bias=False)
+    x = torch.randn(1, 3, 37, 30)
+    executable = build(_module(conv, x), parse_target("native"), precision="bf16").executable
+    assert "tdpbf16ps" in _asm(executable)
+    a, w = _bf16(x), _bf16(conv.weight.detach())
+    ops = dict(stride=2, padding=3)
+    reference = torch.nn.functional.conv2d(a, w, **ops)
+    magnitude = torch.nn.functional.conv2d(a.abs(), w.abs(), **ops)
+    _check_bound(_run(executable, x.numpy()), reference, magnitude)
+
+
+class _BF16Block(torch.nn.Module):
+    """A 1x1 conv + ReLU whose output feeds a 3x3 conv and that conv's residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.reduce = torch.nn.Conv2d(16, 32, 1)
+        self.conv = torch.nn.Conv2d(32, 32, 3, padding=1)
+
+    def forward(self, x):
+        h = torch.relu(self.reduce(x))
+        return torch.relu(self.conv(h) + h)
+
+
+def test_bf16_activations_between_contractions_match_float64():
+    """The 1x1 conv's output is read only by contractions (as input and as residual), so it is
+    stored as bf16 rows, read by the 3x3 conv without a rounding pass. Reference in float64: the
+    1x1 conv on the bf16-rounded inputs, its ReLU output rounded to bf16, the 3x3 conv, the
+    residual add and ReLU. Bound: the fp32 accumulations (1e-5 of sum |a w| per stage), plus one
+    bf16 step (2^-8 relative) for each intermediate whose fp32 sum rounds the other way at a tie
+    of the float64 one."""
+    from tvm_roialign.pipeline_phases import prepare_pipeline
+
+    _amx_or_skip()
+    torch.manual_seed(4)
+    block = _BF16Block().eval()
+    x = torch.randn(1, 16, 13, 11)
+    mod = _module(block, x)
+    target = parse_target("native")
+    with target:
+        prepared = prepare_pipeline(target, precision="bf16")(mod)
+    assert 'out_ty=R.Tensor((160, 32), dtype="uint16")' in prepared["main"].script(), "not stored as bf16"
+    executable = build(mod, target, precision="bf16").executable
+    conv2d = torch.nn.functional.conv2d
+    w1, w = _bf16(block.reduce.weight.detach()), _bf16(block.conv.weight.detach())
+    b1 = block.reduce.bias.detach().double()[:, None, None]
+    b2 = block.conv.bias.detach().double()[:, None, None]
+    a = _bf16(x)
+    h = _bf16(torch.relu(conv2d(a, w1) + b1))
+    reference = torch.relu(conv2d(h, w, padding=1) + b2 + h)
+    h_mag = conv2d(a.abs(), w1.abs()) + b1.abs()
+    magnitude = conv2d(h.abs(), w.abs(), padding=1) + b2.abs() + h.abs()
+    slack = 2.0**-8 * (conv2d(h_mag, w.abs(), padding=1) + h_mag)
+    excess = np.abs(_run(executable, x.numpy()) - reference.numpy())
+    excess -= BF16_ACCUMULATION_TOL * magnitude.numpy() + slack.numpy()
+    assert excess.max() <= 1e-6, float(excess.max())

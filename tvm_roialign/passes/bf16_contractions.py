@@ -1,15 +1,17 @@
 """Convolutions and matmuls with constant weights as bf16 contractions (``precision="bf16"``).
 
-Each ungrouped NHWC ``conv2d`` (1x1, or larger over a multiple of :data:`TAP_CHANNELS` input
-channels) and each 2-D ``matmul`` of a constant weight, in float32, becomes a call of
+Each ungrouped NHWC ``conv2d`` (a kernel larger than 1x1 over fewer than :data:`TAP_CHANNELS`
+channels, an RGB stem, with each kernel row's taps padded to one tile's depth) and each 2-D
+``matmul`` of a constant weight, in float32, becomes a call of
 :func:`tvm_roialign.topi.bf16_contraction.bf16_contraction` (its channels static; its batch and image
 size, so the GEMM's row count, may be symbolic, as in an any-size detector): the weight is rounded
-to bf16 and packed into the pair layout here, once, at compile time; the activations are rounded to bf16
-inside the kernel, the products accumulated in fp32 and the result is fp32, so every other op of
-the model (bias, residual adds, RoIAlign, NMS, post-processing) stays as it was:
+to bf16 and packed into the pair layout here, once, at compile time; the products are accumulated in
+fp32. The bias, residual add and ReLU after it are computed in its output stage, and its result is
+bf16 rows ``[ceil(M / 32) * 32, C]`` where only contractions read it, else fp32 in the op's shape
+(:mod:`.bf16_plan`):
 
-    conv2d(x, W)      ->  call_tir(bf16_conv2d, x, pack(W))            # im2col'd x, [N, H, W, O]
-    matmul(x, W[K, N]) -> call_tir(bf16_matmul, reshape(x, [M, K]), pack(W))
+    relu(conv2d(x, W) + b + r)  ->  call_tir(bf16_conv2d, x, pack(W), b, r)   # x, r: fp32 or bf16 rows
+    matmul(x, W[K, N])          ->  call_tir(bf16_matmul, reshape(x, [M, K]), pack(W))
 
 The schedule rule :class:`tvm_roialign.schedules.BF16Contraction` runs them on AMX tiles; the
 pipeline applies this pass only for a target that has them.
@@ -23,11 +25,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..topi.bf16_contraction import ConvGeometry, bf16_contraction, pack_weight_vnni
+from ..topi.bf16_contraction import TILE_K, ConvGeometry, Epilogue, bf16_contraction, pack_weight_vnni
 from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module, tensor_shape
+from .bf16_plan import plan_chains
 
-#: a conv with a kernel larger than 1x1 is taken when its input channels are a multiple of this:
-#: each kernel tap's channels then fill whole vectors of the gather (an RGB stem is left in fp32)
+#: a conv with a kernel larger than 1x1 over a multiple of this many input channels gathers its taps
+#: as they are (each fills whole vectors of the gather); over fewer, its kernel rows are padded
 TAP_CHANNELS = 16
 
 
@@ -45,84 +48,156 @@ def _dims(expr) -> list | None:
     return [s if s is not None else d for s, d in zip(shape, expr.ty.shape.values)]
 
 
+def _conv_spec(call):
+    """``(matrix [K, N], geometry, rows, out_shape)`` of a convertible conv2d, else None."""
+    attrs = call.attrs
+    x, weight = call.args
+    value = const_value(weight)
+    in_shape, out_shape = _dims(x), _dims(call)
+    if (
+        value is None
+        or int(attrs.groups) != 1
+        or str(attrs.data_layout) != "NHWC"
+        or str(attrs.out_layout or attrs.data_layout) != "NHWC"
+        or not (_is_f32(x) and _is_f32(call))
+        or in_shape is None
+        or out_shape is None
+    ):
+        return None
+    layout = str(attrs.kernel_layout)
+    if sorted(layout) != sorted("OIHW"):
+        return None
+    hwio = np.transpose(value, [layout.index(c) for c in "HWIO"])
+    kh, kw, channels, outputs = hwio.shape
+    if channels != in_shape[3]:
+        return None
+    dilation = tuple(int(d) for d in attrs.dilation)
+    # narrow taps (an RGB stem): each kernel row's run of kw * c inputs padded to one tile's depth
+    row_taps = kh * kw > 1 and channels % TAP_CHANNELS != 0
+    pads = [int(p) for p in attrs.padding]
+    symmetric = len(pads) != 4 or pads[:2] == pads[2:]
+    if row_taps and (kw * channels > TILE_K or dilation != (1, 1) or not symmetric):
+        return None
+    geometry = ConvGeometry(
+        *out_shape[:3],
+        kh,
+        kw,
+        channels,
+        tuple(int(s) for s in attrs.strides),
+        (int(attrs.padding[0]), int(attrs.padding[1])),
+        dilation,
+        row_taps,
+    )
+    if row_taps:
+        matrix = np.zeros((kh, TILE_K, outputs), np.float32)
+        matrix[:, : kw * channels] = hwio.reshape(kh, kw * channels, outputs)
+        return matrix.reshape(kh * TILE_K, outputs), geometry, geometry.rows, out_shape
+    return hwio.reshape(kh * kw * channels, outputs), geometry, geometry.rows, out_shape
+
+
+def _matmul_spec(call):
+    """``(matrix [K, N], None, rows, out_shape)`` of a convertible matmul, else None."""
+    x, weight = call.args
+    value = const_value(weight)
+    in_shape, out_shape = _dims(x), _dims(call)
+    if (
+        value is None
+        or value.ndim != 2
+        or not (_is_f32(x) and _is_f32(call))
+        or in_shape is None
+        or out_shape is None
+        or len(in_shape) < 2
+    ):
+        return None
+    rows = functools.reduce(lambda a, b: a * b, in_shape[:-1])
+    return value.astype(np.float32), None, rows, out_shape
+
+
+def contraction_spec(call):
+    """What :func:`bf16_contraction` needs of ``call`` (a conv2d or matmul), or None when it is
+    not converted."""
+    if is_op_call(call, "relax.nn.conv2d"):
+        return _conv_spec(call)
+    if is_op_call(call, "relax.matmul"):
+        return _matmul_spec(call)
+    return None
+
+
+def _is_bits(expr) -> bool:
+    ty = expr.ty
+    return isinstance(ty, relax.TensorType) and str(ty.dtype) == "uint16"
+
+
+def _unpadded(matrix: np.ndarray, geometry) -> np.ndarray:
+    """A contraction's ``[K, N]`` weight without the padding of narrow-tap kernel rows."""
+    if geometry is None or not geometry.row_taps:
+        return matrix
+    outputs = matrix.shape[1]
+    taps = geometry.kw * geometry.c
+    return matrix.reshape(geometry.kh, TILE_K, outputs)[:, :taps].reshape(-1, outputs)
+
+
 class _BF16Rewriter(FunctionRewriter):
     keep_fp32 = None  # the pass's keep_fp32
 
-    def visit_call_(self, call):  # pylint: disable=arguments-renamed
-        call = self.visit_expr_post_order(call)
-        new = None
-        if is_op_call(call, "relax.nn.conv2d"):
-            new = self._conv(call)
-        elif is_op_call(call, "relax.matmul"):
-            new = self._matmul(call)
-        return call if new is None else new
+    def _converts(self, value) -> bool:
+        spec = contraction_spec(value)
+        if spec is None:
+            return False
+        return self.keep_fp32 is None or not self.keep_fp32(_unpadded(spec[0], spec[1]))
 
-    def _emit(self, name: str, x, weight: np.ndarray, rows, out_shape, geometry=None):
-        if self.keep_fp32 is not None and self.keep_fp32(weight):
-            return None
+    def visit_function_(self, func):  # pylint: disable=arguments-renamed
+        self._chains = plan_chains(func, self._converts)
+        self._members = {m for chain in self._chains.values() for m in chain.members}
+        return super().visit_function_(func)
+
+    def visit_var_binding_(self, binding):  # pylint: disable=arguments-renamed
+        chain = self._chains.get(binding.var)
+        if binding.var in self._members:
+            return  # computed inside the fused call of its chain
+        if chain is None:
+            super().visit_var_binding_(binding)
+            return
+        value = self._emit_chain(chain)
+        if isinstance(binding.var, relax.DataflowVar):
+            new_var = self.builder_.emit(value, name_hint=binding.var.name)
+        else:
+            new_var = self.builder_.emit_output(value, name_hint=binding.var.name)
+        self.set_var_remap(binding.var, new_var)
+
+    def _emit_chain(self, chain):
         self.changed = True
-        packed = relax.const(pack_weight_vnni(weight))
+        call = chain.call
+        matrix, geometry, rows, out_shape = contraction_spec(call)
+        x = self.visit_expr(call.args[0])
+        in_hw = None
+        if _is_bits(x):
+            in_hw = tuple(_dims(call.args[0])[1:3]) if geometry is not None else None
+        elif geometry is None and len(out_shape) > 2:
+            x = self.builder_.emit(relax.op.reshape(x, [rows, _dims(x)[-1]]))
+        extra = []
+        if chain.bias is not None:
+            extra.append(relax.const(chain.bias))
+        if chain.residual is not None:
+            extra.append(self.visit_expr(chain.residual))
+        epilogue = Epilogue(
+            bias=chain.bias is not None,
+            residual=chain.residual is not None,
+            relu=chain.relu,
+            bits_out=chain.bits_out,
+        )
         compute = functools.partial(
             bf16_contraction,
             rows=rows,
-            reduction=int(weight.shape[0]),
+            reduction=int(matrix.shape[0]),
             out_shape=list(out_shape),
             geometry=geometry,
+            epilogue=epilogue,
+            in_hw=in_hw,
         )
-        return self.builder_.call_te(compute, x, packed, primfunc_name_hint=name)
-
-    def _conv(self, call):
-        attrs = call.attrs
-        x, weight = call.args
-        value = const_value(weight)
-        in_shape, out_shape = _dims(x), _dims(call)
-        if (
-            value is None
-            or int(attrs.groups) != 1
-            or str(attrs.data_layout) != "NHWC"
-            or str(attrs.out_layout or attrs.data_layout) != "NHWC"
-            or not (_is_f32(x) and _is_f32(call))
-            or in_shape is None
-            or out_shape is None
-        ):
-            return None
-        layout = str(attrs.kernel_layout)
-        if sorted(layout) != sorted("OIHW"):
-            return None
-        hwio = np.transpose(value, [layout.index(c) for c in "HWIO"])
-        kh, kw, channels, outputs = hwio.shape
-        if channels != in_shape[3] or (kh * kw > 1 and channels % TAP_CHANNELS):
-            return None
-        geometry = ConvGeometry(
-            *out_shape[:3],
-            kh,
-            kw,
-            channels,
-            tuple(int(s) for s in attrs.strides),
-            (int(attrs.padding[0]), int(attrs.padding[1])),
-            tuple(int(d) for d in attrs.dilation),
-        )
-        matrix = hwio.reshape(kh * kw * channels, outputs)
-        return self._emit("bf16_conv2d", x, matrix, geometry.rows, out_shape, geometry)
-
-    def _matmul(self, call):
-        x, weight = call.args
-        value = const_value(weight)
-        in_shape, out_shape = _dims(x), _dims(call)
-        if (
-            value is None
-            or value.ndim != 2
-            or not (_is_f32(x) and _is_f32(call))
-            or in_shape is None
-            or out_shape is None
-            or len(in_shape) < 2
-        ):
-            return None
-        rows = functools.reduce(lambda a, b: a * b, in_shape[:-1])
-        flat = x if len(in_shape) == 2 else self.builder_.emit(
-            relax.op.reshape(x, [rows, in_shape[-1]])
-        )
-        return self._emit("bf16_matmul", flat, value.astype(np.float32), rows, out_shape)
+        name = "bf16_conv2d" if geometry is not None else "bf16_matmul"
+        packed = relax.const(pack_weight_vnni(matrix))
+        return self.builder_.call_te(compute, x, packed, *extra, primfunc_name_hint=name)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.BF16Contractions")

@@ -5,15 +5,19 @@
 bf16 values are held as their uint16 bit patterns (TVM's llvm lowering would otherwise widen a bf16
 buffer the function allocates to fp32, which the tile loads cannot read):
 
-* ``A [Mp, Kp]`` (stage ``bf16_gather_a``): the fp32 activations rounded to bf16, gathered as the rows
-  of the GEMM (a matmul's rows as they are; a convolution's im2col rows, one per output pixel, the
-  reduction running over kernel rows, kernel columns and input channels, zero outside the image)
-  and zero-padded to ``Mp`` rows and ``Kp`` columns (multiples of the micro-kernel's tile);
+* ``A [Mp, Kp]``: bf16 rows of the input read as they are (a matmul, or a 1x1 stride-1 conv, over
+  bf16 rows and a multiple of 32 channels), else (stage ``bf16_gather_a``) the activations (fp32
+  rounded to bf16, or bf16 rows copied) gathered as the rows of the GEMM (a matmul's rows as they
+  are; a convolution's im2col rows, one per output pixel, the reduction running over kernel rows,
+  kernel columns and input channels, zero outside the image; narrow taps through a padded copy,
+  ``bf16_padded_input``) and zero-padded to ``Mp`` rows and ``Kp`` columns (multiples of the
+  micro-kernel's tile);
 * ``B [Np / 32, Kp / 2, 32, 2]``: the constant weights in bf16, packed at compile time
   (:func:`pack_weight_vnni`): blocks of 32 columns, each in the pair layout the bf16 dot products
   read (two consecutive reduction elements of a column side by side);
 * ``bf16_contraction [Mp, Np]``: the products summed in fp32;
-* ``bf16_output``: the real rows and columns, in the op's output shape.
+* ``bf16_output``: the :class:`Epilogue` (bias, residual, ReLU) on the sums; fp32 in the op's output
+  shape, or bf16 rows ``[Mp, N]`` (uint16).
 
 The schedule is :class:`tvm_roialign.schedules.bf16_contraction.BF16Contraction`.
 """
@@ -81,6 +85,9 @@ class ConvGeometry:
     stride: tuple[int, int]
     padding: tuple[int, int]
     dilation: tuple[int, int]
+    #: narrow taps (an RGB stem): the reduction runs over kernel rows, each a run of ``kw * c``
+    #: elements contiguous in the (padded) input, zero-padded to :data:`TILE_K`
+    row_taps: bool = False
 
     @property
     def rows(self):
@@ -88,12 +95,59 @@ class ConvGeometry:
 
     @property
     def reduction(self) -> int:
+        if self.row_taps:
+            return self.kh * TILE_K
         return self.kh * self.kw * self.c
 
 
-def _gather_conv(x: te.Tensor, g: ConvGeometry):
-    """``(m, k) -> x`` value of im2col row ``m`` column ``k`` (zero outside the image)."""
-    height, width = x.shape[1], x.shape[2]
+PADDED_INPUT = "bf16_padded_input"
+
+
+def _gather_row_taps(x: te.Tensor, g: ConvGeometry, in_hw):
+    """``(m, k) -> x`` for narrow taps (:attr:`ConvGeometry.row_taps`): the input rounded to bf16
+    once in a zero-padded copy (wide enough that a kernel row's whole run of ``TILE_K`` elements
+    lies inside it), so that each kernel row of an im2col row is one contiguous run."""
+    height, width = in_hw
+    (ph, pw), c = g.padding, g.c
+    extra = -(-(TILE_K - g.kw * c) // c)
+    shape = (x.shape[0], height + 2 * ph, width + 2 * pw + extra, c)
+    read = _reader(x, height, width)
+
+    def padded(b, y, x_, ch):
+        iy, ix = y - ph, x_ - pw
+        inside = tirx.all(iy >= 0, iy < height, ix >= 0, ix < width)
+        safe_y = tirx.max(tirx.min(iy, height - 1), 0)
+        safe_x = tirx.max(tirx.min(ix, width - 1), 0)
+        value = read(b, safe_y, safe_x, ch)
+        value = value if str(x.dtype) == "uint16" else bf16_bits(value)
+        return tirx.if_then_else(inside, value, tirx.const(0, "uint16"))
+
+    xp = te.compute(shape, padded, name=PADDED_INPUT)
+
+    def value(m, k):
+        b = m // (g.oh * g.ow)
+        oy = m // g.ow % g.oh
+        ox = m % g.ow
+        ky, j = k // TILE_K, k % TILE_K
+        tap = xp[b, oy * g.stride[0] + ky, ox * g.stride[1] + j // c, j % c]
+        return tirx.if_then_else(j < g.kw * c, tap, tirx.const(0, "uint16"))
+
+    return value
+
+
+def _reader(x: te.Tensor, height, width):
+    """Index ``x`` (NHWC, or bf16 rows ``[Mp, c]`` of an image ``height x width``) as NHWC."""
+    if len(x.shape) == 4:
+        return lambda b, y, x_, ch: x[b, y, x_, ch]
+    return lambda b, y, x_, ch: x[(b * height + y) * width + x_, ch]
+
+
+def _gather_conv(x: te.Tensor, g: ConvGeometry, in_hw):
+    """``(m, k) -> x`` value of im2col row ``m`` column ``k`` (zero outside the image); ``x`` is
+    NHWC or bf16 rows ``[Mp, c]`` (uint16) of an ``in_hw`` image."""
+    height, width = in_hw
+    zero = tirx.const(0, x.dtype)
+    read = _reader(x, height, width)
 
     def value(m, k):
         b = m // (g.oh * g.ow)
@@ -107,28 +161,82 @@ def _gather_conv(x: te.Tensor, g: ConvGeometry):
         inside = tirx.all(iy >= 0, iy < height, ix >= 0, ix < width)
         safe_y = tirx.max(tirx.min(iy, height - 1), 0)
         safe_x = tirx.max(tirx.min(ix, width - 1), 0)
-        return tirx.if_then_else(inside, x[b, safe_y, safe_x, ch], tirx.const(0, "float32"))
+        return tirx.if_then_else(inside, read(b, safe_y, safe_x, ch), zero)
 
     return value
 
 
-def bf16_contraction(x: te.Tensor, packed: te.Tensor, rows, reduction: int, out_shape,
-                     geometry: ConvGeometry | None = None) -> te.Tensor:
+@dataclass(frozen=True)
+class Epilogue:
+    """What the contraction's output stage applies to each fp32 sum, in this order: ``+ bias[n]``,
+    ``+ residual`` (an fp32 tensor of the output's shape, or bf16 rows ``[Mp, N]`` as uint16),
+    ``max(., 0)``; ``bits_out``: the result rounded to bf16 and stored as rows ``[Mp, N]`` (uint16,
+    the padding rows included) instead of fp32 in the op's output shape."""
+
+    bias: bool = False
+    residual: bool = False
+    relu: bool = False
+    bits_out: bool = False
+
+
+def bf16_rows(rows):
+    """The row count of a bf16 activation of ``rows`` GEMM rows: padded to whole 32-row blocks."""
+    return _round_up(rows, TILE_M)
+
+
+def _unflatten(m, out_shape, rows) -> tuple:
+    """The output indices (all but the channel) of GEMM row ``m`` (clamped to the real rows)."""
+    safe = tirx.min(m, rows - 1)
+    dims, idx = out_shape[:-1], []
+    for j, dim in enumerate(dims):
+        inner = 1
+        for later in dims[j + 1:]:
+            inner = inner * later
+        idx.append(safe // inner % dim)
+    return tuple(idx)
+
+
+def direct_operand(geometry: ConvGeometry | None, reduction: int, bits_in: bool) -> bool:
+    """Whether the GEMM reads its ``A`` operand straight from bf16 rows (no gather): a matmul or a
+    1x1 stride-1 unpadded conv over a multiple of 32 channels (each row is then an A-tile row)."""
+    if not bits_in or reduction % TILE_K:
+        return False
+    if geometry is None:
+        return True
+    return (geometry.kh, geometry.kw, geometry.stride, geometry.padding) == (1, 1, (1, 1), (0, 0))
+
+
+def bf16_contraction(x: te.Tensor, packed: te.Tensor, *extra: te.Tensor, rows, reduction: int,
+                     out_shape, geometry: ConvGeometry | None = None, epilogue: Epilogue = Epilogue(),
+                     in_hw=None) -> te.Tensor:
     """The stages of the module docstring; ``x`` is ``[rows, reduction]`` (a matmul) or the NHWC
-    input of a conv of ``geometry``; ``packed`` the :func:`pack_weight_vnni` weights. ``rows``
-    and the output's leading dimensions may be symbolic (an any-size image): the gathered rows
-    are then padded to ``Mp = ceil(rows / 32) * 32``, so every 32-row block the micro-kernel
-    loads and stores lies inside the buffers, its padding rows zero and never read back."""
+    input of a conv of ``geometry``, or (``in_hw`` given for a conv, or uint16 ``x`` for a matmul)
+    bf16 rows ``[Mp, c]`` of an ``in_hw`` image; ``packed`` the :func:`pack_weight_vnni`
+    weights; ``extra`` the bias ``[N]`` and the residual of ``epilogue``, in this order. ``rows``
+    and the output's leading dimensions may be symbolic (an any-size image): the GEMM's rows are
+    then padded to ``Mp = ceil(rows / 32) * 32``, so every 32-row block the micro-kernel loads
+    and stores lies inside the buffers, its padding rows never read back as real rows."""
+    bits_in = str(x.dtype) == "uint16"
     mp, kp = _round_up(rows, TILE_M), _round_up(reduction, TILE_K)
     np_ = int(packed.shape[0]) * TILE_N
-    source = _gather_conv(x, geometry) if geometry is not None else (lambda m, k: x[m, k])
+    if direct_operand(geometry, reduction, bits_in):
+        a = x
+    else:
+        if geometry is None:
+            source = lambda m, k: x[m, k]
+        else:
+            hw = in_hw if in_hw is not None else (x.shape[1], x.shape[2])
+            source = (_gather_row_taps if geometry.row_taps else _gather_conv)(x, geometry, hw)
+        zero = tirx.const(0, "uint16")
 
-    def gather(m, k):
-        inside = tirx.all(m < rows, k < reduction)
-        safe_m, safe_k = tirx.min(m, rows - 1), tirx.min(k, reduction - 1)
-        return tirx.if_then_else(inside, bf16_bits(source(safe_m, safe_k)), tirx.const(0, "uint16"))
+        def gather(m, k):
+            inside = tirx.all(m < rows, k < reduction)
+            safe_m, safe_k = tirx.min(m, rows - 1), tirx.min(k, reduction - 1)
+            value = source(safe_m, safe_k)
+            bits = bits_in or (geometry is not None and geometry.row_taps)
+            return tirx.if_then_else(inside, value if bits else bf16_bits(value), zero)
 
-    a = te.compute((mp, kp), gather, name=GATHER_A)
+        a = te.compute((mp, kp), gather, name=GATHER_A)
     r = te.reduce_axis((0, kp), "k")
     acc = te.compute(
         (mp, np_),
@@ -138,13 +246,37 @@ def bf16_contraction(x: te.Tensor, packed: te.Tensor, rows, reduction: int, out_
         ),
         name=CONTRACTION,
     )
-    out_shape = list(out_shape)
+    return _output(acc, list(extra), epilogue, rows, mp, list(out_shape))
+
+
+def _output(acc, extra, epilogue: Epilogue, rows, mp, out_shape):
+    bias = extra.pop(0) if epilogue.bias else None
+    residual = extra.pop(0) if epilogue.residual else None
+    columns = out_shape[-1]
+
+    def residual_value(m, n, idx):
+        if str(residual.dtype) == "uint16":
+            return bf16_value(residual[m, n])
+        return residual[idx] if idx is not None else residual[(*_unflatten(m, out_shape, rows), n)]
+
+    def value(m, n, idx=None):
+        v = acc[m, n]
+        if bias is not None:
+            v = v + bias[n]
+        if residual is not None:
+            v = v + residual_value(m, n, idx)
+        if epilogue.relu:
+            v = tirx.max(v, tirx.const(0, "float32"))
+        return v
+
+    if epilogue.bits_out:
+        return te.compute((mp, columns), lambda m, n: bf16_bits(value(m, n)), name=OUTPUT)
 
     def output(*idx):
         row = idx[0]
         for dim, i in zip(out_shape[1:-1], idx[1:-1]):
             row = row * dim + i
-        return acc[row, idx[-1]]
+        return value(row, idx[-1], tuple(idx))
 
     return te.compute(out_shape, output, name=OUTPUT)
 
@@ -153,13 +285,17 @@ __all__ = [
     "CONTRACTION",
     "GATHER_A",
     "OUTPUT",
+    "PADDED_INPUT",
     "TILE_K",
     "TILE_M",
     "TILE_N",
     "ConvGeometry",
+    "Epilogue",
     "bf16_bits",
     "bf16_contraction",
+    "bf16_rows",
     "bf16_value",
+    "direct_operand",
     "pack_weight_vnni",
     "to_bf16_bits",
 ]
