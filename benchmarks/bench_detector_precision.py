@@ -45,25 +45,14 @@ def photos(names) -> dict:
     return out
 
 
-class _Outputs(torch.nn.Module):
-    """The detector on one image, returning tensors (what ``openvino.convert_model`` traces)."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, image):
-        out = self.model([image])[0]
-        return out["boxes"], out["labels"], out["scores"], out["masks"]
-
-
 def openvino_runners(model, rgb) -> dict:
     """OpenVINO's default precision (bf16 on AMX) and f32, converted for this photo's size."""
     import openvino
 
+    from tvm_roialign.bench.openvino_peer import detector_model
+
     image = torch.from_numpy(rgb).permute(2, 0, 1).float().div(255.0).contiguous()
-    with torch.no_grad():
-        converted = openvino.convert_model(_Outputs(model).eval(), example_input=(image,))
+    converted = detector_model(model.eval(), image)
     data = image.numpy()
     runners = {}
     for label, config in (("OpenVINO default", {}), ("OpenVINO f32", {"INFERENCE_PRECISION_HINT": "f32"})):

@@ -54,9 +54,14 @@ class OpenVINOModel:
         return [np.asarray(results[out]) for out in self.compiled.outputs]
 
 
+#: a detector's outputs in the order the converted model returns them (those it has)
+DETECTION_OUTPUTS = ("boxes", "labels", "scores", "masks", "keypoints", "keypoints_scores")
+
+
 class _DetectionsAsTensors(torch.nn.Module):
-    """A torchvision detector as a module of one image returning ``boxes, labels, scores`` (what
-    ``openvino.convert_model`` traces)."""
+    """A torchvision detector as a module of one image returning every output it has (boxes,
+    labels, scores, and masks or keypoints): what ``openvino.convert_model`` traces. A head whose
+    output were not returned would be pruned from the converted model and never run."""
 
     def __init__(self, model):
         super().__init__()
@@ -64,12 +69,13 @@ class _DetectionsAsTensors(torch.nn.Module):
 
     def forward(self, image):
         out = self.model([image])[0]
-        return out["boxes"], out["labels"], out["scores"]
+        return tuple(out[key] for key in DETECTION_OUTPUTS if key in out)
 
 
 def detector_model(model, image):
     """``openvino.convert_model`` of a torchvision detector (eval mode) for ``image``'s size
-    ``[3, H, W]``: an ``openvino.Model`` returning boxes, labels and scores."""
+    ``[3, H, W]``: an ``openvino.Model`` returning boxes, labels, scores and the masks or
+    keypoints of a Mask or Keypoint R-CNN (:data:`DETECTION_OUTPUTS`)."""
     import openvino as ov
 
     with torch.no_grad():
