@@ -1,0 +1,95 @@
+"""Mask R-CNN's any-size artifacts (the exact default, ``--fast`` and ``--precision bf16``) against
+OpenVINO in f32 and at its default precision with every head kept (the converted model returns the
+masks: :func:`tvm_roialign.bench.openvino_peer.detector_model`), and PyTorch eager; astronaut, coffee
+and portrait; the runners take turns, median of ``--repeat`` rounds.
+
+    python benchmarks/bench_detector_peers.py [--repeat 5] [--workdir /tmp]
+        [--out benchmarks/results/detector_peers.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when PyTorch loads its OpenMP
+
+import torch
+from bench_anyphoto import photos, timed_in_turn
+
+from tvm_roialign.host import use_usable_cores
+
+PHOTOS = ("astronaut", "coffee", "portrait")
+BUILDS = {"tvm exact": {}, "tvm fast": {"fast": True}, "tvm bf16": {"precision": "bf16"}}
+
+
+def _image(rgb) -> torch.Tensor:
+    return torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0
+
+
+def _artifacts(model, workdir: str) -> dict:
+    from tvm_roialign.models import detection as det
+    from tvm_roialign.runtime import Detector
+
+    out = {}
+    for label, options in BUILDS.items():
+        start = time.perf_counter()
+        path = os.path.join(workdir, f"mrcnn_{label.split()[1]}.so")
+        out[label] = Detector(det.compile_detector(model, None, target="native", **options).export(path))
+        print(f"{label}: built in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def _runners(model, artifacts: dict, rgb, threads: int) -> dict:
+    from tvm_roialign.bench.openvino_peer import OpenVINOModel, detector_model
+
+    image = _image(rgb)
+    converted, array = detector_model(model, image), image.numpy()
+    f32, default = OpenVINOModel(converted, threads, "f32"), OpenVINOModel(converted, threads, None)
+
+    def eager():
+        with torch.no_grad():
+            return model([image])
+
+    runners = {label: (lambda d=artifact: d(rgb)) for label, artifact in artifacts.items()}
+    runners["OV f32"] = lambda: f32(array)
+    runners[f"OV default ({default.precision})"] = lambda: default(array)
+    runners["eager"] = eager
+    return runners
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--workdir", default="/tmp", help="where the three artifacts are written")
+    parser.add_argument("--out", default="benchmarks/results/detector_peers.json")
+    args = parser.parse_args(argv)
+    threads = use_usable_cores(None)
+    torch.set_num_threads(threads)
+    from tvm_roialign.bench.report import cpu_identity
+    from tvm_roialign.models import detection as det
+
+    model = det.build_torch_detector("maskrcnn_resnet50_fpn")
+    rgbs = photos()
+    for name in PHOTOS:  # eager warmed up before any TVM module runs
+        with torch.no_grad():
+            model([_image(rgbs[name])])
+    artifacts = _artifacts(model, args.workdir)
+    rows = {}
+    for name in PHOTOS:
+        rgb = rgbs[name]
+        seconds = timed_in_turn(_runners(model, artifacts, rgb, threads), args.repeat)
+        rows[name] = {label: 1e3 * s for label, s in seconds.items()}
+        size = "x".join(map(str, rgb.shape[:2]))
+        print(name, size, {k: round(v) for k, v in rows[name].items()}, flush=True)
+    with open(args.out, "w") as fh:
+        json.dump({"cpu": cpu_identity(), "threads": threads, "ms": rows}, fh, indent=1)
+    print(f"written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
