@@ -31,9 +31,18 @@ def pytest_collection_modifyitems(config, items):
 SHARED_SCOPES = ("session", "module")
 
 
+def _param_token(callspec, name: str) -> str:
+    """The parameter of fixture ``name`` as text: its value when a plain one (the same for every
+    test that parametrizes the fixture, whatever its position in that test's list), else its index."""
+    value = callspec.params[name]
+    if isinstance(value, str | int | float | bool):
+        return str(value)
+    return str(callspec.indices.get(name))
+
+
 def module_fixture_group(item) -> str | None:
     """The group of a test that uses a session- or module-scoped fixture defined in its own module
-    (a compiled model, an exported program): the module's name, and the parameter index of each such
+    (a compiled model, an exported program): the module's name, and the parameter of each such
     fixture that is parametrized, so that each parameter's fixture is built on one worker and the
     parameters still spread over the workers. ``None`` for a test that uses none."""
     info = getattr(item, "_fixtureinfo", None)
@@ -46,9 +55,8 @@ def module_fixture_group(item) -> str | None:
         fixture = defs[-1]
         if fixture.scope in SHARED_SCOPES and fixture.baseid == module:
             shared = True
-            index = callspec.indices.get(name) if callspec is not None else None
-            if index is not None:
-                params.append(f"{name}{index}")
+            if callspec is not None and name in callspec.params:
+                params.append(f"{name}={_param_token(callspec, name)}")
     if not shared:
         return None
     stem = module.rpartition("/")[2].removesuffix(".py")
