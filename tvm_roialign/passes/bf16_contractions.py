@@ -25,8 +25,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..topi.bf16_contraction import TILE_K, ConvGeometry, Epilogue, bf16_contraction, pack_weight_vnni
-from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module, tensor_shape
+from ..topi.bf16_contraction import TILE_K, Epilogue, bf16_contraction, pack_weight_vnni
+from ._contraction_spec import conv_geometry, conv_weight, dims, matmul_weight
+from ._mutator import FunctionRewriter, is_op_call, rewrite_module
 from .bf16_plan import plan_chains
 
 #: a conv with a kernel larger than 1x1 over a multiple of this many input channels gathers its taps
@@ -34,60 +35,22 @@ from .bf16_plan import plan_chains
 TAP_CHANNELS = 16
 
 
-def _is_f32(expr) -> bool:
-    ty = expr.ty
-    return isinstance(ty, relax.TensorType) and str(ty.dtype) == "float32"
-
-
-def _dims(expr) -> list | None:
-    """The shape of the tensor ``expr`` as ints and (symbolic) PrimExprs, or None when its rank is
-    unknown or its last dimension (the channels) is not static."""
-    shape = tensor_shape(expr)
-    if shape is None or shape[-1] is None:
-        return None
-    return [s if s is not None else d for s, d in zip(shape, expr.ty.shape.values)]
-
-
 def _conv_spec(call):
     """``(matrix [K, N], geometry, rows, out_shape)`` of a convertible conv2d, else None."""
-    attrs = call.attrs
-    x, weight = call.args
-    value = const_value(weight)
-    in_shape, out_shape = _dims(x), _dims(call)
-    if (
-        value is None
-        or int(attrs.groups) != 1
-        or str(attrs.data_layout) != "NHWC"
-        or str(attrs.out_layout or attrs.data_layout) != "NHWC"
-        or not (_is_f32(x) and _is_f32(call))
-        or in_shape is None
-        or out_shape is None
-    ):
+    found = conv_weight(call)
+    if found is None:
         return None
-    layout = str(attrs.kernel_layout)
-    if sorted(layout) != sorted("OIHW"):
-        return None
-    hwio = np.transpose(value, [layout.index(c) for c in "HWIO"])
+    hwio, out_shape = found
     kh, kw, channels, outputs = hwio.shape
-    if channels != in_shape[3]:
-        return None
-    dilation = tuple(int(d) for d in attrs.dilation)
+    attrs = call.attrs
     # narrow taps (an RGB stem): each kernel row's run of kw * c inputs padded to one tile's depth
     row_taps = kh * kw > 1 and channels % TAP_CHANNELS != 0
     pads = [int(p) for p in attrs.padding]
     symmetric = len(pads) != 4 or pads[:2] == pads[2:]
+    dilation = tuple(int(d) for d in attrs.dilation)
     if row_taps and (kw * channels > TILE_K or dilation != (1, 1) or not symmetric):
         return None
-    geometry = ConvGeometry(
-        *out_shape[:3],
-        kh,
-        kw,
-        channels,
-        tuple(int(s) for s in attrs.strides),
-        (int(attrs.padding[0]), int(attrs.padding[1])),
-        dilation,
-        row_taps,
-    )
+    geometry = conv_geometry(call, hwio, out_shape, row_taps)
     if row_taps:
         matrix = np.zeros((kh, TILE_K, outputs), np.float32)
         matrix[:, : kw * channels] = hwio.reshape(kh, kw * channels, outputs)
@@ -97,20 +60,11 @@ def _conv_spec(call):
 
 def _matmul_spec(call):
     """``(matrix [K, N], None, rows, out_shape)`` of a convertible matmul, else None."""
-    x, weight = call.args
-    value = const_value(weight)
-    in_shape, out_shape = _dims(x), _dims(call)
-    if (
-        value is None
-        or value.ndim != 2
-        or not (_is_f32(x) and _is_f32(call))
-        or in_shape is None
-        or out_shape is None
-        or len(in_shape) < 2
-    ):
+    found = matmul_weight(call)
+    if found is None:
         return None
-    rows = functools.reduce(lambda a, b: a * b, in_shape[:-1])
-    return value.astype(np.float32), None, rows, out_shape
+    matrix, rows, out_shape = found
+    return matrix, None, rows, out_shape
 
 
 def contraction_spec(call):
@@ -172,9 +126,9 @@ class _BF16Rewriter(FunctionRewriter):
         x = self.visit_expr(call.args[0])
         in_hw = None
         if _is_bits(x):
-            in_hw = tuple(_dims(call.args[0])[1:3]) if geometry is not None else None
+            in_hw = tuple(dims(call.args[0])[1:3]) if geometry is not None else None
         elif geometry is None and len(out_shape) > 2:
-            x = self.builder_.emit(relax.op.reshape(x, [rows, _dims(x)[-1]]))
+            x = self.builder_.emit(relax.op.reshape(x, [rows, dims(x)[-1]]))
         extra = []
         if chain.bias is not None:
             extra.append(relax.const(chain.bias))

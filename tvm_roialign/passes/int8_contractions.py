@@ -25,7 +25,6 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..topi.bf16_contraction import ConvGeometry
 from ..topi.int8_contraction import (
     ActivationQuant,
     dequant_constants,
@@ -33,7 +32,8 @@ from ..topi.int8_contraction import (
     pack_weight_quads,
     quantize_weight,
 )
-from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module, tensor_shape
+from ._contraction_spec import conv_geometry, conv_weight, dims, matmul_weight
+from ._mutator import FunctionRewriter, is_op_call, rewrite_module
 
 #: a conv with a kernel larger than 1x1 is taken when its input channels are a multiple of this
 TAP_CHANNELS = 16
@@ -48,64 +48,25 @@ CLIP_FACTORS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2)
 OBSERVER = "tvm_roialign.int8_observe"
 
 
-def _is_f32(expr) -> bool:
-    ty = expr.ty
-    return isinstance(ty, relax.TensorType) and str(ty.dtype) == "float32"
-
-
-def _dims(expr) -> list | None:
-    shape = tensor_shape(expr)
-    if shape is None or shape[-1] is None:
-        return None
-    return [s if s is not None else d for s, d in zip(shape, expr.ty.shape.values)]
-
-
 def _conv_spec(call):
     """``(matrix [K, N], rows, out_shape, geometry)`` of a conv the pass takes, else None."""
-    attrs = call.attrs
-    x, weight = call.args
-    value = const_value(weight)
-    in_shape, out_shape = _dims(x), _dims(call)
-    if (
-        value is None
-        or int(attrs.groups) != 1
-        or str(attrs.data_layout) != "NHWC"
-        or str(attrs.out_layout or attrs.data_layout) != "NHWC"
-        or not (_is_f32(x) and _is_f32(call))
-        or in_shape is None
-        or out_shape is None
-        or sorted(str(attrs.kernel_layout)) != sorted("OIHW")
-    ):
+    found = conv_weight(call)
+    if found is None:
         return None
-    layout = str(attrs.kernel_layout)
-    hwio = np.transpose(value, [layout.index(c) for c in "HWIO"])
+    hwio, out_shape = found
     kh, kw, channels, outputs = hwio.shape
-    if channels != in_shape[3] or (kh * kw > 1 and channels % TAP_CHANNELS):
+    if kh * kw > 1 and channels % TAP_CHANNELS:
         return None
-    geometry = ConvGeometry(
-        *out_shape[:3], kh, kw, channels,
-        tuple(int(s) for s in attrs.strides),
-        (int(attrs.padding[0]), int(attrs.padding[1])),
-        tuple(int(d) for d in attrs.dilation),
-    )
+    geometry = conv_geometry(call, hwio, out_shape)
     return hwio.reshape(kh * kw * channels, outputs), geometry.rows, out_shape, geometry
 
 
 def _matmul_spec(call):
-    x, weight = call.args
-    value = const_value(weight)
-    in_shape, out_shape = _dims(x), _dims(call)
-    if (
-        value is None
-        or value.ndim != 2
-        or not (_is_f32(x) and _is_f32(call))
-        or in_shape is None
-        or out_shape is None
-        or len(in_shape) < 2
-    ):
+    found = matmul_weight(call)
+    if found is None:
         return None
-    rows = functools.reduce(lambda a, b: a * b, in_shape[:-1])
-    return value.astype(np.float32), rows, out_shape, None
+    matrix, rows, out_shape = found
+    return matrix, rows, out_shape, None
 
 
 class _Int8Rewriter(FunctionRewriter):
@@ -143,7 +104,7 @@ class _Int8Rewriter(FunctionRewriter):
     def _emit(self, call, spec, act: ActivationQuant):
         matrix, rows, out_shape, geometry = spec
         x = call.args[0]
-        if geometry is None and len(_dims(x)) != 2:
+        if geometry is None and len(dims(x)) != 2:
             x = self.builder_.emit(relax.op.reshape(x, [rows, matrix.shape[0]]))
         q, w_scale = quantize_weight(matrix)
         correction, scale = dequant_constants(q, w_scale, act)
