@@ -20,7 +20,7 @@ import tvm
 from tvm import relax
 
 from tvm_roialign.frontend import from_exported_program
-from tvm_roialign.host import request_amx
+from tvm_roialign.host import cpu_flags, request_amx
 from tvm_roialign.pipeline import build
 from tvm_roialign.target import parse_target
 
@@ -64,16 +64,8 @@ def _check_bound(actual, reference, magnitude):
 
 
 def _avx512_bf16_or_skip():
-    if "avx512_bf16" not in _cpu_flags():
+    if "avx512_bf16" not in cpu_flags():
         pytest.skip("this CPU has no AVX512-BF16 (avx512_bf16 in /proc/cpuinfo)")
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
 
 
 @pytest.mark.parametrize("unit", ["amx", "avx512bf16"])

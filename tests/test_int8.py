@@ -24,7 +24,7 @@ from _cli import one_line_error, run_cli
 from tvm import relax
 
 from tvm_roialign.frontend import from_exported_program
-from tvm_roialign.host import request_amx
+from tvm_roialign.host import cpu_flags, request_amx
 from tvm_roialign.models.calibration_photos import calibration_inputs
 from tvm_roialign.passes.int8_contractions import clipped_range
 from tvm_roialign.pipeline import build
@@ -39,23 +39,15 @@ AVX512_ONLY = parse_target("llvm -mcpu=skylake-avx512")
 UNITS = {"amx": (AMX_TARGET, "tdpbusd"), "vnni": (VNNI_TARGET, "vpdpbusd")}
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()
-
-
 def _runnable_or_skip(unit: str) -> None:
     if unit == "amx":
-        if "amx_int8" not in _cpu_flags():
+        if "amx_int8" not in cpu_flags():
             pytest.skip("this CPU has no AMX-INT8 (amx_int8 in /proc/cpuinfo)")
         try:
             request_amx(required=True)
         except RuntimeError as err:
             pytest.skip(str(err))
-    elif "avx512_vnni" not in _cpu_flags():
+    elif "avx512_vnni" not in cpu_flags():
         pytest.skip("this CPU has no AVX512-VNNI (avx512_vnni in /proc/cpuinfo)")
 
 

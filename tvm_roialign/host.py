@@ -81,15 +81,18 @@ _SYS_ARCH_PRCTL = 158  # x86-64
 _amx_state: dict[str, object] = {}
 
 
-def _has_amx_flag() -> bool:
+def cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
+    """The CPU flags of the first processor in ``path`` (x86 ``flags``, AArch64 ``Features``; empty
+    where there is no such file)."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("flags"):
-                    return "amx_tile" in line.split()
+                key, _, value = line.partition(":")
+                if key.strip().lower() in ("flags", "features"):
+                    return set(value.split())
     except OSError:
         pass
-    return False
+    return set()
 
 
 def request_amx(required: bool = False) -> bool:
@@ -104,7 +107,7 @@ def request_amx(required: bool = False) -> bool:
     """
     if "granted" not in _amx_state:
         granted, reason = False, "this CPU has no AMX (amx_tile)"
-        if platform.system() == "Linux" and host_machine() == "x86_64" and _has_amx_flag():
+        if platform.system() == "Linux" and host_machine() == "x86_64" and "amx_tile" in cpu_flags():
             import ctypes
 
             libc = ctypes.CDLL(None, use_errno=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 import tvm
 from tvm.target import codegen
 
-from .host import host_machine, is_host_triple, usable_cores
+from .host import cpu_flags, host_machine, is_host_triple, usable_cores
 
 #: The target used when none is given (CLI and Python defaults).
 DEFAULT_TARGET = "native"
@@ -84,25 +84,12 @@ HOST_FEATURES = {
 }
 
 
-def _cpuinfo_flags(path: str = "/proc/cpuinfo") -> set[str]:
-    """The CPU flags of the first processor in ``path`` (empty where there is no such file)."""
-    try:
-        with open(path) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip().lower() in ("flags", "features"):
-                    return set(value.split())
-    except OSError:
-        pass
-    return set()
-
-
 def host_mattr(config: dict, flags: set[str] | None = None) -> list[str]:
     """``+feature`` for each of :data:`HOST_FEATURES` that this machine reports (``flags``, default
     ``/proc/cpuinfo``) and LLVM's features for ``config`` lack: LLVM names a Sapphire Rapids guest
     ``rocketlake``, which has no AMX or AVX512-BF16."""
     table = HOST_FEATURES.get(host_machine(), {})
-    flags = _cpuinfo_flags() if flags is None else flags
+    flags = cpu_flags() if flags is None else flags
     wanted = [feature for flag, feature in table.items() if flag in flags]
     if not wanted:
         return []
