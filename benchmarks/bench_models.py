@@ -236,7 +236,8 @@ def bench_detectors(detectors: dict, args, threads: int, workdir: str) -> dict:
 
             calls = {"tvm": lambda rgb=rgb, a=artifact: a(rgb), "eager": eager}
             _log(f"{name} {photo}: ONNX Runtime and OpenVINO")
-            calls["onnxruntime"] = OnnxRuntimeDetector(model, image, threads)
+            ort = OnnxRuntimeDetector(model, image, threads)
+            calls["onnxruntime"] = lambda ort=ort, image=image: ort(image)
             info = {}
             if args.openvino:
                 converted, array = detector_model(model, image), image.numpy()
