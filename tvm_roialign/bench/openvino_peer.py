@@ -72,14 +72,42 @@ class _DetectionsAsTensors(torch.nn.Module):
         return tuple(out[key] for key in DETECTION_OUTPUTS if key in out)
 
 
-def detector_model(model, image):
+class _NetworkDetections(torch.nn.Module):
+    """A torchvision detector without its last step, the pasting of each mask into the photo: the
+    boxes scaled back to the photo, labels, scores, and the heads' raw outputs (a Mask R-CNN's
+    ``[N, 1, 28, 28]`` mask probabilities; a Keypoint R-CNN's keypoints, scaled back). What a
+    runtime's own network costs, without torchvision's pasting as the runtime would trace it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, image):
+        from torchvision.models.detection.transform import resize_boxes, resize_keypoints
+
+        model, size = self.model, image.shape[-2:]
+        images, _ = model.transform([image])
+        features = model.backbone(images.tensors)
+        proposals, _ = model.rpn(images, features)
+        out = model.roi_heads(features, proposals, images.image_sizes)[0][0]
+        resized = images.image_sizes[0]
+        out["boxes"] = resize_boxes(out["boxes"], resized, size)
+        if "keypoints" in out:
+            out["keypoints"] = resize_keypoints(out["keypoints"], resized, size)
+        return tuple(out[key] for key in DETECTION_OUTPUTS if key in out)
+
+
+def detector_model(model, image, paste: bool = True):
     """``openvino.convert_model`` of a torchvision detector (eval mode) for ``image``'s size
     ``[3, H, W]``: an ``openvino.Model`` returning boxes, labels, scores and the masks or
-    keypoints of a Mask or Keypoint R-CNN (:data:`DETECTION_OUTPUTS`)."""
+    keypoints of a Mask or Keypoint R-CNN (:data:`DETECTION_OUTPUTS`); ``paste=False``: a Mask
+    R-CNN's masks as the head's ``[N, 1, 28, 28]`` probabilities, not pasted into the photo
+    (:class:`_NetworkDetections`)."""
     import openvino as ov
 
+    wrapper = _DetectionsAsTensors(model) if paste else _NetworkDetections(model)
     with torch.no_grad():
-        return ov.convert_model(_DetectionsAsTensors(model), example_input=(image,))
+        return ov.convert_model(wrapper, example_input=(image,))
 
 
 __all__ = ["OpenVINOModel", "available", "cpu_config", "detector_model"]
