@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from .base import CPURule, find_main_reduction
 from .contraction import analyze_contraction, choose_tiling, schedule_with_epilogue
+from .conv_rows import flatten_rows
 from .target_info import cpu_info
 from .vector_math import ALL_OPS
 
@@ -41,6 +42,10 @@ class Conv2DNHWC(CPURule):
         contraction = analyze_contraction(sch, block)
         if contraction is None or contraction.roles.count("M") != 3:
             return None
+        if None not in contraction.extents and flatten_rows(sch, block):
+            contraction = analyze_contraction(sch, block)
+            if contraction is None:
+                return None
         if None in contraction.extents and not self.symbolic:
             return None
         tiling = choose_tiling(contraction, cpu_info(target))
