@@ -238,6 +238,57 @@ def test_rules_pick_their_functions(rng):
     assert Conv2DNHWC().apply(mm, HOST, False) is None
 
 
+def _residual_conv_module(x_shape, weight, bias, stride):
+    """``relu(conv2d(x, weight, stride) + bias + r)``, NHWC / HWIO, ``r`` an input."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(list(x_shape), "float32"))
+    n, h, w, _ = x_shape
+    pad = weight.shape[0] // 2
+    out_hw = [(side + 2 * pad - weight.shape[0]) // stride + 1 for side in (h, w)]
+    r = relax.Var("r", relax.TensorType([n, *out_hw, weight.shape[3]], "float32"))
+    with bb.function("main", [x, r]):
+        with bb.dataflow():
+            y = bb.emit(
+                relax.op.nn.conv2d(
+                    x, relax.const(weight), strides=stride, padding=pad,
+                    data_layout="NHWC", kernel_layout="HWIO",
+                )
+            )
+            y = bb.emit(relax.op.add(relax.op.add(y, relax.const(bias)), r))
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(y)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize(
+    "x_shape, kernel, stride",
+    [((1, 7, 7, 32), 1, 1), ((2, 14, 14, 16), 3, 1), ((1, 14, 14, 16), 1, 2)],
+)
+def test_narrow_maps_tile_merged_rows_with_the_epilogue_fused(x_shape, kernel, stride, rng):
+    """A static conv's output pixels are one row axis (conv_rows): a 7- or 14-wide map fits the
+    register tile, the epilogue (bias, residual, ReLU) stays in the tile's write-back (the only
+    parallel loop of the function besides the padding's), and the result equals float64."""
+    weight = (rng.standard_normal((kernel, kernel, x_shape[3], 48)) * 0.3).astype("float32")
+    bias = rng.standard_normal(48).astype("float32")
+    mod = _residual_conv_module(x_shape, weight, bias, stride)
+    (conv,) = _fused_primfuncs(mod).values()
+    scheduled = Conv2DNHWC().apply(conv, HOST, False)
+    assert scheduled is not None
+    script = scheduled.mod["main"].script()
+    blocks = re.findall(r'T\.sblock\("(\w+)"', script)
+    assert not any(b.startswith(("T_add", "compute")) for b in blocks), blocks
+    x = rng.standard_normal(x_shape).astype("float32")
+    conv_out = torch.nn.functional.conv2d(
+        torch.from_numpy(x.transpose(0, 3, 1, 2)).double(),
+        torch.from_numpy(weight.transpose(3, 2, 0, 1).copy()).double(),
+        torch.from_numpy(bias).double(),
+        stride,
+        kernel // 2,
+    ).numpy().transpose(0, 2, 3, 1)
+    r = rng.standard_normal(conv_out.shape).astype("float32")
+    _close(_run(mod, x, r), np.maximum(conv_out + r, 0))
+
+
 def test_constant_weights_are_packed_at_compile_time(rng):
     """The packed weight is a constant of the built module: no packing function is left."""
     weight = rng.standard_normal((3, 3, 16, 32)).astype("float32")

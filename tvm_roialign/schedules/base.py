@@ -22,6 +22,8 @@ name, kind or dlight's analysis),
 
 from __future__ import annotations
 
+import math
+
 import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import Schedule
@@ -134,7 +136,7 @@ def inline_epilogue(sch: Schedule, writer) -> list:
     only where it writes a buffer of the writer's shape: a consumer that reads part of the tile (the
     slice after a conv whose output channels were padded) would otherwise be run over the whole tile
     and write past the end of its smaller output."""
-    while _inline_one_intermediate(sch, writer):
+    while inline_one_intermediate(sch, writer):
         pass
     while True:
         consumers = sch.get_consumers(writer)
@@ -146,7 +148,7 @@ def inline_epilogue(sch: Schedule, writer) -> list:
             return consumers
 
 
-def _inline_one_intermediate(sch: Schedule, writer) -> bool:
+def inline_one_intermediate(sch: Schedule, writer) -> bool:
     """Inline one block downstream of ``writer`` that has consumers of its own; False if none."""
     pending, seen = list(sch.get_consumers(writer)), set()
     while pending:
@@ -163,19 +165,23 @@ def _inline_one_intermediate(sch: Schedule, writer) -> bool:
 
 
 def _same_output_shape(sch: Schedule, writer, consumer) -> bool:
-    """Whether ``consumer`` writes a buffer of the shape ``writer`` writes."""
+    """Whether ``consumer`` writes a buffer of the shape ``writer`` writes, or, for static shapes,
+    one of as many elements with the same last axis (a conv's output with its height and width
+    merged into one axis, :mod:`.conv_rows`, read by a consumer that writes ``[N, H, W, C]``)."""
 
     def shape(block):
         writes = sch.get(block).writes
         return list(writes[0].source.ty.shape) if len(writes) == 1 else None
 
     ours, theirs = shape(writer), shape(consumer)
-    return (
-        ours is not None
-        and theirs is not None
-        and len(ours) == len(theirs)
-        and all(tvm_ffi.structural_equal(a, b) for a, b in zip(ours, theirs))
-    )
+    if ours is None or theirs is None:
+        return False
+    if len(ours) == len(theirs):
+        return all(tvm_ffi.structural_equal(a, b) for a, b in zip(ours, theirs))
+    ours, theirs = [static_int(d) for d in ours], [static_int(d) for d in theirs]
+    if None in ours or None in theirs or ours[-1] != theirs[-1]:
+        return False
+    return math.prod(ours) == math.prod(theirs)
 
 
 def vectorize_writeback(sch: Schedule, writer, lanes: int) -> None:
@@ -241,6 +247,7 @@ __all__ = [
     "find_block",
     "find_main_reduction",
     "inline_epilogue",
+    "inline_one_intermediate",
     "is_layout_preproc",
     "largest_divisor_lanes",
     "loop_extent",

@@ -83,20 +83,33 @@ def pick_tile(
                 continue
             if dividing_rows and rows_extent is not None and rows_extent % rows:
                 continue
-            loads = rows * (_SYMBOLIC_ROW_LOADS if rows_extent is None else 1) + cols
-            cycles = max(
-                acc / 2,
-                loads / 2,
-                (acc + rows + cols + _LOOP_INSTRUCTIONS) / _ISSUE_PER_CYCLE,
-                _LATENCY_CHAINS / 2,
-                cols / _L2_VECTORS_PER_CYCLE,
-            )
-            # a last, partial tile (rows not dividing the extent) computes padding rows
-            used = _tile_use(rows_extent, rows)
-            key = (round(acc / 2 / cycles * used, 3), -loads / acc, -rows)
+            key = _tile_key(rows_extent, rows, cols)
             if best_key is None or key > best_key:
                 best, best_key = (rows, cols), key
     return best
+
+
+def _tile_key(rows_extent: int | None, rows: int, cols: int) -> tuple:
+    """:func:`pick_tile`'s score of a ``rows x cols`` tile: the share of the multiply-add peak
+    one step of the reduction reaches (less the padding rows of a last, partial tile), then
+    fewer loads per multiply-add, then fewer rows."""
+    acc = rows * cols
+    loads = rows * (_SYMBOLIC_ROW_LOADS if rows_extent is None else 1) + cols
+    cycles = max(
+        acc / 2,
+        loads / 2,
+        (acc + rows + cols + _LOOP_INSTRUCTIONS) / _ISSUE_PER_CYCLE,
+        _LATENCY_CHAINS / 2,
+        cols / _L2_VECTORS_PER_CYCLE,
+    )
+    used = _tile_use(rows_extent, rows)
+    return (round(acc / 2 / cycles * used, 3), -loads / acc, -rows)
+
+
+def tile_throughput(rows_extent: int | None, rows: int, cols: int) -> float:
+    """The share of the multiply-add peak a ``rows x cols`` tile reaches under :func:`pick_tile`'s
+    model (padding rows of the last tile counted as lost)."""
+    return _tile_key(rows_extent, rows, cols)[0]
 
 
 @dataclass
@@ -126,4 +139,4 @@ def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
     return Tiling(lanes, rows, cols, rows_outer=weight_bytes(c) <= info.l2_bytes // 2)
 
 
-__all__ = ["NOMINAL_ROWS", "Tiling", "choose_tiling", "pick_tile"]
+__all__ = ["NOMINAL_ROWS", "Tiling", "choose_tiling", "pick_tile", "tile_throughput"]

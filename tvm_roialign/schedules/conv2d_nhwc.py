@@ -2,8 +2,10 @@
 
 The conv block is a :class:`~.contraction.Contraction` (output channels are the columns; image,
 height and width the rows; kernel height, width and input channels the reduction), scheduled with
-:func:`~.contraction.schedule_contraction`: a register tile of ``rows`` output pixels of one image
-row by ``cols`` vectors of output channels, constant weights packed at compile time into
+:func:`~.contraction.schedule_contraction`: a register tile of ``rows`` consecutive output pixels
+by ``cols`` vectors of output channels (with static extents the pixels of an image are one row axis
+of ``H * W`` (:mod:`.conv_rows`), so a tile runs on into the next image row; with a symbolic size,
+the pixels of one image row), constant weights packed at compile time into
 ``[O / (cols * lanes), KH, KW, I, cols * lanes]``, the epilogue inlined into the tile's write-back.
 
 The zero-padding stage legalization puts in front of the conv (``pad_temp``) is computed as its own
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from .base import CPURule, find_main_reduction
 from .contraction import analyze_contraction, choose_tiling, schedule_with_epilogue
+from .conv_rows import flatten_rows
 from .target_info import cpu_info
 from .vector_math import ALL_OPS
 
@@ -41,6 +44,10 @@ class Conv2DNHWC(CPURule):
         contraction = analyze_contraction(sch, block)
         if contraction is None or contraction.roles.count("M") != 3:
             return None
+        if None not in contraction.extents and flatten_rows(sch, block):
+            contraction = analyze_contraction(sch, block)
+            if contraction is None:
+                return None
         if None in contraction.extents and not self.symbolic:
             return None
         tiling = choose_tiling(contraction, cpu_info(target))

@@ -14,9 +14,14 @@ from __future__ import annotations
 
 from .base import CPURule, find_main_reduction
 from .contraction import analyze_contraction, choose_tiling, schedule_with_epilogue
-from .contraction_tiles import pick_tile
+from .contraction_tiles import pick_tile, tile_throughput
 from .target_info import cpu_info
 from .vector_math import ALL_OPS
+
+#: the least share of the free register tile's throughput that a tile dividing the rows (which
+#: reduction chunks need) must keep: chunks save re-reading ``a`` from L3 per column block, which
+#: the hardware prefetchers mostly hide behind the multiply-adds
+_CHUNKED_TILE_SHARE = 0.9
 
 
 def _reduce_chunk(
@@ -69,14 +74,21 @@ class Matmul(CPURule):
                 info.l2_bytes,
             )
             if tiling.reduce_chunk is not None:
-                # the tile accumulates in the output: a row tile that divides the rows
-                tiling.rows, tiling.cols = pick_tile(
+                # the tile accumulates in the output: a row tile that divides the rows, unless
+                # the best such tile is much slower than the free one (197 rows, a prime: 1 x 6
+                # vectors, a load per multiply-add): re-reading ``a`` per column block costs less
+                chunk_rows, chunk_cols = pick_tile(
                     rows[-1],
                     contraction.num_columns // tiling.lanes,
                     info.vector_registers,
                     tiling.lanes * 4,
                     dividing_rows=True,
                 )
+                free = tile_throughput(rows[-1], tiling.rows, tiling.cols)
+                if tile_throughput(rows[-1], chunk_rows, chunk_cols) < _CHUNKED_TILE_SHARE * free:
+                    tiling.reduce_chunk = None
+                else:
+                    tiling.rows, tiling.cols = chunk_rows, chunk_cols
         return schedule_with_epilogue(sch, contraction, tiling)
 
 
