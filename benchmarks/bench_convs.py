@@ -119,6 +119,13 @@ SHAPES = [
     _conv("effnet 1x1 192>1152", "1x1 s1", 1, 7, 192, 1152),
     _conv("mbv3 1x1 160>960", "1x1 s1", 1, 7, 160, 960),
     _conv("convnext dw 7x7 96", "depthwise", 1, 56, 96, 96, 7, 1, 96),
+    # depthwise convs of MobileNet v2 / v3 and EfficientNet b0 (strided, 5x5, narrow images)
+    _conv("mbv2 dw 3x3 s2 96", "depthwise", 1, 112, 96, 96, 3, 2, 96),
+    _conv("mbv2 dw 3x3 32", "depthwise", 1, 112, 32, 32, 3, 1, 32),
+    _conv("mbv2 dw 3x3 576", "depthwise", 1, 14, 576, 576, 3, 1, 576),
+    _conv("effnet dw 5x5 s2 144", "depthwise", 1, 56, 144, 144, 5, 2, 144),
+    _conv("effnet dw 5x5 672", "depthwise", 1, 14, 672, 672, 5, 1, 672),
+    _conv("mbv3 dw 5x5 960", "depthwise", 1, 7, 960, 960, 5, 1, 960),
 ]
 
 

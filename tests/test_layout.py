@@ -546,3 +546,54 @@ def test_torch_exported_mask_head_like_graph(tol):
         vm = relax.VirtualMachine(tvm.compile(mod, target=TARGET), tvm.cpu())
         out = vm["main"](tvm.runtime.tensor(x.numpy()), tvm.runtime.tensor(ROIS))
         np.testing.assert_allclose(out[0].numpy(), expected, rtol=tol["float32"], atol=tol["float32"])
+
+
+# --- relax.clip (ReLU6, hardswish, hardsigmoid) follows its producer's layout --------------------
+
+
+def test_clip_rule_is_registered_and_reversible():
+    from tvm_roialign.passes import layout_clip
+
+    rule = _registry.get_op_attr(layout_clip.CLIP_OP, "FRelaxInferLayout")
+    assert rule is not None
+    with tvm_roialign.stock_tvm():  # stock TVM 0.27 has no layout rule for clip
+        assert _registry.get_op_attr(layout_clip.CLIP_OP, "FRelaxInferLayout") is None
+    assert _registry.get_op_attr(layout_clip.CLIP_OP, "FRelaxInferLayout") is not None
+
+
+def test_torch_clip_activations_stay_nhwc(tol):
+    """A MobileNet v3 block from torch.export (hardswish, depthwise conv, ReLU6, squeeze-excitation
+    with hardsigmoid): after ConvertLayout to NHWC, no transpose between ops, and torch's output."""
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.expand = torch.nn.Conv2d(4, 8, 3, padding=1)
+            self.depthwise = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+            self.squeeze = torch.nn.Conv2d(8, 4, 1)
+            self.excite = torch.nn.Conv2d(4, 8, 1)
+
+        def forward(self, x):
+            y = torch.nn.functional.hardswish(self.expand(x))
+            y = torch.nn.functional.relu6(self.depthwise(y))
+            scale = y.mean((2, 3), keepdim=True)
+            scale = torch.nn.functional.hardsigmoid(self.excite(torch.relu(self.squeeze(scale))))
+            return y * scale
+
+    from tvm.relax.frontend.torch import from_exported_program
+
+    torch.manual_seed(0)
+    model = Block().eval()
+    x = torch.randn(1, 4, 16, 16) * 2
+    with torch.no_grad():
+        expected = model(x).numpy()
+    before = from_exported_program(torch.export.export(model, (x,)))
+    assert _calls(before, "relax.clip")
+    after = relax.transform.FoldConstant()(ConvertLayout(NHWC_RELAY)(before))
+    assert not _interior_permutes(after)
+    for clip in _calls(after, "relax.clip"):
+        assert int(clip.ty.shape[-1]) == 8  # channels last
+    vm = relax.VirtualMachine(tvm.compile(after, target=TARGET), tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x.numpy()))
+    np.testing.assert_allclose(out[0].numpy(), expected, rtol=tol["float32"], atol=tol["float32"])

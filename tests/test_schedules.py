@@ -104,6 +104,13 @@ CONVS = {
     # 2 channels per group: below the narrowest vector, left to the fallback
     "grouped-2-per-group": (1, 5, 5, 8, 8, 3, 1, 1, 1, 4),
     "depthwise": (1, 6, 6, 16, 16, 3, 1, 1, 1, 16),
+    # depthwise: rows in several chunks, a width the pixel tile divides (8 of 40)
+    "depthwise-wide": (1, 20, 40, 48, 48, 3, 1, 1, 1, 48),
+    # depthwise 5x5 strided (EfficientNet), two images, channels in 8-lane chunks
+    "depthwise-5x5-strided": (2, 11, 9, 24, 24, 5, 2, 2, 1, 24),
+    # depthwise dilated, a prime width (one pixel per tile), no padding
+    "depthwise-dilated": (1, 9, 13, 16, 16, 3, 1, 2, 2, 16),
+    "depthwise-unpadded": (1, 8, 8, 32, 32, 3, 1, 0, 1, 32),
     "odd-in": (1, 5, 5, 3, 5, 3, 1, 0, 1, 1),
     # a row extent the register tile does not divide (its padding rows computed unguarded)
     "wide-ragged": (1, 3, 50, 16, 64, 3, 1, 1, 1, 1),
@@ -305,6 +312,39 @@ def test_constant_weights_are_packed_at_compile_time(rng):
     ]
     assert any(name.endswith("_prepacked") for name in names), names
     assert not any("weight_prepack" in name for name in names), names
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2},
+        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "num-cores": 16},
+        {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 4},
+    ],
+    ids=["avx2", "avx512", "neon"],
+)
+def test_depthwise_tiles_come_from_the_target(config, rng):
+    """The pixel tile fits the target's registers, a task's channels one cache line, a task's
+    padded rows half of L2; the rule schedules MobileNet's depthwise conv for each target."""
+    from tvm_roialign.schedules.depthwise import channel_chunk, row_chunk, width_tile
+
+    info = cpu_info(tvm.target.Target(config))
+    lanes = info.lanes()
+    for width, kernel in [(112, 3), (56, 5), (14, 3), (7, 5), (13, 3)]:
+        tw = width_tile(width, kernel, info.vector_registers)
+        assert width % tw == 0 and tw + kernel + 2 <= info.vector_registers
+        assert tw >= min(7, width) or width == 13
+    assert channel_chunk(144, lanes, 4) == 16 and channel_chunk(72, 8, 4) == 8
+    rows = row_chunk(56, 58 * 16 * 4, 3, 1, 9, info)
+    assert 56 % rows == 0 and (rows + 2) * 58 * 16 * 4 <= info.l2_bytes // 2
+    assert 9 * (56 // rows) >= min(4 * info.num_cores, 9 * 56)
+    weight = rng.standard_normal((3, 3, 1, 96)).astype("float32")
+    (func,) = _fused_primfuncs(
+        _conv_module((1, 28, 28, 96), weight, np.zeros(96, "float32"), 1, 1, 1, 96, "NHWC")
+    ).values()
+    target = tvm.target.Target(config)
+    with target:
+        assert DepthwiseConv2DNHWC().apply(func, target, False) is not None
 
 
 def test_tiles_fit_the_register_file():

@@ -46,6 +46,7 @@ from .ops.ps_roi_align import make_ps_roi_align as ps_roi_align
 from .ops.roi_align import make_roi_align as roi_align
 from .ops.roi_align_rotated import make_roi_align_rotated as roi_align_rotated
 from .passes import layout as _layout_pass
+from .passes import layout_clip as _layout_clip
 
 _REGISTER_HOOKS = [
     _roi_align_op.register,
@@ -53,6 +54,7 @@ _REGISTER_HOOKS = [
     _ps_roi_align_op.register,
     _roi_align_rotated_op.register,
     _layout_pass.register,
+    _layout_clip.register,
     _nms_op.register,
     _pipeline.register,
 ]

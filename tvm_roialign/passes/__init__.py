@@ -1,7 +1,9 @@
 """Relax passes of tvm-roialign, one per file.
 
 * :mod:`.layout`: ``FRelaxInferLayout`` for ``relax.vision.roi_align`` (and RoIAlign-like ops,
-  :func:`~.layout.infer_layout_roi_align_like`), registered on import of the package;
+  :func:`~.layout.infer_layout_roi_align_like`), and :mod:`.layout_clip`: the same for
+  ``relax.clip`` (ReLU6, hardswish), which stock TVM leaves without one; registered on import of
+  the package;
 * :class:`ConvertLayout` (:mod:`.convert_layout`): Relay-style ``ConvertLayout`` (Relay op names,
   ``"default"``, no conversion to layouts without legalization) after
   :class:`NormalizeSqueezeAxes` (:mod:`.normalize_squeeze_axes`) and followed by the two folds;
@@ -22,7 +24,7 @@
   in NHWC (or NCHW).
 """
 
-from . import layout
+from . import layout, layout_clip
 from .bf16_contractions import BF16Contractions
 from .bound_constant_takes import BoundConstantTakes
 from .convert_layout import ConvertLayout
@@ -60,5 +62,6 @@ __all__ = [
     "WrapTakes",
     "desired_layouts",
     "layout",
+    "layout_clip",
     "register",
 ]
