@@ -183,6 +183,54 @@ def test_batch_matmul_of_two_inputs(rng):
     _close(_run(bb.get(), x, y), x.astype("float64") @ y)
 
 
+@pytest.mark.parametrize(
+    "batch, m, k, n, transpose_b, scale",
+    [
+        (3, 197, 64, 197, False, False),  # ViT-B/16's q @ k^T: prime rows and columns
+        (6, 49, 32, 49, True, True),  # a Swin window, k untransposed, a scale epilogue
+        (2, 5, 8, 3, False, False),  # fewer columns than one vector
+        (2, 17, 24, 36, False, True),  # columns a half-width vector divides, not a full one
+    ],
+)
+def test_attention_matmul_with_ragged_columns(batch, m, k, n, transpose_b, scale, rng):
+    """``b`` computed at run time, its columns padded and packed at each call
+    (schedules.runtime_matmul): equal to float64, the padding columns never written."""
+    bb = relax.BlockBuilder()
+    b_shape = [batch, n, k] if transpose_b else [batch, k, n]
+    a = relax.Var("a", relax.TensorType([batch, m, k], "float32"))
+    b = relax.Var("b", relax.TensorType(b_shape, "float32"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            rhs = relax.op.permute_dims(b, [0, 2, 1]) if transpose_b else b
+            y = bb.emit(relax.op.matmul(a, rhs))
+            if scale:
+                y = bb.emit(relax.op.multiply(y, relax.const(0.125, "float32")))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    x = rng.standard_normal((batch, m, k)).astype("float32")
+    y = rng.standard_normal(b_shape).astype("float32")
+    rhs = y.astype("float64").transpose(0, 2, 1) if transpose_b else y.astype("float64")
+    expected = x.astype("float64") @ rhs * (0.125 if scale else 1.0)
+    _close(_run(bb.get(), x, y), expected)
+
+
+def test_attention_matmul_tile_fits_every_target():
+    """The padded tile of q @ k^T holds in the register file of AVX2, AVX-512 and NEON, and its
+    width divides the padded columns."""
+    from tvm_roialign.schedules.contraction_analysis import Contraction
+    from tvm_roialign.schedules.runtime_matmul import padded_tiling
+    from tvm_roialign.schedules.target_info import CPUInfo
+
+    for bits, registers, arch in ((256, 16, "x86"), (512, 32, "x86"), (128, 32, "aarch64")):
+        info = CPUInfo(bits, registers, True, 4, 32768, 1 << 20, arch)
+        for m, n in ((197, 197), (49, 49), (50, 3)):
+            c = Contraction(None, "BMNR", [12, m, n, 64], 2, 0, 1, 2, 3, "float32")
+            tiling = padded_tiling(c, info)
+            assert tiling.lanes == bits // 32
+            assert tiling.rows * tiling.cols + tiling.cols + 1 <= registers
+            assert tiling.rows <= m
+
+
 def _fused_primfuncs(mod, target=HOST):
     with target:
         mod = tvm.transform.Sequential(
