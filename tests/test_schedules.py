@@ -231,6 +231,66 @@ def test_attention_matmul_tile_fits_every_target():
             assert tiling.rows <= m
 
 
+def _row_module(shape, body):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(list(shape), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 197, 197), (4, 49, 49), (3, 5, 64)])
+def test_softmax_row_by_row_matches_float64(shape, rng):
+    """schedules.row_reduction: softmax (a ragged row: one chain; a vector multiple: partial
+    sums) with a scale epilogue, against float64."""
+    x = (rng.standard_normal(shape) * 4).astype("float32")
+
+    def body(bb, v):
+        y = bb.emit(relax.op.nn.softmax(v, axis=-1))
+        return relax.op.multiply(y, relax.const(2.0, "float32"))
+
+    x64 = x.astype("float64")
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    _close(_run(_row_module(shape, body), x), 2.0 * e / e.sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("shape", [(1, 197, 768), (2, 7, 7, 96), (3, 50)])
+def test_layer_norm_row_by_row_matches_float64(shape, rng):
+    x = (rng.standard_normal(shape) * 3 + 1).astype("float32")
+    gamma = rng.standard_normal(shape[-1]).astype("float32")
+    beta = rng.standard_normal(shape[-1]).astype("float32")
+
+    def body(bb, v):
+        return relax.op.nn.layer_norm(
+            v, relax.const(gamma), relax.const(beta), axes=[-1], epsilon=1e-6
+        )
+
+    x64 = x.astype("float64")
+    mean = x64.mean(-1, keepdims=True)
+    var = ((x64 - mean) ** 2).mean(-1, keepdims=True)
+    expected = (x64 - mean) / np.sqrt(var + 1e-6) * gamma + beta
+    _close(_run(_row_module(shape, body), x), expected)
+
+
+def test_row_reduction_rule_takes_softmax_and_layer_norm_only(rng):
+    from tvm_roialign.schedules import RowReduction
+
+    rule = RowReduction()
+    softmax = _fused_primfuncs(_row_module((4, 49, 49), lambda bb, v: relax.op.nn.softmax(v)))
+    assert all(rule.apply(f, HOST, False) is not None for f in softmax.values())
+    dense = _fused_primfuncs(
+        _matmul_module((8, 16), rng.standard_normal((16, 32)).astype("float32"), np.zeros(32, "float32"))
+    )
+    assert all(rule.apply(f, HOST, False) is None for f in dense.values())
+    weight = rng.standard_normal((3, 3, 16, 32)).astype("float32")
+    conv = _fused_primfuncs(
+        _conv_module((1, 8, 8, 16), weight, np.zeros(32, "float32"), 1, 1, 1, 1, "NHWC")
+    )
+    assert all(rule.apply(f, HOST, False) is None for f in conv.values())
+
+
 def _fused_primfuncs(mod, target=HOST):
     with target:
         mod = tvm.transform.Sequential(
