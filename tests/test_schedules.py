@@ -243,9 +243,11 @@ def _row_module(shape, body):
 
 @pytest.mark.parametrize("shape", [(2, 3, 197, 197), (4, 49, 49), (3, 5, 64)])
 def test_softmax_row_by_row_matches_float64(shape, rng):
-    """schedules.row_reduction: softmax (a ragged row: one chain; a vector multiple: partial
-    sums) with a scale epilogue, against float64."""
+    """schedules.row_reduction: softmax (a ragged row: partial sums whose padding steps re-read
+    the last element, which must count once; a vector multiple: vector partial sums) with a
+    scale epilogue, against float64. Half the rows peak at their last element."""
     x = (rng.standard_normal(shape) * 4).astype("float32")
+    x[..., ::2, -1] = 30.0
 
     def body(bb, v):
         y = bb.emit(relax.op.nn.softmax(v, axis=-1))

@@ -10,10 +10,12 @@ library) in every consumer. Here each row is one step of a parallel loop:
   function (softmax's ``exp``), which is computed once per row into a row buffer;
 * the reductions (max, sum, the variance's sum of squares) and that buffer are computed at the
   row, before the output row is written;
-* when the row's length is a multiple of the target's vector (a layer norm's channels), each
-  reduction is cut into one vector of partial accumulators (``rfactor``) summed at the end of
-  the row, and the row buffer and the output row are vectorized; otherwise (softmax over 197
-  or 49 tokens) each reduction stays one chain and the row's loops are left to LLVM;
+* each reduction is cut into a vector's width of partial accumulators (``rfactor``), summed at
+  the end of the row: one vector of them, and the row's loops vectorized, when the row's length
+  is a multiple of the target's vector (a layer norm's channels); otherwise (softmax over 197
+  or 49 tokens) as many independent scalar chains, the reduction first made harmless past the
+  row's end (its loads clamped to the last element, a sum adding 0 there:
+  :func:`_padding_safe`), so that the last partial step runs unguarded;
 * ``exp`` and ``erf`` as arithmetic (:mod:`.vector_math`), which LLVM vectorizes.
 
 The partial sums change the order of the additions, not what is added: results stay within
@@ -25,10 +27,11 @@ Only static extents; anything else is left to the next rule.
 from __future__ import annotations
 
 import tvm
-from tvm import tirx
+import tvm_ffi
+from tvm import s_tir, tirx
 from tvm.s_tir import Schedule
 
-from .base import CPURule, find_block, loop_extent, pick_lanes, try_step, walk
+from .base import CPURule, find_block, loop_extent, new_schedule, pick_lanes, try_step, walk
 from .target_info import cpu_info
 from .vector_math import ALL_OPS
 
@@ -56,6 +59,58 @@ def _row_reduction(stmt, rows: int) -> bool:
         and kinds[-1] == tirx.IterVar.CommReduce
         and all(k == tirx.IterVar.DataPar for k in kinds[:-1])
     )
+
+
+def _padding_safe(sch: Schedule, length: int) -> Schedule | None:
+    """A fresh schedule of the function with each row reduction's step ``k`` made harmless past
+    the row's end: its loads read ``min(k, length - 1)``, and a sum adds ``0`` there (a max or
+    min may see the last element twice). Within the row nothing changes; the reduction may
+    then be split by a vector that does not divide the row (the padding steps of its last
+    vector run unguarded). None for another reducer."""
+    failed = []
+
+    def rewrite(block):
+        if block.init is None or not isinstance(block.body, tirx.BufferStore):
+            return block
+        k = block.iter_vars[-1]
+        if k.iter_type != tirx.IterVar.CommReduce:
+            return block
+        store = block.body
+        value = store.value
+        if not isinstance(value, (tirx.Add, tirx.Max, tirx.Min)):
+            failed.append(block.name_hint)
+            return block
+        acc, term = value.a, value.b
+        if not (isinstance(acc, tvm.ir.expr.TensorLoad) and acc.source.same_as(store.buffer)):
+            failed.append(block.name_hint)
+            return block
+        last = tirx.IntImm(str(k.var.ty), length - 1)
+        clamped = tirx.Min(k.var, last)
+        term = tvm_ffi.structural_map(
+            term, (tirx.Var, lambda v: clamped if v.same_as(k.var) else v)
+        )
+        if isinstance(value, tirx.Add):
+            zero = tirx.const(0, str(term.ty))
+            term = tirx.Select(k.var < tirx.IntImm(str(k.var.ty), length), term, zero)
+        new_value = type(value)(acc, term)
+        body = tirx.BufferStore(store.buffer, new_value, store.indices)
+        return s_tir.SBlock(
+            block.iter_vars,
+            block.reads,
+            block.writes,
+            block.name_hint,
+            body,
+            block.init,
+            block.alloc_buffers,
+            block.match_buffers,
+            block.annotations,
+        )
+
+    func = sch.mod["main"]
+    body = tvm_ffi.structural_map(func.body, (s_tir.SBlock, rewrite))
+    if failed:
+        return None
+    return new_schedule(func.with_body(body))
 
 
 class RowReduction(CPURule):
@@ -100,12 +155,17 @@ class RowReduction(CPURule):
             try_step(sch.compute_inline, b)
         lanes = cpu_info(target).lanes()
         vec = pick_lanes(length, lanes)
+        if vec is None:
+            # a ragged row: reductions whose padding steps change nothing
+            sch = _padding_safe(sch, length)
+            if sch is None:
+                return None
+            root = find_block(sch, "root")
+            output = sch.get_sblock(out_name)
         # partial accumulators of each reduction (on its own loop nest, before it moves)
         parts = []
         for b in [b for b in sch.get_child_blocks(root) if _is_reduction(sch.get(b))]:
-            if vec is None:
-                continue
-            rf = self._split_reduction(sch, b, vec)
+            rf = self._split_reduction(sch, b, vec or lanes)
             if rf is not None:
                 parts.append(sch.get(rf).name_hint)
         out_loops = sch.get_loops(output)
@@ -128,7 +188,10 @@ class RowReduction(CPURule):
                 loops = sch.get_loops(b)
                 part, steps = loops[1], loops[-1]
                 sch.reorder(steps, part)
-                sch.vectorize(part)
+                if vec is not None:
+                    sch.vectorize(part)
+                else:
+                    sch.unroll(part)
                 sch.decompose_reduction(b, steps)
             elif _is_reduction(stmt):
                 continue
