@@ -293,6 +293,33 @@ def test_row_reduction_rule_takes_softmax_and_layer_norm_only(rng):
     assert all(rule.apply(f, HOST, False) is None for f in conv.values())
 
 
+def test_attention_kernels_build_for_aarch64():
+    """q @ k^T (197 columns), softmax and layer norm over 197: the padded tile and the row
+    rules take them for NEON too (cross build, not run)."""
+    from _targets import AARCH64
+
+    from tvm_roialign.schedules import RowReduction
+
+    ones, zeros = np.ones(197, "float32"), np.zeros(197, "float32")
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType([3, 197, 64], "float32"))
+    b = relax.Var("b", relax.TensorType([3, 64, 197], "float32"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.matmul(a, b)), axis=-1))
+            y = relax.op.nn.layer_norm(y, relax.const(ones), relax.const(zeros), axes=[-1])
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    funcs = _fused_primfuncs(mod, AARCH64)
+    taken = {
+        name: (Matmul() if "matmul" in name else RowReduction()).apply(f, AARCH64, False)
+        for name, f in funcs.items()
+    }
+    assert all(sch is not None for sch in taken.values()), taken
+    assert build(mod, AARCH64).executable is not None
+
+
 def _fused_primfuncs(mod, target=HOST):
     with target:
         mod = tvm.transform.Sequential(
