@@ -190,6 +190,143 @@ def test_batch_matmul_of_two_inputs(rng):
     _close(_run(bb.get(), x, y), x.astype("float64") @ y)
 
 
+@pytest.mark.parametrize(
+    "batch, m, k, n, transpose_b, scale",
+    [
+        (3, 197, 64, 197, False, False),  # ViT-B/16's q @ k^T: prime rows and columns
+        (6, 49, 32, 49, True, True),  # a Swin window, k untransposed, a scale epilogue
+        (2, 5, 8, 3, False, False),  # fewer columns than one vector
+        (2, 17, 24, 36, False, True),  # columns a half-width vector divides, not a full one
+    ],
+)
+def test_attention_matmul_with_ragged_columns(batch, m, k, n, transpose_b, scale, rng):
+    """``b`` computed at run time, its columns padded and packed at each call
+    (schedules.runtime_matmul): equal to float64, the padding columns never written."""
+    bb = relax.BlockBuilder()
+    b_shape = [batch, n, k] if transpose_b else [batch, k, n]
+    a = relax.Var("a", relax.TensorType([batch, m, k], "float32"))
+    b = relax.Var("b", relax.TensorType(b_shape, "float32"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            rhs = relax.op.permute_dims(b, [0, 2, 1]) if transpose_b else b
+            y = bb.emit(relax.op.matmul(a, rhs))
+            if scale:
+                y = bb.emit(relax.op.multiply(y, relax.const(0.125, "float32")))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    x = rng.standard_normal((batch, m, k)).astype("float32")
+    y = rng.standard_normal(b_shape).astype("float32")
+    rhs = y.astype("float64").transpose(0, 2, 1) if transpose_b else y.astype("float64")
+    expected = x.astype("float64") @ rhs * (0.125 if scale else 1.0)
+    _close(_run(bb.get(), x, y), expected)
+
+
+def test_attention_matmul_tile_fits_every_target():
+    """The padded tile of q @ k^T holds in the register file of AVX2, AVX-512 and NEON, and its
+    width divides the padded columns."""
+    from tvm_roialign.schedules.contraction_analysis import Contraction
+    from tvm_roialign.schedules.runtime_matmul import padded_tiling
+    from tvm_roialign.schedules.target_info import CPUInfo
+
+    for bits, registers, arch in ((256, 16, "x86"), (512, 32, "x86"), (128, 32, "aarch64")):
+        info = CPUInfo(bits, registers, True, 4, 32768, 1 << 20, arch)
+        for m, n in ((197, 197), (49, 49), (50, 3)):
+            c = Contraction(None, "BMNR", [12, m, n, 64], 2, 0, 1, 2, 3, "float32")
+            tiling = padded_tiling(c, info)
+            assert tiling.lanes == bits // 32
+            assert tiling.rows * tiling.cols + tiling.cols + 1 <= registers
+            assert tiling.rows <= m
+
+
+def _row_module(shape, body):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(list(shape), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 197, 197), (4, 49, 49), (3, 5, 64)])
+def test_softmax_row_by_row_matches_float64(shape, rng):
+    """schedules.row_reduction: softmax (a ragged row: partial sums whose padding steps re-read
+    the last element, which must count once; a vector multiple: vector partial sums) with a
+    scale epilogue, against float64. Half the rows peak at their last element."""
+    x = (rng.standard_normal(shape) * 4).astype("float32")
+    x[..., ::2, -1] = 30.0
+
+    def body(bb, v):
+        y = bb.emit(relax.op.nn.softmax(v, axis=-1))
+        return relax.op.multiply(y, relax.const(2.0, "float32"))
+
+    x64 = x.astype("float64")
+    e = np.exp(x64 - x64.max(-1, keepdims=True))
+    _close(_run(_row_module(shape, body), x), 2.0 * e / e.sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("shape", [(1, 197, 768), (2, 7, 7, 96), (3, 50)])
+def test_layer_norm_row_by_row_matches_float64(shape, rng):
+    x = (rng.standard_normal(shape) * 3 + 1).astype("float32")
+    gamma = rng.standard_normal(shape[-1]).astype("float32")
+    beta = rng.standard_normal(shape[-1]).astype("float32")
+
+    def body(bb, v):
+        return relax.op.nn.layer_norm(
+            v, relax.const(gamma), relax.const(beta), axes=[-1], epsilon=1e-6
+        )
+
+    x64 = x.astype("float64")
+    mean = x64.mean(-1, keepdims=True)
+    var = ((x64 - mean) ** 2).mean(-1, keepdims=True)
+    expected = (x64 - mean) / np.sqrt(var + 1e-6) * gamma + beta
+    _close(_run(_row_module(shape, body), x), expected)
+
+
+def test_row_reduction_rule_takes_softmax_and_layer_norm_only(rng):
+    from tvm_roialign.schedules import RowReduction
+
+    rule = RowReduction()
+    softmax = _fused_primfuncs(_row_module((4, 49, 49), lambda bb, v: relax.op.nn.softmax(v)))
+    assert all(rule.apply(f, HOST, False) is not None for f in softmax.values())
+    dense = _fused_primfuncs(
+        _matmul_module((8, 16), rng.standard_normal((16, 32)).astype("float32"), np.zeros(32, "float32"))
+    )
+    assert all(rule.apply(f, HOST, False) is None for f in dense.values())
+    weight = rng.standard_normal((3, 3, 16, 32)).astype("float32")
+    conv = _fused_primfuncs(
+        _conv_module((1, 8, 8, 16), weight, np.zeros(32, "float32"), 1, 1, 1, 1, "NHWC")
+    )
+    assert all(rule.apply(f, HOST, False) is None for f in conv.values())
+
+
+def test_attention_kernels_build_for_aarch64():
+    """q @ k^T (197 columns), softmax and layer norm over 197: the padded tile and the row
+    rules take them for NEON too (cross build, not run)."""
+    from _targets import AARCH64
+
+    from tvm_roialign.schedules import RowReduction
+
+    ones, zeros = np.ones(197, "float32"), np.zeros(197, "float32")
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType([3, 197, 64], "float32"))
+    b = relax.Var("b", relax.TensorType([3, 64, 197], "float32"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.softmax(bb.emit(relax.op.matmul(a, b)), axis=-1))
+            y = relax.op.nn.layer_norm(y, relax.const(ones), relax.const(zeros), axes=[-1])
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    funcs = _fused_primfuncs(mod, AARCH64)
+    taken = {
+        name: (Matmul() if "matmul" in name else RowReduction()).apply(f, AARCH64, False)
+        for name, f in funcs.items()
+    }
+    assert all(sch is not None for sch in taken.values()), taken
+    assert build(mod, AARCH64).executable is not None
+
+
 def _fused_primfuncs(mod, target=HOST):
     with target:
         mod = tvm.transform.Sequential(

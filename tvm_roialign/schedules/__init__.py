@@ -23,6 +23,8 @@ rule                            what
 :class:`GroupedConv2DNHWC`      grouped NHWC conv2d + epilogue: a register tile per group, packed weights
 :class:`Matmul`                 dense / matmul / batch matmul + epilogue: register tile, packed weights,
                                 reduction chunks for long reductions
+:class:`RowReduction`          softmax, layer norm (reductions over a row's last axis) + epilogue, row
+                                by row: one parallel step per row, vector partial sums, exp once
 :class:`WinogradTransforms`     input / output transforms of a Winograd conv (unrolled tile points)
 :class:`Elementwise`            functions without reductions (elementwise, pad, slice, concat)
 :class:`CPUDefault`             everything else (fallback)
@@ -43,6 +45,7 @@ from .fallback import CPUDefault
 from .grouped import GroupedConv2DNHWC
 from .int8_contraction import Int8Contraction
 from .matmul import Matmul
+from .row_reduction import RowReduction
 from .target_info import CPUInfo, cpu_info
 from .winograd import WinogradTransforms
 
@@ -56,6 +59,7 @@ def default_rules() -> list:
         DepthwiseConv2DNHWC(),
         GroupedConv2DNHWC(),
         Matmul(),
+        RowReduction(),
         WinogradTransforms(),
         Elementwise(),
         CPUDefault(),
@@ -73,6 +77,7 @@ __all__ = [
     "GroupedConv2DNHWC",
     "Int8Contraction",
     "Matmul",
+    "RowReduction",
     "WinogradTransforms",
     "cpu_info",
     "default_rules",

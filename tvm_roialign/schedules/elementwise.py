@@ -19,6 +19,8 @@ from .vector_math import ALL_OPS
 
 #: below this many elements a loop runs serially (a parallel launch costs more than the work)
 _MIN_PARALLEL = 4096
+#: outer iterations (rows of the innermost axis) that keep every thread busy on their own
+_MIN_ROWS = 64
 
 
 def _is_parallel(sch: Schedule, loop) -> bool:
@@ -37,8 +39,19 @@ def schedule_injective_block(sch: Schedule, block, lanes: int) -> None:
     total = 1
     for extent in extents:
         total *= extent
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     vec = pick_lanes(extents[-1], lanes)
+    if vec is not None and len(loops) > 1 and total // extents[-1] >= _MIN_ROWS:
+        # the innermost axis kept apart from the fused outer ones: its vectors index the
+        # buffers by ``outer * vec + lane``, which a layout copy (the reshapes and transposes
+        # around attention) reads as contiguous vectors; through one fused index TIR cannot
+        # prove them contiguous and gathers lane by lane
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        _, inner = sch.split(loops[-1], [None, vec])
+        sch.vectorize(inner)
+        if total >= _MIN_PARALLEL:
+            sch.parallel(outer)
+        return
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     if vec is not None:
         outer, inner = sch.split(fused, [None, vec])
         sch.vectorize(inner)

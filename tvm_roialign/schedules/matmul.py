@@ -8,6 +8,9 @@ When ``a`` does not fit in half of L2 and several column blocks read it (the ``[
 [12544, 1024]`` fc6 of a box head), the reduction is cut into chunks whose slice of ``a`` does
 (GEMM blocking): without it every column block streams all of ``a`` from memory again. The tile
 then accumulates in the output across chunks, and the epilogue is a separate parallel pass.
+
+A ``b`` computed at run time whose columns the target's vector does not divide (attention's
+``q @ k^T``) is padded and packed into the tile's panels at each call (:mod:`.runtime_matmul`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from .base import CPURule, find_main_reduction
 from .contraction import analyze_contraction, choose_tiling, schedule_with_epilogue
 from .contraction_tiles import pick_tile, tile_throughput
+from .runtime_matmul import schedule_padded, wants_padding
 from .target_info import cpu_info
 from .vector_math import ALL_OPS
 
@@ -58,6 +62,8 @@ class Matmul(CPURule):
         if contraction is None or contraction.roles.count("R") != 1:
             return None
         info = cpu_info(target)
+        if wants_padding(sch, contraction, info):
+            return schedule_padded(sch, contraction, info)
         tiling = choose_tiling(contraction, info)
         if tiling is None:
             return None
