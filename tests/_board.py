@@ -20,6 +20,9 @@ KEY_ENV = "TVM_ROIALIGN_BOARD_KEY"
 DIR_ENV = "TVM_ROIALIGN_BOARD_DIR"
 #: The board's target: the aarch64 generic CPU of ``--target aarch64``.
 TARGET = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
+#: The board's target with the bf16 and int8 dot products (qemu-user's CPU has them; an Arm
+#: Neoverse V1 / N2 class core does).
+PRECISION_TARGET = {**TARGET, "mattr": ["+neon", "+bf16", "+dotprod", "+i8mm"]}
 
 
 def _reachable(address: str) -> bool:

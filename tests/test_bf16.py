@@ -1,5 +1,6 @@
 """``precision="bf16"``: constant-weight convolutions and matmuls on AMX tiles (tdpbf16ps) or on
-AVX512-BF16 (vdpbf16ps).
+AVX512-BF16 (vdpbf16ps); on AArch64 on bfdot (the assembly here, the results on the board:
+tests/test_board.py).
 
 The kernels are held to a float64 reference computed from the same bf16-rounded inputs and weights,
 so the bound is about the fp32 accumulation only: ``|y - ref| <= 1e-5 * sum_k |a_k| |w_k|`` per
@@ -31,6 +32,8 @@ AMX_TARGET = parse_target("llvm -mcpu=sapphirerapids")
 AVX512_BF16 = parse_target("llvm -mcpu=rocketlake -mattr=+avx512bf16")
 #: AVX-512 without bf16
 AVX512_ONLY = parse_target("llvm -mcpu=skylake-avx512")
+#: AArch64 with bf16 (and the int8 dot products: a Neoverse V1 / N2 class core's features)
+AARCH64_BF16 = parse_target("llvm -mtriple=aarch64-linux-gnu -mattr=+neon,+bf16,+dotprod,+i8mm")
 
 
 def _amx_or_skip():
@@ -140,6 +143,16 @@ def test_avx512_bf16_target_assembly_has_vdpbf16ps():
     assert "vdpbf16ps" in asm and "tdpbf16ps" not in asm
 
 
+def test_aarch64_bf16_target_assembly_has_bfdot():
+    """AArch64 with bf16, cross-compiled: the bf16 dot product, and the metadata says so."""
+    from tvm_roialign.pipeline_phases import precision_metadata
+
+    layer = torch.nn.Linear(64, 64, bias=False)
+    asm = _asm(build(_module(layer, torch.randn(32, 64)), AARCH64_BF16, precision="bf16").executable)
+    assert "bfdot\t" in asm
+    assert precision_metadata("bf16", AARCH64_BF16)["bf16_kernels"] == "bfdot"
+
+
 def test_bf16_without_bf16_instructions_builds_fp32_with_a_note():
     layer = torch.nn.Linear(64, 64, bias=False)
     with pytest.warns(UserWarning, match="has neither AMX bf16 nor AVX512-BF16"):
@@ -237,8 +250,8 @@ def test_cli_compile_precision_bf16_without_the_instructions_notes_fp32(pt2_mode
 
 
 def test_user_facing_bf16_needs_amx():
-    """``compile``/``compile_detector``: bf16 on AMX; fp32 with a note saying why elsewhere (the
-    AVX512-BF16 kernels run slower than fp32, docs/precision.md)."""
+    """``compile``/``compile_detector``: bf16 on AMX (and on AArch64 bf16, when asked); fp32 with
+    a note saying why elsewhere (the AVX512-BF16 kernels run slower than fp32, docs/precision.md)."""
     from tvm_roialign.pipeline_phases import chosen_precision
 
     assert chosen_precision("bf16", AMX_TARGET) == ("bf16", None)
@@ -246,7 +259,9 @@ def test_user_facing_bf16_needs_amx():
     precision, note = chosen_precision("bf16", AVX512_BF16)
     assert precision == "fp32" and "has AVX512-BF16 but no AMX, where bf16 runs slower than fp32" in note
     precision, note = chosen_precision("bf16", AVX512_ONLY)
-    assert precision == "fp32" and note.endswith("has no AMX or AVX512-BF16; building fp32")
+    assert precision == "fp32" and note.endswith("has no AMX, AVX512-BF16 or AArch64 bf16; building fp32")
+    assert chosen_precision("bf16", AARCH64_BF16) == ("bf16", None)
+    assert chosen_precision("bf16", parse_target("aarch64"))[0] == "fp32"
 
 
 def test_any_size_detector_bf16_keeps_eager_detections(tmp_path):

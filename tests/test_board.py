@@ -2,7 +2,8 @@
 
 RoIAlign and the fused multi-level op, both layouts, every sampling mode (fixed 2, adaptive 0
 and -1), built here for ``aarch64-linux-gnu`` into one cross-linked library and run on the board
-against torchvision (1e-5); resnet18 through ``compile --target aarch64`` and ``run --rpc``
+against torchvision (1e-5); the bf16 (``bfdot``) and int8 (``usdot``, ``sdot``) contraction kernels
+against float64 / int64 NumPy; resnet18 through ``compile --target aarch64`` and ``run --rpc``
 against eager; ``tune --rpc-tracker`` measuring a tiny model on the board, its records applied by
 ``compile``. On the emulated board of ``tools/arm_board.sh`` (qemu-user on 2 shared cores) the
 module takes a few minutes.
@@ -21,13 +22,15 @@ torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
 import tvm
-from _board import KEY_ENV, TARGET, TRACKER_ENV, board_address, require_cross_linker
+from _board import KEY_ENV, PRECISION_TARGET, TARGET, TRACKER_ENV, board_address, require_cross_linker
 from _cli import run_cli
 from _detections import assert_matches_eager
 
 import tvm_roialign
 from tvm_roialign import remote
 from tvm_roialign.linking import export_library
+from tvm_roialign.pipeline import build
+from tvm_roialign.target import parse_target
 from tvm_roialign.testing import single_op_module
 
 pytestmark = pytest.mark.board
@@ -130,6 +133,68 @@ def test_roi_align_on_the_board_vs_torchvision(roi_library, multiscale, tol):
             got = got.transpose(0, 3, 1, 2)
         want = _expected(features, rois, sampling, multiscale)
         np.testing.assert_allclose(got, want, rtol=0, atol=tol["float32"], err_msg=name)
+
+
+def _run_built(board, built, path, *arrays) -> np.ndarray:
+    """``built`` cross-linked to ``path`` and run on the board: its first output."""
+    device = board.cpu(0)
+    vm = remote.load_vm(board, export_library(built.executable, path, TARGET), device)
+    out = remote.run_vm(vm, [tvm.runtime.tensor(a, device) for a in arrays])
+    return (out if hasattr(out, "numpy") else out[0]).numpy()
+
+
+def _asm(built) -> str:
+    return built.executable.mod.imports[0].inspect_source("asm")
+
+
+@pytest.mark.parametrize("case", ["linear", "conv"])
+def test_bf16_bfdot_on_the_board_vs_float64(board, tmp_path, case):
+    """``precision="bf16"`` on ``bfdot``: a linear layer on [2, 25, 100] rows and a 3x3 stride-2
+    conv (padded to the 32 x 32 blocks), held to float64 of the bf16-rounded operands within the
+    x86 kernels' accumulation bound (tests/test_bf16.py)."""
+    from test_bf16 import BF16_ACCUMULATION_TOL, _bf16, _module
+
+    torch.manual_seed(0)
+    if case == "linear":
+        layer, x = torch.nn.Linear(100, 70, bias=False), torch.randn(2, 25, 100)
+        a, w = _bf16(x), _bf16(layer.weight.detach())
+        reference, magnitude = a @ w.T, a.abs() @ w.abs().T
+    else:
+        layer, x = torch.nn.Conv2d(16, 40, 3, stride=2, padding=1, bias=False), torch.randn(1, 16, 9, 11)
+        a, w = _bf16(x), _bf16(layer.weight.detach())
+        reference = torch.nn.functional.conv2d(a, w, stride=2, padding=1)
+        magnitude = torch.nn.functional.conv2d(a.abs(), w.abs(), stride=2, padding=1)
+    built = build(_module(layer, x), parse_target(PRECISION_TARGET), precision="bf16")
+    assert "bfdot\t" in _asm(built)
+    actual = _run_built(board, built, tmp_path / f"bf16_{case}.so", x.numpy())
+    excess = np.abs(actual - reference.numpy()) - BF16_ACCUMULATION_TOL * magnitude.numpy()
+    assert excess.max() <= 1e-6, float(excess.max())
+
+
+@pytest.mark.parametrize("unit", ["usdot", "sdot"])
+@pytest.mark.parametrize("case", ["matmul", "conv"])
+def test_int8_dot_products_on_the_board_match_int64_exactly(board, tmp_path, unit, case):
+    """``precision="int8"`` on ``usdot`` (I8MM) and on ``sdot`` (the dot product alone, activations
+    shifted by 128): integer operands whose quantization is exact (tests/test_int8.py), so the
+    board's output equals the int64 product: a matmul of 50 x 200 by 200 x 70 and a 3x3 stride-2
+    conv over 32 channels."""
+    from test_int8 import _conv_module, _conv_reference, _integers, _matmul_module, _weights
+
+    rng = np.random.default_rng(0)
+    if case == "matmul":
+        w = _weights(rng, (200, 70), axis=1)
+        x = _integers(rng, (50, 200), -100)
+        mod, reference = _matmul_module(200, 70, w, 50), x.astype(np.int64) @ w.astype(np.int64)
+    else:
+        w = _weights(rng, (48, 3, 3, 32), axis=0)
+        x = _integers(rng, (1, 13, 11, 32), -40)
+        mod, reference = _conv_module(x.shape, w, 2), _conv_reference(x, w, 2)
+    mattr = ["+neon", "+dotprod", "+i8mm"] if unit == "usdot" else ["+neon", "+dotprod"]
+    built = build(mod, parse_target({**TARGET, "mattr": mattr}), layout=None, precision="int8",
+                  calibration=[[x]])
+    assert f"{unit}\t" in _asm(built)
+    actual = _run_built(board, built, tmp_path / f"int8_{unit}_{case}.so", x)
+    np.testing.assert_array_equal(actual.astype(np.int64), reference)
 
 
 def test_resnet18_on_the_board_vs_eager(board, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """``precision="int8"``: post-training static quantization, u8 x s8 -> s32 on AMX-INT8 (tdpbusd) or
-AVX512-VNNI (vpdpbusd).
+AVX512-VNNI (vpdpbusd); on AArch64 on usdot (I8MM) or sdot (the dot product alone; the assembly
+here, the results on the board: tests/test_board.py).
 
 The kernels are held to an int64 NumPy reference exactly: the inputs are integers spanning 255
 (so the calibrated activation scale is 1 and the zero point an integer) and the weights integers
@@ -14,6 +15,7 @@ needs neither); running needs a CPU with ``amx_int8`` and Linux's permission for
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -37,6 +39,11 @@ VNNI_TARGET = parse_target("llvm -mcpu=rocketlake")
 #: AVX-512 without VNNI
 AVX512_ONLY = parse_target("llvm -mcpu=skylake-avx512")
 UNITS = {"amx": (AMX_TARGET, "tdpbusd"), "vnni": (VNNI_TARGET, "vpdpbusd")}
+#: AArch64 with I8MM (usdot), and with the dot product alone (sdot)
+AARCH64_UNITS = {
+    "usdot": parse_target("llvm -mtriple=aarch64-linux-gnu -mattr=+neon,+dotprod,+i8mm"),
+    "sdot": parse_target("llvm -mtriple=aarch64-linux-gnu -mattr=+neon,+dotprod"),
+}
 
 
 def _runnable_or_skip(unit: str) -> None:
@@ -145,6 +152,20 @@ def test_int8_kernels_match_int64_exactly(exact_cases, unit, case):
     actual = _run(executable, x)
     assert np.abs(reference).max() < 2**24  # exact in fp32
     np.testing.assert_array_equal(actual.astype(np.int64), reference)
+
+
+@pytest.mark.parametrize("unit", ["usdot", "sdot"])
+def test_aarch64_int8_target_assembly(exact_cases, unit):
+    """Cross-compiled for AArch64 (calibrated on this machine): the dot product of the target's
+    features, and not the other one."""
+    from tvm_roialign.pipeline_phases import precision_metadata
+
+    mod, x, _ = exact_cases["conv"]
+    target = AARCH64_UNITS[unit]
+    asm = _asm(build(mod, target, layout=None, precision="int8", calibration=[[x]]).executable)
+    other = "sdot" if unit == "usdot" else "usdot"
+    assert re.search(rf"\b{unit}\t", asm) and not re.search(rf"\b{other}\t", asm)
+    assert precision_metadata("int8", target)["int8_kernels"] == unit
 
 
 class _SmallResNet(torch.nn.Module):

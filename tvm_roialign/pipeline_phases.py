@@ -84,21 +84,25 @@ def _graph_passes(
 def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=()) -> tvm.transform.Pass:
     """:class:`~tvm_roialign.passes.Int8Contractions` calibrated, when it runs, on ``calibration``
     (:func:`~tvm_roialign.models.calibration_photos.calibration_inputs`'s ``source``), the observed
-    module built in fp32 for ``target`` (no Winograd, the layouts as they are by then)."""
+    module built in fp32 for ``target`` (no Winograd, the layouts as they are by then); for a cross
+    target (an AArch64 board built on x86) for this machine's generic CPU, which runs it."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
     from .models.calibration_photos import calibration_inputs
     from .passes import Int8Contractions
+    from .target import is_cross, parse_target
+
+    observed = parse_target("llvm-generic") if is_cross(target) else target
 
     def run(mod: tvm.IRModule):
-        with target:
+        with observed:
             phases = [
-                prepare_pipeline(target, layout=None, winograd=0),
+                prepare_pipeline(observed, layout=None, winograd=0),
                 cpu_schedule_pass(),
-                *cpu_generic.dataflow_lower_passes(target),
-                *cpu_generic.finalize_passes(target),
+                *cpu_generic.dataflow_lower_passes(observed),
+                *cpu_generic.finalize_passes(observed),
             ]
-            executable = tvm.compile(mod, target=target, relax_pipeline=tvm.transform.Sequential(phases))
+            executable = tvm.compile(mod, target=observed, relax_pipeline=tvm.transform.Sequential(phases))
         vm = relax.VirtualMachine(executable, tvm.cpu())
         return lambda *arrays: vm["main"](*(tvm.runtime.tensor(a) for a in arrays))
 
@@ -119,7 +123,8 @@ PRECISION_CHOICES = (*PRECISIONS, "auto")
 def auto_precision(target: tvm.target.Target) -> tuple[str, str]:
     """``(precision, why)`` of ``precision="auto"``: the fastest precision ``target``'s matrix
     units serve, bf16 where it has AMX bf16; fp32 elsewhere, also with AVX512-BF16 alone, whose
-    bf16 kernels run slower than fp32 (docs/precision.md)."""
+    bf16 kernels run slower than fp32, and on AArch64 with bf16, whose ``bfdot`` kernels were
+    checked on an emulated board only, where no speed was measured (docs/precision.md)."""
     from .schedules import cpu_info
 
     if target.kind.name != "llvm":
@@ -129,6 +134,8 @@ def auto_precision(target: tvm.target.Target) -> tuple[str, str]:
         return "bf16", "the target has AMX bf16"
     if info.has_avx512_bf16:
         return "fp32", "the target has AVX512-BF16 but no AMX, where bf16 runs slower than fp32"
+    if info.has_bf16:
+        return "fp32", "the target has AArch64 bf16, where bf16 was not shown faster than fp32"
     return "fp32", "the target has no AMX bf16"
 
 
@@ -151,19 +158,19 @@ def check_precision(precision: str) -> str:
 
 def bf16_supported(target: tvm.target.Target, note: bool = True) -> bool:
     """Whether ``target`` has the bf16 instructions the bf16 kernels need (AMX: ``amx-tile``,
-    ``amx-bf16``; else AVX512-BF16: ``avx512bf16``); without them, a one-line warning (``note``)
-    that the build is fp32."""
+    ``amx-bf16``; else AVX512-BF16: ``avx512bf16``; on AArch64 ``bf16``, for ``bfdot``); without
+    them, a one-line warning (``note``) that the build is fp32."""
     from .schedules import cpu_info
 
     info = cpu_info(target)
-    if info.has_amx_bf16 or info.has_avx512_bf16:
+    if info.has_amx_bf16 or info.has_avx512_bf16 or info.has_bf16:
         return True
     if note:
         from .target import describe
 
         warnings.warn(
-            f"precision bf16: target {describe(target)} has neither AMX bf16 nor AVX512-BF16; "
-            "building fp32",
+            f"precision bf16: target {describe(target)} has neither AMX bf16 nor AVX512-BF16 "
+            "(nor AArch64 bf16); building fp32",
             stacklevel=2,
         )
     return False
@@ -171,7 +178,8 @@ def bf16_supported(target: tvm.target.Target, note: bool = True) -> bool:
 
 def int8_supported(target: tvm.target.Target, note: bool = True) -> bool:
     """Whether ``target`` has the u8 x s8 dot products the int8 kernels need (AMX-INT8, or
-    AVX512-VNNI); without them, a one-line warning (``note``) that the build is fp32."""
+    AVX512-VNNI; on AArch64 I8MM's ``usdot`` or the dot product's ``sdot``); without them, a
+    one-line warning (``note``) that the build is fp32."""
     from .schedules.int8_contraction import int8_instructions
 
     if int8_instructions(target) is not None:
@@ -180,8 +188,8 @@ def int8_supported(target: tvm.target.Target, note: bool = True) -> bool:
         from .target import describe
 
         warnings.warn(
-            f"precision int8: target {describe(target)} has neither AMX-INT8 nor AVX512-VNNI; "
-            "building fp32",
+            f"precision int8: target {describe(target)} has neither AMX-INT8 nor AVX512-VNNI "
+            "(nor the AArch64 dot product); building fp32",
             stacklevel=2,
         )
     return False
@@ -190,9 +198,9 @@ def int8_supported(target: tvm.target.Target, note: bool = True) -> bool:
 def chosen_precision(precision: str, target: tvm.target.Target) -> tuple[str, str | None]:
     """``(precision the build uses, note)`` for the user-facing ``compile``/``compile_detector``:
     ``auto``: :func:`auto_precision`, the note saying what it chose;
-    bf16 where ``target`` has AMX bf16; else fp32 and a one-line note saying why (no bf16
-    instructions, or AVX512-BF16 only, where the bf16 kernels run slower than fp32: see
-    docs/precision.md). ``pipeline.build`` itself builds bf16 on AVX512-BF16 when asked."""
+    bf16 where ``target`` has AMX bf16 or AArch64 bf16 (``bfdot``); else fp32 and a one-line note
+    saying why (no bf16 instructions, or AVX512-BF16 only, where the bf16 kernels run slower than
+    fp32: see docs/precision.md). ``pipeline.build`` itself builds bf16 on AVX512-BF16 when asked."""
     from .schedules import cpu_info
     from .target import describe
 
@@ -206,12 +214,12 @@ def chosen_precision(precision: str, target: tvm.target.Target) -> tuple[str, st
     if precision != "bf16":
         return precision, None
     info = cpu_info(target)
-    if info.has_amx_bf16:
+    if info.has_amx_bf16 or info.has_bf16:
         return "bf16", None
     if info.has_avx512_bf16:
         why = "has AVX512-BF16 but no AMX, where bf16 runs slower than fp32"
     else:
-        why = "has no AMX or AVX512-BF16"
+        why = "has no AMX, AVX512-BF16 or AArch64 bf16"
     return "fp32", f"--precision bf16: {describe(target)} {why}; building fp32"
 
 
@@ -221,12 +229,16 @@ def _chosen_int8(target: tvm.target.Target) -> tuple[str, str | None]:
 
     if int8_instructions(target) is not None:
         return "int8", None
-    return "fp32", f"--precision int8: {describe(target)} has no AMX-INT8 or AVX512-VNNI; building fp32"
+    return "fp32", (
+        f"--precision int8: {describe(target)} has no AMX-INT8, AVX512-VNNI or AArch64 dot product; "
+        "building fp32"
+    )
 
 
 def precision_metadata(precision: str, target: tvm.target.Target) -> dict:
-    """An artifact's metadata ``precision``, and for bf16 the kernels' instructions (``amx`` or
-    ``avx512bf16``: whether running the library needs the AMX tile state)."""
+    """An artifact's metadata ``precision``, and the kernels' instructions: for bf16 ``amx``,
+    ``avx512bf16`` or ``bfdot`` (whether running the library needs the AMX tile state), for int8
+    :func:`~.schedules.int8_contraction.int8_instructions`'s."""
     from .schedules import cpu_info
 
     if precision == "int8":
@@ -235,7 +247,9 @@ def precision_metadata(precision: str, target: tvm.target.Target) -> dict:
         return {"precision": precision, "int8_kernels": int8_instructions(target)}
     if precision != "bf16":
         return {"precision": precision}
-    return {"precision": precision, "bf16_kernels": "amx" if cpu_info(target).has_amx_bf16 else "avx512bf16"}
+    info = cpu_info(target)
+    kernels = "amx" if info.has_amx_bf16 else "avx512bf16" if info.has_avx512_bf16 else "bfdot"
+    return {"precision": precision, "bf16_kernels": kernels}
 
 
 def prepare_pipeline(

@@ -1,12 +1,13 @@
 """Rule: the bf16 contraction (:mod:`tvm_roialign.topi.bf16_contraction`) on AMX tiles, or on
-``vdpbf16ps`` where the target has AVX512-BF16 and no AMX.
+``vdpbf16ps`` where the target has AVX512-BF16 and no AMX, or on ``bfdot`` on AArch64 with bf16.
 
 The function has up to three stages, ``bf16_gather_a`` (activations as bf16, im2col'd for a conv),
 ``bf16_contraction`` (the GEMM, fp32 accumulation) and ``bf16_output`` (the real rows and columns in
 the op's shape), followed by whatever elementwise epilogue fusion gave it. The GEMM's row count is
 static or (an any-size image) ``ceil(M / 32) * 32`` of a symbolic ``M``. The GEMM is cut into
 32 x 32 output blocks, each computed by the AMX micro-kernel (:mod:`.amx_intrin`; without AMX the
-AVX512-BF16 one, :mod:`.avx512_bf16_intrin`) over ``kc`` reduction elements:
+AVX512-BF16 one, :mod:`.avx512_bf16_intrin`; on AArch64 the ``bfdot`` one, :mod:`.neon_bf16_intrin`,
+all three on the same weight layout) over ``kc`` reduction elements:
 
 * when one operand's whole reduction fits in half of L2 (``kc`` = the reduction), the blocks that
   share the other operand's rows run one after another, in one parallel loop, each block's
@@ -22,7 +23,7 @@ AVX512-BF16 one, :mod:`.avx512_bf16_intrin`) over ``kc`` reduction elements:
   parallel, vectorized passes, the fused epilogue inlined into the output stage. There may be no
   gather: the GEMM then loads its A tiles straight from the input's bf16 rows.
 
-Targets without either are not served (the graph pass only emits these functions for targets with
+Targets without any of them are not served (the graph pass only emits these functions for targets with
 one; elsewhere the fallback rule would compute the same values in fp32 arithmetic).
 """
 
@@ -34,6 +35,7 @@ from .amx_intrin import BLOCK, STEP, amx_bf16_intrin
 from .avx512_bf16_intrin import avx512_bf16_intrin
 from .base import CPURule, find_block, inline_epilogue, loop_extent, static_int, try_step
 from .elementwise import schedule_injective_block, schedule_rest
+from .neon_bf16_intrin import neon_bf16_intrin
 from .target_info import cpu_info
 
 
@@ -124,6 +126,8 @@ class BF16Contraction(CPURule):
             sch.annotate(find_block(sch, "root"), AMX_TILES, 1)
         elif info.has_avx512_bf16:
             intrin = avx512_bf16_intrin
+        elif info.has_bf16:
+            intrin = neon_bf16_intrin
         else:
             return None
         rows, columns = _shape(sch, acc)

@@ -1,36 +1,45 @@
 """Rule: the int8 contraction (:mod:`tvm_roialign.topi.int8_contraction`) on AMX-INT8 tiles
-(``tdpbusd``), or on AVX512-VNNI (``vpdpbusd``) where the target has no AMX-INT8.
+(``tdpbusd``), or on AVX512-VNNI (``vpdpbusd``) where the target has no AMX-INT8; on AArch64 on
+``usdot`` (I8MM) or ``sdot`` (the dot product alone).
 
 The function has three stages, ``int8_gather_a`` (activations quantized to uint8, im2col'd for a
 conv), ``int8_contraction`` (the GEMM, int32 accumulation) and ``int8_output`` (dequantized to fp32
 in the op's shape), followed by whatever elementwise epilogue fusion gave it (bias, residual add,
 ReLU), inlined into the output stage. The GEMM is cut into 32 x 32 output blocks, each computed by
-the micro-kernel (:mod:`.amx_int8_intrin`, :mod:`.vnni_intrin`) over ``kc`` reduction elements,
-with the loop order and the reduction chunks of the bf16 contraction (:func:`choose_blocking`, for
-operands of one byte).
+the micro-kernel (:mod:`.amx_int8_intrin`, :mod:`.vnni_intrin`, :mod:`.neon_int8_intrin`) over
+``kc`` reduction elements, with the loop order and the reduction chunks of the bf16 contraction
+(:func:`choose_blocking`, for operands of one byte).
 
-Targets with neither are not served (the graph pass emits these functions only for targets with
+Targets with none of them are not served (the graph pass emits these functions only for targets with
 one).
 """
 
 from __future__ import annotations
+
+import functools
 
 from ..passes.request_amx_state import AMX_TILES
 from ..topi.int8_contraction import CONTRACTION, GATHER_A, OUTPUT
 from .amx_int8_intrin import BLOCK, STEP, amx_int8_intrin
 from .base import CPURule, find_block, inline_epilogue, static_int
 from .elementwise import schedule_injective_block, schedule_rest
+from .neon_int8_intrin import neon_int8_intrin
 from .target_info import cpu_info
 from .vnni_intrin import vnni_intrin
 
 
 def int8_instructions(target) -> str | None:
-    """``"amx"`` (AMX-INT8), ``"avx512vnni"``, or None: the int8 kernels ``target`` runs."""
+    """``"amx"`` (AMX-INT8), ``"avx512vnni"``, ``"usdot"`` (AArch64 I8MM), ``"sdot"`` (AArch64
+    dot product without I8MM), or None: the int8 kernels ``target`` runs."""
     info = cpu_info(target)
     if info.has_amx_int8:
         return "amx"
     if info.arch == "x86" and {"avx512f", "avx512vnni"} <= info.features:
         return "avx512vnni"
+    if info.has_i8mm:
+        return "usdot"
+    if info.has_dotprod:
+        return "sdot"
     return None
 
 
@@ -76,7 +85,9 @@ class Int8Contraction(CPURule):
         kind = int8_instructions(target)
         if kind is None:
             return None
-        intrin = amx_int8_intrin if kind == "amx" else vnni_intrin
+        intrin = {"amx": amx_int8_intrin, "avx512vnni": vnni_intrin}.get(kind)
+        if intrin is None:
+            intrin = functools.partial(neon_int8_intrin, signed=kind == "sdot")
         if kind == "amx":
             # the function asks Linux for the tile state (passes.RequestAMXState)
             sch.annotate(find_block(sch, "root"), AMX_TILES, 1)
