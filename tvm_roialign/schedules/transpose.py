@@ -6,9 +6,11 @@ that indexes the input's last axis (the load). Fusing all loops into one, as the
 schedule does, leaves a scalar loop that recomputes every index with divisions. Here the loops keep
 their static extents: both axes are cut into vectors of the target's width, the other axes (and,
 when they are fewer than the cores, the outer part of the load axis) are fused into one parallel
-loop, and the inner tile is unrolled on one axis and vectorized on the other: on the store axis when
-it is at least a vector wide, else on the load axis (NCHW -> NHWC of a 3-channel image: 3 stores
-per vector of 8 loads along a row).
+loop, and the inner tile is unrolled on one axis and vectorized on the other: on the load axis (a
+contiguous vector load, its lanes stored apart) when it is at least 4 wide, else on the store axis.
+Measured on a Zen 3 (AVX2) against the fused scalar loop: NCHW -> NHWC of 1x3x224x224 0.15 ->
+0.03 ms, NHWC -> NCHW of 1x56x56x64 0.20 -> 0.05 ms, of 1x7x7x2048 0.36 -> 0.04 ms, NCHW -> NHWC of
+1x64x56x56 about equal (0.057 -> 0.052-0.064 ms); vector loads beat vector stores on each.
 
 Only static extents are tiled; a transpose with symbolic extents is left to the elementwise schedule.
 """
@@ -84,7 +86,8 @@ def schedule_transpose_block(sch: Schedule, block, info: CPUInfo) -> bool:
     others = [loops[i] for i in range(n) if i not in (k, last)]
     k_outer, k_inner = _tile(sch, loops[k], extents[k], lanes)
     l_outer, l_inner = _tile(sch, loops[last], extents[last], lanes)
-    store_vector = l_outer is not None or extents[last] >= min(4, lanes)
+    load_vector = k_outer is not None or extents[k] >= min(4, lanes)
+    store_vector = not load_vector
     inner = [k_inner, l_inner] if store_vector else [l_inner, k_inner]
     middle = [lp for lp in (k_outer, l_outer) if lp is not None]
     sch.reorder(*others, *middle, *inner)
