@@ -1,5 +1,6 @@
 """Rule: functions made only of spatial (injective) blocks: elementwise ops, broadcasts, padding,
-slices, concatenation, layout transforms that keep the innermost axis.
+slices, concatenation, layout transforms; a transpose that moves the innermost axis is tiled by
+:mod:`.transpose`.
 
 Producers are inlined into their consumers where TIR allows it; each remaining block is fused into
 one loop, cut into vectors of the target's width (when the innermost axis is a multiple of it, so
@@ -15,6 +16,7 @@ from tvm.s_tir import Schedule
 
 from .base import CPURule, block_infos, is_layout_preproc, loop_extent, pick_lanes, try_step, walk
 from .target_info import cpu_info
+from .transpose import schedule_transpose_block
 from .vector_math import ALL_OPS
 
 #: below this many elements a loop runs serially (a parallel launch costs more than the work)
@@ -121,9 +123,11 @@ class Elementwise(CPURule):
         infos = block_infos(sch, injective_only=True)
         if infos is None:
             return None
-        lanes = cpu_info(target).lanes()
+        cpu = cpu_info(target)
+        lanes = cpu.lanes()
         for info in infos:
-            schedule_injective_block(sch, info.block_rv, lanes)
+            if not schedule_transpose_block(sch, info.block_rv, cpu):
+                schedule_injective_block(sch, info.block_rv, lanes)
         return sch
 
 
