@@ -84,15 +84,17 @@ def _graph_passes(
 def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=()) -> tvm.transform.Pass:
     """:class:`~tvm_roialign.passes.Int8Contractions` calibrated, when it runs, on ``calibration``
     (:func:`~tvm_roialign.models.calibration_photos.calibration_inputs`'s ``source``), the observed
-    module built in fp32 for ``target`` (no Winograd, the layouts as they are by then); for a cross
-    target (an AArch64 board built on x86) for this machine's generic CPU, which runs it."""
+    module built in fp32 for ``target`` (no Winograd, the layouts as they are by then) where this
+    machine runs ``target``'s code, else for this machine's own CPU (:func:`_runs_here`: an AArch64
+    board built on x86, or an AMX target built on a CPU without AMX, whose library would die of
+    SIGILL here)."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
     from .models.calibration_photos import calibration_inputs
     from .passes import Int8Contractions
-    from .target import is_cross, parse_target
+    from .target import parse_target
 
-    observed = parse_target("llvm-generic") if is_cross(target) else target
+    observed = target if _runs_here(target) else parse_target("native")
 
     def run(mod: tvm.IRModule):
         with observed:
@@ -109,6 +111,17 @@ def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=()) -> tvm.tran
     return Int8Contractions(
         inputs=lambda mod: calibration_inputs(mod, calibration), run=run, keep_fp32=keep_fp32
     )
+
+
+def _runs_here(target: tvm.target.Target) -> bool:
+    """Whether code for llvm ``target`` runs on this machine: the same architecture, and every CPU
+    feature LLVM reports for ``target`` one this machine's CPU has too."""
+    from .schedules import cpu_info
+    from .target import is_cross, parse_target
+
+    if is_cross(target):
+        return False
+    return cpu_info(target).features <= cpu_info(parse_target("native")).features
 
 
 #: the ``precision`` values a build takes
