@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tvm import tirx
-from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
+
+from .block_intrin import register_block_intrin
 
 #: rows and columns of the output block; bytes of one reduction step of a tile row
 BLOCK, ROW_BYTES = 32, 64
@@ -47,9 +48,6 @@ class AMXKind:
     def step(self) -> int:
         """Reduction elements of one step (a 64-byte tile row)."""
         return ROW_BYTES // self.element_bytes
-
-
-_REGISTERED: set[str] = set()
 
 
 def _amx(name: str, *args):
@@ -156,17 +154,17 @@ def _impl(kind: AMXKind, kc: int, zero_init: bool):
 
 def amx_intrin(kind: AMXKind, kc: int, zero_init: bool = False) -> str:
     """The name of ``kind``'s micro-kernel over ``kc`` reduction elements (a multiple of
-    ``kind.step``), registered with ``TensorIntrin`` on first use. ``zero_init``: the block's whole
-    reduction (a block with its init; the accumulators start from ``tilezero`` instead of a load
-    of ``C``)."""
-    if kc <= 0 or kc % kind.step:
-        raise ValueError(f"kc must be a positive multiple of {kind.step}, got {kc}")
-    name = f"tvm_roialign_amx_{kind.name}_32x32x{kc}" + ("_init" if zero_init else "")
-    if name not in _REGISTERED:
-        desc, impl = block_desc(kind, kc, zero_init), _impl(kind, kc, zero_init)
-        TensorIntrin.register(name, desc, impl, override=True)
-        _REGISTERED.add(name)
-    return name
+    ``kind.step``), registered on first use (:func:`~.block_intrin.register_block_intrin`).
+    ``zero_init``: the block's whole reduction (a block with its init; the accumulators start from
+    ``tilezero`` instead of a load of ``C``)."""
+    return register_block_intrin(
+        f"tvm_roialign_amx_{kind.name}",
+        kind.step,
+        kc,
+        zero_init,
+        lambda kc, zero_init: block_desc(kind, kc, zero_init),
+        lambda kc, zero_init: _impl(kind, kc, zero_init),
+    )
 
 
 __all__ = ["BLOCK", "AMXKind", "amx_intrin", "block_desc"]

@@ -16,10 +16,10 @@ and reinterprets them.
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from .amx_intrin import STEP, block_desc
+from .block_intrin import register_block_intrin
 
 #: the imported LLVM function: ``acc + dot(a pairs, b pairs)`` with the pairs as 32-bit lanes
 _DPBF16PS = "tvm_roialign_dpbf16ps"
@@ -36,9 +36,6 @@ declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloa
 
 #: rows of a group (accumulators: rows x 2 vectors)
 _GROUP = 8
-
-_REGISTERED: set[str] = set()
-
 
 def _dot(acc, a_pair, b_pairs):
     return tirx.call_pure_extern("float32x16", _DPBF16PS, acc, a_pair, b_pairs)
@@ -83,13 +80,7 @@ def _impl(kc: int, zero_init: bool):
 def avx512_bf16_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 32), registered
     with ``TensorIntrin`` on first use; ``zero_init`` as :func:`.amx_intrin.amx_bf16_intrin`."""
-    if kc <= 0 or kc % STEP:
-        raise ValueError(f"kc must be a positive multiple of {STEP}, got {kc}")
-    name = f"tvm_roialign_avx512_bf16_32x32x{kc}" + ("_init" if zero_init else "")
-    if name not in _REGISTERED:
-        TensorIntrin.register(name, block_desc(kc, zero_init), _impl(kc, zero_init), override=True)
-        _REGISTERED.add(name)
-    return name
+    return register_block_intrin("tvm_roialign_avx512_bf16", STEP, kc, zero_init, block_desc, _impl)
 
 
 __all__ = ["avx512_bf16_intrin"]

@@ -21,10 +21,10 @@ takes ``<8 x bfloat>``: the call goes through a small LLVM function imported int
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from .amx_intrin import STEP, block_desc
+from .block_intrin import register_block_intrin
 
 #: the imported LLVM function: ``acc + dot(a pairs, b pairs)`` with the pairs as 32-bit lanes
 _BFDOT = "tvm_roialign_bfdot"
@@ -42,9 +42,6 @@ declare <4 x float> @llvm.aarch64.neon.bfdot.v4f32.v8bf16(<4 x float>, <8 x bflo
 #: rows and columns of a sub-block (accumulators: rows x columns / 4 vectors)
 _ROWS, _COLUMNS = 4, 16
 _VECTORS = _COLUMNS // 4
-
-_REGISTERED: set[str] = set()
-
 
 def _pair(a, row, p):
     """The activations ``a[row, 2p:2p+2]`` as one 32-bit lane, broadcast to the 4 lanes."""
@@ -98,13 +95,7 @@ def _impl(kc: int, zero_init: bool):
 def neon_bf16_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 32), registered
     with ``TensorIntrin`` on first use; ``zero_init`` as :func:`.amx_intrin.amx_bf16_intrin`."""
-    if kc <= 0 or kc % STEP:
-        raise ValueError(f"kc must be a positive multiple of {STEP}, got {kc}")
-    name = f"tvm_roialign_neon_bf16_32x32x{kc}" + ("_init" if zero_init else "")
-    if name not in _REGISTERED:
-        TensorIntrin.register(name, block_desc(kc, zero_init), _impl(kc, zero_init), override=True)
-        _REGISTERED.add(name)
-    return name
+    return register_block_intrin("tvm_roialign_neon_bf16", STEP, kc, zero_init, block_desc, _impl)
 
 
 __all__ = ["neon_bf16_intrin"]

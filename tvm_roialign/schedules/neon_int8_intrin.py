@@ -21,19 +21,16 @@ Both are exact (int32 lanes, no saturation): the same integers as ``vpdpbusd`` f
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from .amx_int8_intrin import STEP, block_desc
+from .block_intrin import register_block_intrin
 
 #: rows and columns of a sub-block (accumulators: rows x columns / 4 vectors)
 _ROWS, _COLUMNS = 4, 16
 _VECTORS = _COLUMNS // 4
 #: four bytes of 0x80: flips the top bit of each uint8 (``a - 128`` as int8), or -128 as int8
 _TOP_BITS = -0x7F7F7F80
-
-_REGISTERED: set[str] = set()
-
 
 def _quad(a, row, q):
     """The four uint8 activations ``a[row, 4q:4q+4]`` as one 32-bit lane."""
@@ -104,13 +101,14 @@ def neon_int8_intrin(kc: int, zero_init: bool = False, signed: bool = False) -> 
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 64) on ``usdot``,
     or with ``signed`` on ``sdot`` (see module docstring), registered with ``TensorIntrin`` on first
     use; ``zero_init`` as :func:`.amx_int8_intrin.amx_int8_intrin`."""
-    if kc <= 0 or kc % STEP:
-        raise ValueError(f"kc must be a positive multiple of {STEP}, got {kc}")
-    name = f"tvm_roialign_{'sdot' if signed else 'usdot'}_32x32x{kc}" + ("_init" if zero_init else "")
-    if name not in _REGISTERED:
-        TensorIntrin.register(name, block_desc(kc, zero_init), _impl(kc, zero_init, signed), override=True)
-        _REGISTERED.add(name)
-    return name
+    return register_block_intrin(
+        f"tvm_roialign_{'sdot' if signed else 'usdot'}",
+        STEP,
+        kc,
+        zero_init,
+        block_desc,
+        lambda kc, zero_init: _impl(kc, zero_init, signed),
+    )
 
 
 __all__ = ["neon_int8_intrin"]

@@ -171,6 +171,14 @@ class RowReduction(CPURule):
         out_loops = sch.get_loops(output)
         row = sch.fuse(*out_loops[:-1]) if rows > 1 else out_loops[0]
         sch.parallel(row)
+        self._row_stages(sch, out_name, output, row, parts, vec)
+        return sch
+
+    @staticmethod
+    def _row_stages(sch: Schedule, out_name: str, output, row, parts: list, vec: int | None) -> None:
+        """Every stage of a row under the row loop (last producer first): the partial
+        accumulators innermost, one vector of them per step of the row, and the elementwise
+        stages and the output vectorized where ``vec`` lanes divide the row."""
         # the row's stages under the row loop, last producer first
         staged = [
             b
@@ -201,7 +209,6 @@ class RowReduction(CPURule):
         if vec is not None:
             _, v = sch.split(sch.get_loops(output)[-1], [None, vec])
             sch.vectorize(v)
-        return sch
 
     @staticmethod
     def _split_reduction(sch: Schedule, block, factor: int):

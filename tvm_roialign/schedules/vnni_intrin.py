@@ -12,17 +12,14 @@ saturation).
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 from tvm.target import codegen
 
 from .amx_int8_intrin import STEP, block_desc
+from .block_intrin import register_block_intrin
 
 #: rows of a group (accumulators: rows x 2 vectors)
 _GROUP = 8
-
-_REGISTERED: set[str] = set()
-
 
 def _operand(vector):
     """A 64-byte operand as the LLVM intrinsic takes it (bytes since LLVM 21, 32-bit lanes before)."""
@@ -79,13 +76,7 @@ def _impl(kc: int, zero_init: bool):
 def vnni_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 64), registered
     with ``TensorIntrin`` on first use; ``zero_init`` as :func:`.amx_int8_intrin.amx_int8_intrin`."""
-    if kc <= 0 or kc % STEP:
-        raise ValueError(f"kc must be a positive multiple of {STEP}, got {kc}")
-    name = f"tvm_roialign_vnni_32x32x{kc}" + ("_init" if zero_init else "")
-    if name not in _REGISTERED:
-        TensorIntrin.register(name, block_desc(kc, zero_init), _impl(kc, zero_init), override=True)
-        _REGISTERED.add(name)
-    return name
+    return register_block_intrin("tvm_roialign_vnni", STEP, kc, zero_init, block_desc, _impl)
 
 
 __all__ = ["vnni_intrin"]
