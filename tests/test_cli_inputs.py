@@ -113,6 +113,18 @@ def test_no_verify_still_refuses_a_truncated_elf(model_lib, tmp_path, capsys):
     one_line_error(err, str(cut), "cut short", "ELF")
 
 
+def test_no_verify_names_the_loaders_reason_for_a_file_that_is_no_library(model_lib, tmp_path, capsys):
+    """A text file named ``.so``: the dynamic loader's reason, without TVM's internal check."""
+    _, inputs, _ = model_lib
+    fake = tmp_path / "fake.so"
+    fake.write_text("not a library\n")
+    code, _, err = run_cli(["run", str(fake), "--inputs", str(inputs), "--inputs-by-order",
+                            "--no-verify"], capsys)
+    assert code == 1
+    one_line_error(err, str(fake), "not a shared library this machine can load")
+    assert "Check failed" not in err
+
+
 def test_run_refuses_a_corrupted_library_of_the_same_size(model_lib, tmp_path, capsys):
     lib, inputs, _ = model_lib
     bad = _copy(lib, tmp_path)

@@ -239,8 +239,17 @@ def _load(args, meta: dict, session=None):
     try:
         vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib_path)), device)
     except Exception as err:  # noqa: BLE001
-        raise CLIError(f"cannot load {str(lib_path)!r} as a compiled model: {first_line(err)}") from None
+        raise CLIError(f"cannot load {str(lib_path)!r} as a compiled model: {_load_error(err)}") from None
     return lib_path, meta, device, vm, None
+
+
+def _load_error(err) -> str:
+    """Why TVM could not load a library, in the dynamic loader's own words where it is the loader
+    that refused (TVM's message repeats the path and its internal check)."""
+    text = first_line(err)
+    if "Failed to load dynamic shared library" in text:
+        return f"not a shared library this machine can load ({text.rsplit(': ', 1)[-1]})"
+    return text
 
 
 def _load_remote(args, session, lib_path, meta):
