@@ -1,0 +1,60 @@
+"""The thread pool the package sets up for TVM (:func:`tvm_roialign.host.use_usable_cores`): its size
+and its workers left free to move between cores, checked on the threads of a process that ran a
+parallel kernel."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_POOL_CHECK = textwrap.dedent(
+    """
+    import os, numpy as np, tvm
+    from tvm import te
+    from tvm_roialign.host import use_usable_cores
+    threads = use_usable_cores()
+    n = te.var("n")
+    a = te.placeholder((n,), name="a")
+    b = te.compute((n,), lambda i: a[i] * 2.0, name="b")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b]))
+    sch.parallel(sch.get_loops(sch.get_sblock("b"))[0])
+    f = tvm.compile(sch.mod, target="llvm")
+    x = tvm.runtime.tensor(np.ones(1 << 16, "float32"))
+    y = tvm.runtime.tensor(np.zeros(1 << 16, "float32"))
+    f(x, y)
+    assert float(y.numpy().sum()) == 2.0 * (1 << 16)
+    masks = set()
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/status") as status:
+            for line in status:
+                if line.startswith("Cpus_allowed_list:"):
+                    masks.add(line.split(":", 1)[1].strip())
+    print(threads, os.environ["TVM_BIND_THREADS"], sorted(masks))
+    """
+)
+
+
+def _run(env_extra: dict) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "TVM_BIND_THREADS")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _POOL_CHECK], capture_output=True, text=True, timeout=300,
+        env={**env, **env_extra},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc to read thread affinities")
+def test_the_pools_workers_are_not_pinned_unless_the_user_asks():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one usable core: TVM's pool has no worker to pin")
+    threads, bind, masks = _run({"TVM_NUM_THREADS": "2"}).split(" ", 2)
+    assert (threads, bind) == ("2", "0")
+    assert len(ast.literal_eval(masks)) == 1, f"some thread is pinned: {masks}"  # every thread: the process's cores
+    threads, bind, masks = _run({"TVM_NUM_THREADS": "2", "TVM_BIND_THREADS": "1"}).split(" ", 2)
+    assert bind == "1" and len(ast.literal_eval(masks)) > 1, f"TVM pins its worker when the user asks: {masks}"
