@@ -49,12 +49,16 @@ def _run(env_extra: dict) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc to read thread affinities")
+@pytest.mark.skipif(
+    not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc to read thread affinities"
+)
 def test_the_pools_workers_are_not_pinned_unless_the_user_asks():
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one usable core: TVM's pool has no worker to pin")
     threads, bind, masks = _run({"TVM_NUM_THREADS": "2"}).split(" ", 2)
     assert (threads, bind) == ("2", "0")
-    assert len(ast.literal_eval(masks)) == 1, f"some thread is pinned: {masks}"  # every thread: the process's cores
+    # every thread may run on all of the process's cores
+    assert len(ast.literal_eval(masks)) == 1, f"some thread is pinned: {masks}"
     threads, bind, masks = _run({"TVM_NUM_THREADS": "2", "TVM_BIND_THREADS": "1"}).split(" ", 2)
-    assert bind == "1" and len(ast.literal_eval(masks)) > 1, f"TVM pins its worker when the user asks: {masks}"
+    pinned = len(ast.literal_eval(masks)) > 1
+    assert bind == "1" and pinned, f"TVM pins its worker when the user asks: {masks}"
