@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
 from tvm.s_tir import Schedule
 from tvm.s_tir.dlight import ScheduleRule
 from tvm.s_tir.dlight.analysis import normalize_prim_func
@@ -238,11 +238,27 @@ class CPURule(Rule, CPUScheduleRule):
             return None
 
 
+def block_with_body(block, body):
+    """``block`` (an ``SBlock``) with ``body`` in place of its own, every other field kept."""
+    return s_tir.SBlock(
+        block.iter_vars,
+        block.reads,
+        block.writes,
+        block.name_hint,
+        body,
+        block.init,
+        block.alloc_buffers,
+        block.match_buffers,
+        block.annotations,
+    )
+
+
 __all__ = [
     "PREPROC_ATTR",
     "CPURule",
     "Rule",
     "block_infos",
+    "block_with_body",
     "buffer_dtypes",
     "find_block",
     "find_main_reduction",

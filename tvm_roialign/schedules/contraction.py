@@ -29,7 +29,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import Schedule
 
-from .base import PREPROC_ATTR, inline_epilogue, new_schedule, vectorize_writeback
+from .base import PREPROC_ATTR, block_with_body, inline_epilogue, new_schedule, vectorize_writeback
 from .contraction_analysis import Contraction, analyze_contraction, rows_pos
 from .contraction_tiles import Tiling, choose_tiling
 from .elementwise import schedule_producers, schedule_rest
@@ -195,18 +195,7 @@ def _unguarded(realize, row_var: str):
         return tirx.BufferLoad(load.source, indices)
 
     body = tvm_ffi.structural_map(block.body, (tvm.ir.expr.TensorLoad, clamp))
-    new_block = s_tir.SBlock(
-        block.iter_vars,
-        block.reads,
-        block.writes,
-        block.name_hint,
-        body,
-        block.init,
-        block.alloc_buffers,
-        block.match_buffers,
-        block.annotations,
-    )
-    return s_tir.SBlockRealize(realize.iter_values, True, new_block)
+    return s_tir.SBlockRealize(realize.iter_values, True, block_with_body(block, body))
 
 
 def schedule_with_epilogue(sch: Schedule, c: Contraction, tiling: Tiling) -> Schedule:

@@ -31,7 +31,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import Schedule
 
-from .base import CPURule, find_block, loop_extent, new_schedule, pick_lanes, try_step, walk
+from .base import CPURule, block_with_body, find_block, loop_extent, new_schedule, pick_lanes, try_step, walk
 from .target_info import cpu_info
 from .vector_math import ALL_OPS
 
@@ -93,18 +93,7 @@ def _padding_safe(sch: Schedule, length: int) -> Schedule | None:
             zero = tirx.const(0, str(term.ty))
             term = tirx.Select(k.var < tirx.IntImm(str(k.var.ty), length), term, zero)
         new_value = type(value)(acc, term)
-        body = tirx.BufferStore(store.buffer, new_value, store.indices)
-        return s_tir.SBlock(
-            block.iter_vars,
-            block.reads,
-            block.writes,
-            block.name_hint,
-            body,
-            block.init,
-            block.alloc_buffers,
-            block.match_buffers,
-            block.annotations,
-        )
+        return block_with_body(block, tirx.BufferStore(store.buffer, new_value, store.indices))
 
     func = sch.mod["main"]
     body = tvm_ffi.structural_map(func.body, (s_tir.SBlock, rewrite))
