@@ -339,13 +339,15 @@ def main(args) -> int:
     options = model_options(args, target)
     formats = _dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
+    detector = _detector.is_detector(args.model)
+    if not detector:  # the arguments' errors before the precision's note
+        check_model_file(Path(args.model), _detector.alternatives())
+        _detector.reject_detector_options(args)
     precision = _precision(args, target)
-    if _detector.is_detector(args.model):
+    if detector:
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
         return _detector.compile_main(args, target, out, layout, t_start, link_note, precision)
-    check_model_file(Path(args.model), _detector.alternatives())
-    _detector.reject_detector_options(args)
     times = {}
     with progress_session(args.quiet) as progress:
         records = open_records(args.tuning_records, target, report=_printed_by_main)
