@@ -219,6 +219,15 @@ def _precision(args, target) -> str:
     return resolve_precision(args, target)
 
 
+def _checked_precision(args, target, detector: bool) -> str:
+    """:func:`_precision`, after a model file's own one-line errors (its existence, the options of
+    detector names), which come before the precision's note."""
+    if not detector:
+        check_model_file(Path(args.model), _detector.alternatives())
+        _detector.reject_detector_options(args)
+    return _precision(args, target)
+
+
 def _precision_metadata(precision: str, target) -> dict:
     from ..pipeline_phases import precision_metadata
 
@@ -340,10 +349,7 @@ def main(args) -> int:
     formats = _dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
     detector = _detector.is_detector(args.model)
-    if not detector:  # the arguments' errors before the precision's note
-        check_model_file(Path(args.model), _detector.alternatives())
-        _detector.reject_detector_options(args)
-    precision = _precision(args, target)
+    precision = _checked_precision(args, target, detector)
     if detector:
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
