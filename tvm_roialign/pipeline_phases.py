@@ -173,10 +173,9 @@ def bf16_supported(target: tvm.target.Target, note: bool = True) -> bool:
     """Whether ``target`` has the bf16 instructions the bf16 kernels need (AMX: ``amx-tile``,
     ``amx-bf16``; else AVX512-BF16: ``avx512bf16``; on AArch64 ``bf16``, for ``bfdot``); without
     them, a one-line warning (``note``) that the build is fp32."""
-    from .schedules import cpu_info
+    from .schedules.bf16_contraction import bf16_instructions
 
-    info = cpu_info(target)
-    if info.has_amx_bf16 or info.has_avx512_bf16 or info.has_bf16:
+    if bf16_instructions(target) is not None:
         return True
     if note:
         from .target import describe
@@ -252,17 +251,14 @@ def precision_metadata(precision: str, target: tvm.target.Target) -> dict:
     """An artifact's metadata ``precision``, and the kernels' instructions: for bf16 ``amx``,
     ``avx512bf16`` or ``bfdot`` (whether running the library needs the AMX tile state), for int8
     :func:`~.schedules.int8_contraction.int8_instructions`'s."""
-    from .schedules import cpu_info
+    from .schedules.bf16_contraction import bf16_instructions
+    from .schedules.int8_contraction import int8_instructions
 
     if precision == "int8":
-        from .schedules.int8_contraction import int8_instructions
-
         return {"precision": precision, "int8_kernels": int8_instructions(target)}
     if precision != "bf16":
         return {"precision": precision}
-    info = cpu_info(target)
-    kernels = "amx" if info.has_amx_bf16 else "avx512bf16" if info.has_avx512_bf16 else "bfdot"
-    return {"precision": precision, "bf16_kernels": kernels}
+    return {"precision": precision, "bf16_kernels": bf16_instructions(target)}
 
 
 def prepare_pipeline(

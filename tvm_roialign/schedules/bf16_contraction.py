@@ -111,6 +111,22 @@ def _whole_reduction(sch, acc, out, gather, loops, intrin, per_row_block: bool):
     return fused_output
 
 
+def bf16_instructions(target) -> str | None:
+    """``"amx"`` (AMX bf16), ``"avx512bf16"`` (``vdpbf16ps``, no AMX), ``"bfdot"`` (AArch64 bf16),
+    or None: the bf16 kernels ``target`` runs."""
+    info = cpu_info(target)
+    if info.has_amx_bf16:
+        return "amx"
+    if info.has_avx512_bf16:
+        return "avx512bf16"
+    if info.has_bf16:
+        return "bfdot"
+    return None
+
+
+_INTRINSICS = {"amx": amx_bf16_intrin, "avx512bf16": avx512_bf16_intrin, "bfdot": neon_bf16_intrin}
+
+
 class BF16Contraction(CPURule):
     """The bf16 contraction's GEMM on AMX tiles, its gather and output as vector passes."""
 
@@ -119,17 +135,14 @@ class BF16Contraction(CPURule):
         if acc is None or out is None:
             return None
         gather = find_block(sch, GATHER_A)
-        info = cpu_info(target)
-        if info.has_amx_bf16:
-            intrin = amx_bf16_intrin
+        kind = bf16_instructions(target)
+        if kind is None:
+            return None
+        intrin = _INTRINSICS[kind]
+        if kind == "amx":
             # the function asks Linux for the tile state (passes.RequestAMXState)
             sch.annotate(find_block(sch, "root"), AMX_TILES, 1)
-        elif info.has_avx512_bf16:
-            intrin = avx512_bf16_intrin
-        elif info.has_bf16:
-            intrin = neon_bf16_intrin
-        else:
-            return None
+        info = cpu_info(target)
         rows, columns = _shape(sch, acc)
         m, n, k = sch.get_loops(acc)
         reduction = loop_extent(sch, k)
@@ -166,4 +179,4 @@ class BF16Contraction(CPURule):
         return sch
 
 
-__all__ = ["BF16Contraction", "choose_blocking"]
+__all__ = ["BF16Contraction", "bf16_instructions", "choose_blocking"]
