@@ -15,6 +15,30 @@ import subprocess
 import sys
 import time
 
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist, each worker takes its share of the usable cores for TVM's pool
+    (``TVM_NUM_THREADS``), TVM's workers unpinned and PyTorch's OpenMP threads asleep when idle
+    (PyTorch keeps its thread count: eager equality tests rely on its two-thread kernels).
+    Without it, ``-n 2`` on 2 cores runs two pools of two spinning threads pinned to the same two
+    cores: each parallel kernel waits for a worker the other process holds (the slowdown
+    ``tvm_roialign.host.use_usable_cores`` avoids for users). Set before ``import tvm`` (which
+    loads PyTorch); variables the caller set are kept. Parallel kernels on more than one thread
+    are still run and checked: tests/test_host.py starts its processes with two."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 2:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    share = str(max(1, cores // workers))
+    for name, value in (
+        ("TVM_NUM_THREADS", share), ("TVM_BIND_THREADS", "0"),
+        ("OMP_WAIT_POLICY", "PASSIVE"),
+    ):
+        os.environ.setdefault(name, value)
+
+
+_share_the_cores_between_workers()
+
 import numpy as np
 import pytest
 import tvm
