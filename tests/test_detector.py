@@ -295,15 +295,18 @@ _SAME_PADDED_AS_COFFEE = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize(
-    "photo_name",
+    "full,photo_name",
     [
-        "coffee",
-        pytest.param("chelsea", marks=_SAME_PADDED_AS_COFFEE),
-        pytest.param("rocket", marks=_SAME_PADDED_AS_COFFEE),
-        "grace_hopper",
-        "portrait",
-        "wide",
+        # Mask R-CNN on coffee: test_full_model_non_square_photo
+        ("fasterrcnn_resnet50_fpn", "coffee"),
+        *(
+            pytest.param(name, photo_name, marks=_SAME_PADDED_AS_COFFEE)
+            for name in MODELS
+            for photo_name in ("chelsea", "rocket")
+        ),
+        *((name, photo_name) for name in MODELS for photo_name in ("grace_hopper", "portrait", "wide")),
     ],
+    indirect=["full"],
 )
 def test_full_model_any_photo_size(full, photo_name):
     """One artifact, compiled once with the defaults, on photos of more sizes at their own sizes
@@ -314,9 +317,11 @@ def test_full_model_any_photo_size(full, photo_name):
     assert_equal_detections(detector(rgb), det.torch_detections(model, rgb))
 
 
+@pytest.mark.parametrize("full", ["maskrcnn_resnet50_fpn"], indirect=True)
 def test_full_model_batch_of_three(full):
     """coffee, chelsea and grace_hopper in one call: padded together to 512x512 as
-    torchvision's batch_images pads them; equal to eager's batched call, image by image."""
+    torchvision's batch_images pads them; equal to eager's batched call, image by image (Mask
+    R-CNN; Faster R-CNN's batch of three is the next test's, which checks the same and more)."""
     model, detector = full
     photos = all_photos()
     rgbs = [photos[n] for n in ("coffee", "chelsea", "grace_hopper")]
