@@ -7,12 +7,14 @@ more candidates than the caps. The artifacts are built for the generic ``llvm`` 
 contraction, so float32 rounding stays PyTorch's) and run through
 :class:`tvm_roialign.runtime.Detector`, the runner that imports no PyTorch.
 
-Cost: each full-size model is compiled once for the module, as ``compile`` does by default (one
-function for every photo size: its padded height and width symbolic), and that one artifact runs
-the astronaut, the top 512 rows of matplotlib's Grace Hopper, a grey picture without detections,
-the coffee and Grace Hopper photos at their own sizes, a portrait, a very wide photo (1:4) and a
-batch of three in one call (chelsea and rocket, padded like coffee, with
-``TVM_ROIALIGN_ALL_PHOTOS=1``); a small detector of a user's making covers the
+Cost: each full-size model is compiled once for the session, as ``compile`` does by default (one
+function for every photo size: its padded height and width symbolic). Each artifact runs the
+astronaut, a grey picture without detections, the coffee photo at its own size and a batch of
+three in one call; Mask R-CNN also runs Grace Hopper, a portrait and a very wide photo (1:4) at
+their own sizes. Faster R-CNN's graph is Mask R-CNN's without the mask head (the same backbone, RPN
+and box head: the code that follows the photo's size), so its other sizes, the top 512 rows of
+Grace Hopper (the astronaut's size) and chelsea and rocket (padded like coffee) run with
+``TVM_ROIALIGN_ALL_PHOTOS=1`` (suite time); a small detector of a user's making covers the
 ``.pt2`` route and the cross targets (tests/test_runtime.py: the transform, one build per padded
 size, the any-size function on a tiny model, batches); the static form is checked eagerly on
 128-pixel models (no TVM). The full Keypoint R-CNN on every photo runs with
@@ -242,7 +244,16 @@ def full(request, tmp_path_factory):
     return model, compile_to(tmp_path_factory, model, None, request.param)
 
 
-@pytest.mark.parametrize("photo_name", ["astronaut", "grace_hopper_512"])
+@pytest.mark.parametrize(
+    "photo_name",
+    [
+        "astronaut",
+        # the astronaut's size; Grace Hopper at its own size: test_full_model_any_photo_size
+        pytest.param("grace_hopper_512", marks=pytest.mark.skipif(
+            not ALL_PHOTOS, reason="the astronaut's size (512x512); TVM_ROIALIGN_ALL_PHOTOS=1"
+        )),
+    ],
+)
 def test_full_model(full, photo_name):
     """torchvision's settings; the photos give more candidates than the caps (the 100-detection
     cap is reached, as in eager)."""
@@ -292,18 +303,34 @@ def all_photos() -> dict:
 _SAME_PADDED_AS_COFFEE = pytest.mark.skipif(
     not ALL_PHOTOS, reason="padded like coffee (352x512); all photos: TVM_ROIALIGN_ALL_PHOTOS=1"
 )
+#: a size that Mask R-CNN runs by default: in the opt-in run only for Faster R-CNN (suite time).
+_ALL_PHOTOS_ONLY = pytest.mark.skipif(
+    not ALL_PHOTOS, reason="Mask R-CNN runs this size; all photos: TVM_ROIALIGN_ALL_PHOTOS=1"
+)
 
 
 @pytest.mark.parametrize(
-    "photo_name",
+    "full,photo_name",
     [
-        "coffee",
-        pytest.param("chelsea", marks=_SAME_PADDED_AS_COFFEE),
-        pytest.param("rocket", marks=_SAME_PADDED_AS_COFFEE),
-        "grace_hopper",
-        "portrait",
-        "wide",
+        # Mask R-CNN on coffee: test_full_model_non_square_photo
+        ("fasterrcnn_resnet50_fpn", "coffee"),
+        *(
+            pytest.param(name, photo_name, marks=_SAME_PADDED_AS_COFFEE)
+            for name in MODELS
+            for photo_name in ("chelsea", "rocket")
+        ),
+        # Faster R-CNN's graph is Mask R-CNN's without the mask head: the same backbone, RPN and
+        # box head, the code that follows the photo's size. Its other sizes: the portrait and the
+        # wide photo in test_full_model_batch_breaks_exact_ties_by_index; all of them with
+        # TVM_ROIALIGN_ALL_PHOTOS=1 (suite time)
+        *(
+            (name, photo_name) if name == "maskrcnn_resnet50_fpn"
+            else pytest.param(name, photo_name, marks=_ALL_PHOTOS_ONLY)
+            for name in MODELS
+            for photo_name in ("grace_hopper", "portrait", "wide")
+        ),
     ],
+    indirect=["full"],
 )
 def test_full_model_any_photo_size(full, photo_name):
     """One artifact, compiled once with the defaults, on photos of more sizes at their own sizes
@@ -314,9 +341,11 @@ def test_full_model_any_photo_size(full, photo_name):
     assert_equal_detections(detector(rgb), det.torch_detections(model, rgb))
 
 
+@pytest.mark.parametrize("full", ["maskrcnn_resnet50_fpn"], indirect=True)
 def test_full_model_batch_of_three(full):
     """coffee, chelsea and grace_hopper in one call: padded together to 512x512 as
-    torchvision's batch_images pads them; equal to eager's batched call, image by image."""
+    torchvision's batch_images pads them; equal to eager's batched call, image by image (Mask
+    R-CNN; Faster R-CNN's batch of three is the next test's, which checks the same and more)."""
     model, detector = full
     photos = all_photos()
     rgbs = [photos[n] for n in ("coffee", "chelsea", "grace_hopper")]

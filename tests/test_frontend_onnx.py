@@ -21,7 +21,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from tvm_roialign.frontend import from_onnx
 from tvm_roialign.frontend.onnx import RoiAlignConverter
-from tvm_roialign.testing import compile_and_run, roi_align_ref
+from tvm_roialign.testing import compile_and_run, compiled, roi_align_ref
 
 # the graphs leave output shapes to inference; onnx's checker (run by TVM's importer) warns
 pytestmark = pytest.mark.filterwarnings("ignore:Field 'shape' of 'type':UserWarning")
@@ -93,6 +93,12 @@ def _model(
     return model
 
 
+def _opsets(*opsets):
+    """``opsets`` as parameters, the tests of each opset on one xdist worker (``--dist
+    loadgroup``), so that :func:`_case` compiles it once per session, not once per worker."""
+    return [pytest.param(o, marks=pytest.mark.xdist_group(f"onnx_opset{o}")) for o in opsets]
+
+
 @functools.cache
 def _case(opset):
     """(model, combos, inputs, TVM outputs) for ``opset``, compiled once."""
@@ -119,7 +125,7 @@ def _reference_model(opset, combos):
     )
 
 
-@pytest.mark.parametrize("opset", [10, 16, 22])
+@pytest.mark.parametrize("opset", _opsets(10, 16, 22))
 def test_against_onnx_reference(opset, tol):
     _, combos, inputs, outputs = _case(opset)
     expected = ReferenceEvaluator(_reference_model(opset, combos)).run(
@@ -130,7 +136,7 @@ def test_against_onnx_reference(opset, tol):
         np.testing.assert_allclose(got, want, rtol=0, atol=tol["float32"], err_msg=str(attrs))
 
 
-@pytest.mark.parametrize("opset", [10, 16, 22])
+@pytest.mark.parametrize("opset", _opsets(10, 16, 22))
 def test_avg_against_onnxruntime(opset, tol):
     ort = pytest.importorskip("onnxruntime")
     model, combos, inputs, outputs = _case(opset)
@@ -148,7 +154,7 @@ def test_avg_against_onnxruntime(opset, tol):
     assert checked == len(combos) // 2
 
 
-@pytest.mark.parametrize("opset", [16, 22])
+@pytest.mark.parametrize("opset", _opsets(16, 22))
 def test_half_pixel_is_default_and_shifts_after_scaling(opset, tol):
     """Absent attribute == half_pixel at opset 16+, and half_pixel is torchvision's aligned=True
     (shift by 0.5 after scaling), checked against the float64 reference too."""
@@ -247,6 +253,7 @@ def _assert_stock_table():
     assert onnx_frontend._get_convert_map()["RoiAlign"] is onnx_frontend.RoiAlign
 
 
+@pytest.mark.xdist_group("onnx_opset10")  # _case(10): the same worker as the opset-10 tests
 def test_converter_table_restored():
     _case(10)
     _assert_stock_table()
@@ -327,8 +334,9 @@ def test_symbolic_number_of_rois(tol):
     mod = from_onnx(model)
     rng = np.random.default_rng(5)
     data = rng.standard_normal(DATA_SHAPE).astype(np.float32)
+    run = compiled(mod)  # one build for both counts
     for count in (6, 2):
         feeds = {"X": data, "rois": ROIS[:count], "batch_indices": BATCH[:count]}
-        got = compile_and_run(mod, list(feeds.values()))
+        got = run(list(feeds.values()))
         want = ReferenceEvaluator(model).run(None, feeds)[0]
         np.testing.assert_allclose(got, want, rtol=0, atol=tol["float32"])

@@ -23,7 +23,7 @@ from tvm_roialign.frontend import (
     fuse_multiscale_roi_align,
 )
 from tvm_roialign.passes import ConvertLayout
-from tvm_roialign.testing import compile_and_run
+from tvm_roialign.testing import compile_and_run, compiled
 
 SCALES = (1.0, 0.25, 1.0 / 16)
 SAMPLING = (1, 2, 0)
@@ -81,9 +81,10 @@ def test_roi_align_grid_vs_eager(tol):
     )
     mod = from_exported_program(ep)
     assert _op_names(mod).count("relax.vision.roi_align") == len(RoiAlignGrid.combos)
-    # a symbolic number of rois: run with fewer rois than exported with
+    # a symbolic number of rois: one build, run with fewer rois than exported with
+    run = compiled(mod)
     for count in (5, 3):
-        got = _as_list(compile_and_run(mod, [x.numpy(), rois[:count].numpy()]))
+        got = _as_list(run([x.numpy(), rois[:count].numpy()]))
         want = model(x, rois[:count])
         for combo, out, ref in zip(RoiAlignGrid.combos, got, want):
             np.testing.assert_allclose(
@@ -175,7 +176,8 @@ def test_multiscale_graph_is_fused(pooler_case):
 def test_multiscale_nchw_vs_eager(pooler_case, tol):
     _, ep, mod, features, boxes, ref = pooler_case
     inputs = [f.numpy() for f in features] + [b.numpy() for b in boxes]
-    out = _as_list(compile_and_run(mod, inputs))[0]
+    run = compiled(mod)
+    out = _as_list(run(inputs))[0]
     np.testing.assert_allclose(out, ref.numpy(), rtol=0, atol=tol["float32"])
     # the exported program runs eagerly through the custom op's kernel
     np.testing.assert_allclose(
@@ -184,7 +186,7 @@ def test_multiscale_nchw_vs_eager(pooler_case, tol):
     # fewer rois than exported with
     fewer = [b[:4] for b in boxes]
     want = Pooler().eval()(*features, *fewer)
-    got = _as_list(compile_and_run(mod, inputs[:4] + [b.numpy() for b in fewer]))[0]
+    got = _as_list(run(inputs[:4] + [b.numpy() for b in fewer]))[0]  # the same build
     np.testing.assert_allclose(got, want.numpy(), rtol=0, atol=tol["float32"])
 
 

@@ -183,6 +183,9 @@ def roi_align_alone(layout="NCHW"):
 
 
 NHWC_RELAY = {"vision.roi_align": ["NHWC", "default"], "nn.conv2d": ["NHWC", "default"]}
+#: one xdist worker runs this module (`--dist loadgroup`): each graph's reference output below is
+#: built once per process for the two tests that compare with it, which two workers built twice
+pytestmark = pytest.mark.xdist_group("layout")
 
 
 @functools.cache

@@ -40,6 +40,10 @@ from _targets import GENERIC as HOST
 METAL = tvm.target.Target({"kind": "metal"}, host={"kind": "llvm"})
 #: 172 images x 1000 rois x 256 channels x 7 x 7 > 2**31 outputs (pytorch/vision#8206)
 HUGE = {"n": 172, "c": 256, "h": 50, "w": 68, "k": 172_000, "pooled": (7, 7)}
+#: one xdist worker runs this module (`--dist loadgroup`): the sources built once per process
+#: below (arm_assembly, cuda_source, metal_source, huge_cuda_source: seconds each) serve several
+#: tests, which spread over two workers built each twice
+pytestmark = pytest.mark.xdist_group("targets")
 
 
 def cuda_target(arch="sm_80"):

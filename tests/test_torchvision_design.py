@@ -89,6 +89,12 @@ def _input(dtype, contiguous, seed=0):
     return x if contiguous else x.permute(0, 1, 3, 2)
 
 
+#: one xdist worker runs this module (`--dist loadgroup`): a build of :func:`_vm` serves several
+#: tests (test_forward's contiguous and permuted maps, the repeated runs), which two workers built
+#: twice
+pytestmark = pytest.mark.xdist_group("torchvision_design")
+
+
 @functools.cache
 def _vm(shape, num_rois, aligned, layout, dtype, sampling_ratio=-1, pooled=POOLED):
     mod = build_roi_align_module(shape, num_rois, pooled, 1.0, sampling_ratio, aligned, layout,

@@ -333,20 +333,30 @@ def build_roi_align_module(
     )
 
 
-def compile_and_run(mod, inputs, target=None, func_name="main"):
-    """Build ``mod`` with ``tvm.compile`` for ``target`` (host llvm by default) and run it on CPU."""
+def compiled(mod, target=None, func_name="main"):
+    """Build ``mod`` once with ``tvm.compile`` for ``target`` (host llvm by default): a function
+    that runs it on CPU for a list of inputs (as :func:`compile_and_run` returns its outputs), so
+    that one build serves several input sets (a symbolic dimension at several values)."""
     import tvm
     from tvm import relax
 
     target = target or tvm.target.Target({"kind": "llvm"})
-    executable = tvm.compile(mod, target=target)
-    vm = relax.VirtualMachine(executable, tvm.cpu())
-    result = vm[func_name](*[tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs])
-    if isinstance(result, (list, tuple)) or (
-        hasattr(result, "__len__") and not hasattr(result, "numpy")
-    ):
-        return [r.numpy() for r in result]
-    return result.numpy()
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+
+    def run(inputs):
+        result = vm[func_name](*[tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs])
+        if isinstance(result, (list, tuple)) or (
+            hasattr(result, "__len__") and not hasattr(result, "numpy")
+        ):
+            return [r.numpy() for r in result]
+        return result.numpy()
+
+    return run
+
+
+def compile_and_run(mod, inputs, target=None, func_name="main"):
+    """Build ``mod`` with ``tvm.compile`` for ``target`` (host llvm by default) and run it on CPU."""
+    return compiled(mod, target, func_name)(inputs)
 
 
 def smooth_data(shape, dtype="float32"):
