@@ -42,6 +42,7 @@ def _graph_passes(
         ConvertLayoutWherePossible,
         FoldBatchNorm,
         FoldConstantNumPy,
+        HoistActivations,
         PadChannels,
         WinogradConv2D,
         desired_layouts,
@@ -68,6 +69,8 @@ def _graph_passes(
     passes += [
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
+        # a transformer MLP's GELU next to its matmul's bias add, so that they fuse
+        HoistActivations(),
     ]
     if precision == "bf16" and bf16_supported(target):
         # before the channel padding and Winograd, which would take the same convolutions

@@ -12,6 +12,8 @@
 * :class:`FoldPermuteDims` (:mod:`.fold_permute_dims`): ``permute_dims`` pairs that cancel or merge;
 * :class:`FoldFlattenPermute` (:mod:`.fold_flatten_permute`): a transpose feeding flatten + dense
   moves into the dense weight;
+* :class:`HoistActivations` (:mod:`.hoist_activations`): an activation of a reshape moves ahead
+  of it (a transformer MLP's GELU into its matmul's epilogue), chains of reshapes merge;
 * :class:`BoundConstantTakes` (:mod:`.bound_constant_takes`): gathers of constant in-bounds
   indices in mode ``"clip"`` (no out-of-bounds warning from TVM); :class:`WrapTakes`
   (:mod:`.wrap_takes`): a detector's gathers in mode ``"wrap"``, torch's indexing;
@@ -35,6 +37,7 @@ from .fold_constant_numpy import FoldConstantNumPy
 from .fold_flatten_permute import FoldFlattenPermute
 from .fold_layout_rewrite import FoldLayoutRewrite
 from .fold_permute_dims import FoldPermuteDims
+from .hoist_activations import HoistActivations
 from .int8_contractions import Int8Contractions
 from .layout import register
 from .normalize_squeeze_axes import NormalizeSqueezeAxes
@@ -54,6 +57,7 @@ __all__ = [
     "FoldFlattenPermute",
     "FoldLayoutRewrite",
     "FoldPermuteDims",
+    "HoistActivations",
     "Int8Contractions",
     "NormalizeSqueezeAxes",
     "PadChannels",
