@@ -1,7 +1,7 @@
 """The vectorizable float32 ``exp``, ``sigmoid`` and ``erf`` of the schedule rules
 (tvm_roialign.schedules.vector_math): ``exp`` within one unit in the last place of float64 NumPy
-over the whole float32 range, ``erf`` within 4e-7 of Python's ``math.erf`` (six units in the last place near 1), the IEEE special values
-kept, and no call of the C library left."""
+over the whole float32 range, ``erf`` within 4e-7 of Python's ``math.erf`` (six units in the last
+place near 1), the IEEE special values kept, and no call of the C library left."""
 
 from __future__ import annotations
 
