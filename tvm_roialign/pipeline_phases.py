@@ -44,6 +44,7 @@ def _graph_passes(
         FoldConstantNumPy,
         HoistActivations,
         PadChannels,
+        TakesAsSlices,
         WinogradConv2D,
         desired_layouts,
     )
@@ -69,6 +70,8 @@ def _graph_passes(
     passes += [
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
+        # gathers of one constant index as slices, which fuse with their consumers
+        TakesAsSlices(),
         # a transformer MLP's GELU next to its matmul's bias add, so that they fuse
         HoistActivations(),
     ]
