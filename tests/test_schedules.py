@@ -160,6 +160,7 @@ def _matmul_module(a_shape, weight, bias, transpose_b=False):
         ((6, 1200), 1200, 64, False),  # long reduction
         ((300, 1200), 1200, 128, False),  # ``a`` over half of L2: reduction chunks
         ((222, 1200), 1200, 128, False),  # chunks, 37 row tiles (a prime): blocks of one tile
+        ((784, 192), 192, 768, False),  # ConvNeXt's MLP input: a chunk would be all of it
         (
             (197, 96),
             96,

@@ -122,16 +122,18 @@ class Matmul(CPURule):
                 if tile_throughput(rows[-1], chunk_rows, chunk_cols) < _CHUNKED_TILE_SHARE * free:
                     tiling.reduce_chunk = None
                 else:
-                    tiling.rows, tiling.cols = chunk_rows, chunk_cols
+                    reduction = contraction.extents[contraction.roles.index("R")]
                     blocked = _row_blocks(
-                        contraction.extents[contraction.roles.index("R")],
-                        rows[-1],
-                        chunk_rows,
-                        chunk_cols * tiling.lanes,
-                        info,
+                        reduction, rows[-1], chunk_rows, chunk_cols * tiling.lanes, info
                     )
-                    if blocked is not None:
-                        tiling.reduce_chunk, tiling.block_tiles = blocked
+                    if blocked is not None and blocked[0] == reduction:
+                        # one chunk is no chunk: the free tile in registers, the epilogue fused
+                        # (ConvNeXt's 784 x 192 and 196 x 384 MLP inputs)
+                        tiling.reduce_chunk = None
+                    else:
+                        tiling.rows, tiling.cols = chunk_rows, chunk_cols
+                        if blocked is not None:
+                            tiling.reduce_chunk, tiling.block_tiles = blocked
         return schedule_with_epilogue(sch, contraction, tiling)
 
 
