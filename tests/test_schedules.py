@@ -159,6 +159,8 @@ def _matmul_module(a_shape, weight, bias, transpose_b=False):
         ((3, 20, 16), 16, 48, False),  # batched rows, shared weight
         ((6, 1200), 1200, 64, False),  # long reduction
         ((300, 1200), 1200, 128, False),  # ``a`` over half of L2: reduction chunks
+        ((222, 1200), 1200, 128, False),  # chunks, 37 row tiles (a prime): blocks of one tile
+        ((784, 192), 192, 768, False),  # ConvNeXt's MLP input: a chunk would be all of it
         (
             (197, 96),
             96,
@@ -482,6 +484,40 @@ def test_depthwise_tiles_come_from_the_target(config, rng):
     target = tvm.target.Target(config)
     with target:
         assert DepthwiseConv2DNHWC().apply(func, target, False) is not None
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2},
+        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "num-cores": 16},
+        {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 4},
+    ],
+    ids=["avx2", "avx512", "neon"],
+)
+def test_reduction_chunks_come_from_the_target(config, rng):
+    """A long reduction's chunks (Goto's order): the chunk divides the reduction, its panel of
+    packed weights and a tile's rows of ``a`` fit in L1, a row block (whole row tiles) over a chunk
+    fits in half of L2; the matmul rule schedules a chunked matmul for each target, which builds."""
+    from tvm_roialign.schedules.matmul import _row_blocks
+
+    target = tvm.target.Target(config)
+    info = cpu_info(target)
+    lanes = info.lanes()
+    # fc6 of a box head (1000 and 1002 rows), the chunked case of test_matmul_matches_float64
+    for rows_extent, k, rows, cols in [(1000, 12544, 5, 2), (1002, 12544, 6, 2), (300, 1200, 6, 2)]:
+        chunk, tiles = _row_blocks(k, rows_extent, rows, cols * lanes, info)
+        assert k % chunk == 0 and chunk >= 32
+        assert chunk * (cols * lanes + rows) * 4 <= info.l1_bytes
+        assert (rows_extent // rows) % tiles == 0
+        assert tiles * rows * chunk * 4 <= info.l2_bytes // 2
+    weight = (rng.standard_normal((1200, 128)) * 0.1).astype("float32")
+    mod = _matmul_module((300, 1200), weight, np.zeros(128, "float32"))
+    funcs = _fused_primfuncs(mod, target)
+    with target:
+        taken = [Matmul().apply(f, target, False) for name, f in funcs.items() if "matmul" in name]
+    assert taken and all(sch is not None for sch in taken)
+    assert build(mod, target).executable is not None
 
 
 def test_tiles_fit_the_register_file():

@@ -8,7 +8,10 @@ relax_pipeline="tvm_roialign_cpu")`` works after ``import tvm_roialign``). Its p
    the layout the rules are written for (``ConvertLayout``; a no-op for an NHWC model); fold
    inference batch-norms into the convolutions in front of them
    (:class:`~tvm_roialign.passes.FoldBatchNorm`), decompose the rest
-   (``DecomposeOpsForInference``), fold constants; pad the output channels of constant-weight
+   (``DecomposeOpsForInference``), fold constants; gathers of one constant index as slices
+   (:class:`~tvm_roialign.passes.TakesAsSlices`, which fuse with their consumers) and
+   activations moved ahead of reshapes (:class:`~tvm_roialign.passes.HoistActivations`: a
+   transformer MLP's GELU joins its matmul's epilogue); pad the output channels of constant-weight
    conv2d / matmul to a multiple of the target's vector width
    (:class:`~tvm_roialign.passes.PadChannels`); 3x3 stride-1 convolutions as Winograd
    ``F(m x m, 3x3)`` (:class:`~tvm_roialign.passes.WinogradConv2D`);

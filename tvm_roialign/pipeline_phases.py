@@ -42,7 +42,9 @@ def _graph_passes(
         ConvertLayoutWherePossible,
         FoldBatchNorm,
         FoldConstantNumPy,
+        HoistActivations,
         PadChannels,
+        TakesAsSlices,
         WinogradConv2D,
         desired_layouts,
     )
@@ -68,6 +70,10 @@ def _graph_passes(
     passes += [
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
+        # gathers of one constant index as slices, which fuse with their consumers
+        TakesAsSlices(),
+        # a transformer MLP's GELU next to its matmul's bias add, so that they fuse
+        HoistActivations(),
     ]
     if precision == "bf16" and bf16_supported(target):
         # before the channel padding and Winograd, which would take the same convolutions

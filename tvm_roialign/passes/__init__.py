@@ -12,8 +12,11 @@
 * :class:`FoldPermuteDims` (:mod:`.fold_permute_dims`): ``permute_dims`` pairs that cancel or merge;
 * :class:`FoldFlattenPermute` (:mod:`.fold_flatten_permute`): a transpose feeding flatten + dense
   moves into the dense weight;
+* :class:`HoistActivations` (:mod:`.hoist_activations`): an activation of a reshape moves ahead
+  of it (a transformer MLP's GELU into its matmul's epilogue), chains of reshapes merge;
 * :class:`BoundConstantTakes` (:mod:`.bound_constant_takes`): gathers of constant in-bounds
-  indices in mode ``"clip"`` (no out-of-bounds warning from TVM); :class:`WrapTakes`
+  indices in mode ``"clip"`` (no out-of-bounds warning from TVM); :class:`TakesAsSlices`
+  (:mod:`.takes_as_slices`): a gather of one constant index as a slice; :class:`WrapTakes`
   (:mod:`.wrap_takes`): a detector's gathers in mode ``"wrap"``, torch's indexing;
 * :class:`BF16Contractions` (:mod:`.bf16_contractions`): constant-weight conv2d / matmul as bf16
   contractions (``precision="bf16"``); :class:`RequestAMXState` (:mod:`.request_amx_state`, a TIR
@@ -35,11 +38,13 @@ from .fold_constant_numpy import FoldConstantNumPy
 from .fold_flatten_permute import FoldFlattenPermute
 from .fold_layout_rewrite import FoldLayoutRewrite
 from .fold_permute_dims import FoldPermuteDims
+from .hoist_activations import HoistActivations
 from .int8_contractions import Int8Contractions
 from .layout import register
 from .normalize_squeeze_axes import NormalizeSqueezeAxes
 from .pad_channels import PadChannels
 from .request_amx_state import RequestAMXState
+from .takes_as_slices import TakesAsSlices
 from .winograd import WinogradConv2D
 from .wrap_takes import WrapTakes
 
@@ -54,10 +59,12 @@ __all__ = [
     "FoldFlattenPermute",
     "FoldLayoutRewrite",
     "FoldPermuteDims",
+    "HoistActivations",
     "Int8Contractions",
     "NormalizeSqueezeAxes",
     "PadChannels",
     "RequestAMXState",
+    "TakesAsSlices",
     "WinogradConv2D",
     "WrapTakes",
     "desired_layouts",

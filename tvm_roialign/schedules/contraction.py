@@ -78,19 +78,39 @@ def schedule_contraction(
         # keeps it in registers within a chunk)
         r_out, r_in = sch.split(red[-1], [None, tiling.reduce_chunk])
         red = [*red[:-1], r_in]
-        sch.reorder(
-            *batch,
-            r_out,
-            *n_other,
-            n_outer,
-            *m_loops[:-1],
-            m_outer,
-            *red,
-            m_inner,
-            n_tile,
-            n_lane,
-        )
-        outer = sch.fuse(*n_other, n_outer, *m_loops[:-1], m_outer)
+        if tiling.block_tiles is not None:
+            # row blocks outside the column blocks: a block's slice of ``a`` stays in L2 while
+            # every column block reads it, the chunk's panel of ``w`` in L1 while every row tile
+            # of the block does; blocks and column blocks share the parallel loop
+            m_block, m_tile = sch.split(m_outer, [None, tiling.block_tiles])
+            sch.reorder(
+                *batch,
+                r_out,
+                *m_loops[:-1],
+                m_block,
+                *n_other,
+                n_outer,
+                m_tile,
+                *red,
+                m_inner,
+                n_tile,
+                n_lane,
+            )
+            outer = sch.fuse(*m_loops[:-1], m_block, *n_other, n_outer)
+        else:
+            sch.reorder(
+                *batch,
+                r_out,
+                *n_other,
+                n_outer,
+                *m_loops[:-1],
+                m_outer,
+                *red,
+                m_inner,
+                n_tile,
+                n_lane,
+            )
+            outer = sch.fuse(*n_other, n_outer, *m_loops[:-1], m_outer)
         sch.parallel(outer)
         sch.vectorize(n_lane)
         sch.unroll(n_tile)

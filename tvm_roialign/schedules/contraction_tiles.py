@@ -121,6 +121,9 @@ class Tiling:
     reduce_chunk: int | None = None
     #: row tiles outside column blocks (the weights stay in L2; ``a`` is read once)
     rows_outer: bool = False
+    #: with ``reduce_chunk``: row tiles per row block, the block outside the column blocks (its
+    #: slice of ``a`` stays in L2 while every column block reads it); None: all the rows
+    block_tiles: int | None = None
 
 
 def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
