@@ -82,6 +82,15 @@ def test_erf_within_4e7(exp_and_sigmoid, rng):
     assert np.max(np.abs(erf[small] - expected[small]) / np.abs(expected[small])) <= 3e-7
 
 
+def test_stored_erf_coefficients_are_the_fit():
+    """The stored coefficients are what the fit in vector_math gives (within the solver's rounding)."""
+    from tvm_roialign.schedules import vector_math
+
+    numerator, denominator = vector_math._erf_coefficients()
+    np.testing.assert_allclose(vector_math._ERF_NUMERATOR, numerator, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(vector_math._ERF_DENOMINATOR, denominator, rtol=1e-6, atol=1e-12)
+
+
 def test_rules_epilogues_match_float64(rng):
     """A matmul + GELU (the rewritten ``erf`` in the matmul rule's epilogue) and a depthwise conv +
     sigmoid (the rewritten ``exp``) against float64 PyTorch."""

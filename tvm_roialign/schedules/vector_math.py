@@ -22,7 +22,8 @@ EfficientNet, the GELU of a transformer's MLP) then runs a scalar call per eleme
 ``erf(x) = x * g(x^2)`` with ``g(u) = erf(sqrt(u)) / sqrt(u)``, an entire function of ``u``, as
 a rational function ``P(u) / Q(u)`` of degrees :data:`_ERF_DEGREES` on ``[0, 16]`` (``Q(0) = 1``,
 ``Q`` positive there), near-minimax in relative error (``~7e-8`` in exact arithmetic): its
-coefficients are fitted here to :func:`math.erf` by iteratively reweighted linearized least
+coefficients (stored, so that every machine builds the same code) come from
+:func:`_erf_coefficients`, a fit to :func:`math.erf` by iteratively reweighted linearized least
 squares (Lawson's weights) on Chebyshev points. Eleven multiply-adds and one division, where a
 polynomial of the same accuracy needs degree 16 (32 operations by Clenshaw's recurrence): it is
 the GELU in the epilogue of every transformer MLP's first matmul. In float32 within ``4e-7`` of
@@ -95,7 +96,14 @@ def _erf_coefficients(points: int = 2000, rounds: int = 30) -> tuple[list[float]
     return [float(c) for c in numerator_c], [float(c) for c in denominator_c]
 
 
-_ERF_NUMERATOR, _ERF_DENOMINATOR = _erf_coefficients()
+#: ``_erf_coefficients()`` as stored (tests/test_vector_math.py refits and compares)
+_ERF_NUMERATOR = [
+    1.1283790949752914, 0.20706038838451227, 0.05151596305682181, 0.0039875034177765944,
+    0.0001471903099116332, -1.941501190382694e-06, 1.9104933024483017e-08,
+]
+_ERF_DENOMINATOR = [
+    1.0, 0.5168337626765999, 0.11794359310367776, 0.014952194320238553, 0.001020291259535548,
+]
 
 
 def _horner(u, coefficients: list[float]):
