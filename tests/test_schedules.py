@@ -624,6 +624,58 @@ def test_conv_with_a_silu_epilogue(rng):
     _close(_run(bb.get(), data), expected)
 
 
+def _squeeze_excitation_module(x_shape, w1, b1, w2, b2, gate):
+    """EfficientNet's / MobileNetV3's squeeze-excitation on an NHWC activation: mean over the
+    pixels, 1x1 conv + SiLU (ReLU for MobileNetV3), 1x1 conv + ``gate``, times the activation."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(list(x_shape), "float32"))
+    conv = dict(data_layout="NHWC", kernel_layout="HWIO")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            m = bb.emit(relax.op.mean(x, axis=[1, 2], keepdims=True))
+            y = bb.emit(relax.op.nn.conv2d(m, relax.const(w1), **conv))
+            y = bb.emit(relax.op.add(y, relax.const(b1)))
+            y = bb.emit(relax.op.multiply(y, relax.op.sigmoid(y)))
+            g = bb.emit(relax.op.nn.conv2d(y, relax.const(w2), **conv))
+            g = bb.emit(relax.op.add(g, relax.const(b2)))
+            if gate == "sigmoid":
+                g = bb.emit(relax.op.sigmoid(g))
+            else:  # hardsigmoid as torch.export leaves it: clip(g + 3, 0, 6) / 6
+                g = relax.op.clip(relax.op.add(g, relax.const(3.0)), 0, 6)
+                g = bb.emit(relax.op.divide(g, relax.const(6.0)))
+            out = bb.emit_output(relax.op.multiply(g, x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("gate", ["sigmoid", "hardsigmoid"])
+@pytest.mark.parametrize("x_shape", [(1, 14, 14, 48), (2, 7, 5, 20)])
+def test_squeeze_excitation_matches_float64(x_shape, gate, rng):
+    """The gate (a 1x1 conv on the pooled 1 x 1 map, its bias and sigmoid) is the conv rule's: the
+    sigmoid computed once per channel in the tile's write-back, not per pixel of the broadcast
+    multiply after it (the fallback rule's scalar library call per element of the activation)."""
+    c, r = x_shape[-1], 8
+    w1 = (rng.standard_normal((1, 1, c, r)) * 0.3).astype("float32")
+    b1 = rng.standard_normal(r).astype("float32")
+    w2 = (rng.standard_normal((1, 1, r, c)) * 0.3).astype("float32")
+    b2 = rng.standard_normal(c).astype("float32")
+    mod = _squeeze_excitation_module(x_shape, w1, b1, w2, b2, gate)
+    funcs = _fused_primfuncs(mod)
+    convs = [f for name, f in funcs.items() if name.startswith("fused_conv2d")]
+    assert len(convs) == 2
+    for f in convs:
+        assert Conv2DNHWC().apply(f, HOST, False) is not None
+    data = rng.standard_normal(x_shape).astype("float32")
+    x = torch.from_numpy(data).double()
+    pooled = x.mean(dim=(1, 2))
+    y = pooled @ torch.from_numpy(w1[0, 0]).double() + torch.from_numpy(b1).double()
+    y = torch.nn.functional.silu(y)
+    g = y @ torch.from_numpy(w2[0, 0]).double() + torch.from_numpy(b2).double()
+    g = torch.sigmoid(g) if gate == "sigmoid" else torch.nn.functional.hardsigmoid(g)
+    expected = (x * g[:, None, None, :]).numpy()
+    _close(_run(mod, data), expected)
+
+
 def test_padded_conv_slice_stays_inside_its_output(rng):
     """A conv whose output channels PadChannels padded (3 -> 4) is sliced back before its bias
     add: the add must not be run over the padded tile, or it writes past the end of its smaller

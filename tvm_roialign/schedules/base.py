@@ -135,9 +135,21 @@ def inline_epilogue(sch: Schedule, writer) -> list:
     block is then inlined into ``writer`` (TIR inlines a consumer only into a sole producer), but
     only where it writes a buffer of the writer's shape: a consumer that reads part of the tile (the
     slice after a conv whose output channels were padded) would otherwise be run over the whole tile
-    and write past the end of its smaller output."""
+    and write past the end of its smaller output.
+
+    Sole consumers of the writer's shape are inlined into it first: a squeeze-excitation gate
+    (``sigmoid(fc + bias) * x``, ``x`` a whole activation) keeps its bias and sigmoid at the
+    gate's ``C`` values, computed once in the tile's write-back, instead of being inlined into
+    the broadcast multiply and recomputed for every pixel of ``x``."""
+    _inline_sole_consumers(sch, writer)
     while inline_one_intermediate(sch, writer):
         pass
+    return _inline_sole_consumers(sch, writer)
+
+
+def _inline_sole_consumers(sch: Schedule, writer) -> list:
+    """Inline the consumer of ``writer`` into it while there is one, writing ``writer``'s shape;
+    returns the consumers left."""
     while True:
         consumers = sch.get_consumers(writer)
         if (

@@ -40,6 +40,10 @@ def flatten_rows(sch: Schedule, block) -> bool:
     width = shape[2]
     if static_int(iters[2].dom.extent) != width:
         return False
+    if shape[1] == 1:
+        # one row of pixels already (a squeeze-excitation's FC on the pooled 1 x 1 map): nothing
+        # to merge, and merging unit axes leaves a block the contraction analysis cannot read
+        return False
     try:
         sch.transform_layout(block, ("write", 0), lambda n, h, w, c: (n, h * width + w, c))
         sch.transform_block_layout(
