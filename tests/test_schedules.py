@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import tvm
+import tvm_ffi
 from _targets import NATIVE as HOST
 from tvm import relax
 from tvm.s_tir.dlight.base.transform import ApplyDefaultSchedule
@@ -674,6 +675,57 @@ def test_squeeze_excitation_matches_float64(x_shape, gate, rng):
     g = torch.sigmoid(g) if gate == "sigmoid" else torch.nn.functional.hardsigmoid(g)
     expected = (x * g[:, None, None, :]).numpy()
     _close(_run(mod, data), expected)
+
+
+def _parallel_loops(func) -> list[int]:
+    found = []
+
+    def visit(loop):
+        if loop.kind == tvm.tirx.ForKind.PARALLEL:
+            found.append(int(loop.extent))
+
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, visit))
+    return found
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver3", "num-cores": 2},
+        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "num-cores": 8},
+        {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 4},
+        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "znver3", "num-cores": 1},
+    ],
+)
+def test_tiny_contractions_run_serially(config, rng):
+    """A squeeze-excitation's FC on the pooled map has too few multiply-adds to pay for a
+    parallel launch: its tiles run serially, its broadcast multiply over the activation in
+    parallel; a pointwise conv on a feature map stays parallel (serial for a one-core target)."""
+    target = tvm.target.Target(config)
+    c = 48
+    mod = _squeeze_excitation_module(
+        (1, 14, 14, c),
+        rng.standard_normal((1, 1, c, 8)).astype("float32"),
+        rng.standard_normal(8).astype("float32"),
+        rng.standard_normal((1, 1, 8, c)).astype("float32"),
+        rng.standard_normal(c).astype("float32"),
+        "sigmoid",
+    )
+    gate = next(f for n, f in _fused_primfuncs(mod, target).items() if "multiply1" in n)
+    with target:
+        scheduled = Conv2DNHWC().apply(gate, target, False).mod["main"]
+    multi = cpu_info(target).num_cores > 1
+    # only the broadcast multiply's pass over the 14 x 14 pixels (the elementwise rule's)
+    assert _parallel_loops(scheduled) == [14 * 14]
+    pointwise = _fused_primfuncs(
+        _conv_module((1, 28, 28, 64), rng.standard_normal((1, 1, 64, 64)).astype("float32"),
+                     np.zeros(64, "float32"), 1, 0, 1, 1, "NHWC"),
+        target,
+    )
+    (conv,) = pointwise.values()
+    with target:
+        scheduled = Conv2DNHWC().apply(conv, target, False).mod["main"]
+    assert bool(_parallel_loops(scheduled)) == multi
 
 
 def test_padded_conv_slice_stays_inside_its_output(rng):

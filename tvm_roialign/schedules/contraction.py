@@ -29,7 +29,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import Schedule
 
-from .base import PREPROC_ATTR, block_with_body, inline_epilogue, new_schedule, vectorize_writeback
+from .base import PREPROC_ATTR, block_with_body, inline_epilogue, new_schedule, vectorize_writeback, walk
 from .contraction_analysis import Contraction, analyze_contraction, rows_pos
 from .contraction_tiles import Tiling, choose_tiling
 from .elementwise import schedule_producers, schedule_rest
@@ -229,9 +229,34 @@ def schedule_with_epilogue(sch: Schedule, c: Contraction, tiling: Tiling) -> Sch
         vectorize_writeback(sch, local, tiling.lanes)
     schedule_producers(sch, c.block, tiling.lanes)
     schedule_rest(sch, tiling.lanes)
-    if tiling.reduce_chunk is not None:
-        return sch  # the tile accumulates in the output: its padding rows stay guarded
-    return unguard_rows(sch, c, tiling.rows)
+    if tiling.reduce_chunk is None:
+        sch = unguard_rows(sch, c, tiling.rows)
+    # (with reduction chunks the tile accumulates in the output: its padding rows stay guarded)
+    if not tiling.parallel:
+        sch = serial_tiles(sch, c.name or "")
+    return sch
+
+
+def serial_tiles(sch: Schedule, name: str) -> Schedule:
+    """A fresh schedule of ``sch``'s function with the parallel loop around the contraction's
+    blocks (those named ``name...``) made serial; other parallel loops (an epilogue's own pass
+    over a larger output) stay as they are."""
+
+    def holds_contraction(loop) -> bool:
+        found = []
+        walk(loop.body, s_tir.SBlock, lambda b: found.append(str(b.name_hint)))
+        return any(n.startswith(name) for n in found)
+
+    def rewrite(loop):
+        if loop.kind != tirx.ForKind.PARALLEL or not name or not holds_contraction(loop):
+            return loop
+        return tirx.For(
+            loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body,
+            loop.thread_binding, loop.annotations,
+        )
+
+    func = sch.mod["main"]
+    return new_schedule(func.with_body(tvm_ffi.structural_map(func.body, (tirx.For, rewrite))))
 
 
 __all__ = [
@@ -243,5 +268,6 @@ __all__ = [
     "ragged_rows",
     "schedule_contraction",
     "schedule_with_epilogue",
+    "serial_tiles",
     "unguard_rows",
 ]

@@ -25,6 +25,9 @@ _LATENCY_CHAINS = 16
 #: vector registers per cycle a core streams from L2 while computing (the packed weights of a
 #: tile): one, the width of a core's L1 fill path counted in its own vectors
 _L2_VECTORS_PER_CYCLE = 1
+#: cycles a parallel launch costs the calling thread (waking the pool's threads and joining them:
+#: a few microseconds), counted in vector multiply-adds of one core
+_LAUNCH_CYCLES = 4096
 #: instructions a thread issues per cycle when its core's sibling thread is busy too (the tile's
 #: multiply-adds, loads and the loop's own two share them)
 _ISSUE_PER_CYCLE = 3
@@ -124,6 +127,24 @@ class Tiling:
     #: with ``reduce_chunk``: row tiles per row block, the block outside the column blocks (its
     #: slice of ``a`` stays in L2 while every column block reads it); None: all the rows
     block_tiles: int | None = None
+    #: the tiles run in parallel (False: too little work to pay for a launch)
+    parallel: bool = True
+
+
+def worth_parallel(c: Contraction, info: CPUInfo) -> bool:
+    """Whether ``c``'s multiply-adds pay for a parallel launch on ``info``'s cores: split over
+    them, they save more vector multiply-adds than :data:`_LAUNCH_CYCLES`. A squeeze-excitation's
+    FCs on a pooled map (a few hundred to a few ten thousand multiply-adds) run serially; a
+    symbolic extent is taken as large."""
+    if info.num_cores < 2:
+        return False
+    if None in c.extents:
+        return True
+    macs = 1
+    for extent in c.extents:
+        macs *= extent
+    saved = macs / info.lanes(c.dtype) * (1 - 1 / info.num_cores)
+    return saved > _LAUNCH_CYCLES
 
 
 def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
@@ -139,7 +160,13 @@ def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
         # contraction._tile_accumulator)
         _MAX_STACK_BYTES - 1 if None in c.extents else None,
     )
-    return Tiling(lanes, rows, cols, rows_outer=weight_bytes(c) <= info.l2_bytes // 2)
+    return Tiling(
+        lanes,
+        rows,
+        cols,
+        rows_outer=weight_bytes(c) <= info.l2_bytes // 2,
+        parallel=worth_parallel(c, info),
+    )
 
 
-__all__ = ["NOMINAL_ROWS", "Tiling", "choose_tiling", "pick_tile", "tile_throughput"]
+__all__ = ["NOMINAL_ROWS", "Tiling", "choose_tiling", "pick_tile", "tile_throughput", "worth_parallel"]
