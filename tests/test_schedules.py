@@ -728,6 +728,25 @@ def test_tiny_contractions_run_serially(config, rng):
     assert bool(_parallel_loops(scheduled)) == multi
 
 
+@pytest.mark.parametrize("shape", [(1, 7, 7, 1280), (2, 5, 3, 12)])
+def test_global_mean_divides_in_its_write_back(shape, rng):
+    """A global average pool (the squeeze-excitation's, the classifier head's): the division by
+    the count is inlined into the fallback's tile write-back, one parallel loop in all."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(list(shape), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.mean(x, axis=[1, 2], keepdims=True))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    (func,) = _fused_primfuncs(mod).values()
+    with HOST:
+        scheduled = CPUDefault().apply(func, HOST, False).mod["main"]
+    assert len(_parallel_loops(scheduled)) == 1
+    data = rng.standard_normal(shape).astype("float32")
+    _close(_run(mod, data), data.astype("float64").mean(axis=(1, 2), keepdims=True))
+
+
 def test_padded_conv_slice_stays_inside_its_output(rng):
     """A conv whose output channels PadChannels padded (3 -> 4) is sliced back before its bias
     add: the add must not be run over the padded tile, or it writes past the end of its smaller

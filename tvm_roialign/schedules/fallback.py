@@ -20,7 +20,7 @@ import contextlib
 
 from tvm.s_tir import Schedule
 
-from .base import CPURule, block_infos, pick_lanes, static_int
+from .base import CPURule, _same_output_shape, block_infos, pick_lanes, static_int, try_step
 from .target_info import cpu_info
 
 
@@ -77,11 +77,29 @@ def _schedule_reduction(
         with contextlib.suppress(Exception):  # else: accumulate in place
             local = sch.cache_write(info.block_rv, 0, "local")
             sch.reverse_compute_at(local, fused, preserve_unit_loops=True)
+            _fold_consumer(sch, local)
             sch.vectorize(sch.get_loops(local)[-1])
     sch.vectorize(col_inner)
     if row_inner is not None:
         sch.unroll(row_inner)
     sch.decompose_reduction(info.block_rv, r_loops[0])
+    return True
+
+
+def _fold_consumer(sch: Schedule, local) -> None:
+    """Inline the sole elementwise consumer of a reduction's write-back into it when it writes
+    a buffer of the same shape (a mean's division by the pooled count): computed per tile, it
+    costs no pass and no parallel launch of its own."""
+    consumers = sch.get_consumers(local)
+    if len(consumers) == 1 and _same_output_shape(sch, local, consumers[0]):
+        try_step(sch.reverse_compute_inline, consumers[0])
+
+
+def _exists(sch: Schedule, block) -> bool:
+    try:
+        sch.get(block)
+    except Exception:  # noqa: BLE001 - a block inlined into the reduction's write-back
+        return False
     return True
 
 
@@ -108,6 +126,8 @@ class CPUDefault(CPURule):
         if infos is None:
             return None
         for info in infos:
+            if not _exists(sch, info.block_rv):
+                continue
             ok = (
                 _schedule_reduction(sch, info, target)
                 if info.is_reduction()
