@@ -435,15 +435,18 @@ def test_narrow_maps_tile_merged_rows_with_the_epilogue_fused(x_shape, kernel, s
 
 def test_symbolic_batch_of_narrow_maps_tiles_merged_rows(rng):
     """A conv of static 14x14 maps and a symbolic batch (Mask R-CNN's mask head: one map per
-    detection) also gets one row axis of 196 pixels (conv_rows), and equals float64 for batches
-    of 3 and 1 (the last tile of each map partial)."""
+    detection) also gets one row axis of 196 pixels (conv_rows), its epilogue in the tile's
+    write-back, and equals float64 for batches of 3 and 1 (the last tile of each map partial)."""
     weight = (rng.standard_normal((3, 3, 16, 48)) * 0.3).astype("float32")
     bias = rng.standard_normal(48).astype("float32")
     mod = _residual_conv_module((tvm.tirx.Var("n", "int64"), 14, 14, 16), weight, bias, 1)
     (conv,) = _fused_primfuncs(mod).values()
     scheduled = Conv2DNHWC().apply(conv, HOST, False)
     assert scheduled is not None
-    assert "T.int64(196)" in scheduled.mod["main"].script()
+    script = scheduled.mod["main"].script()
+    assert "T.int64(196)" in script
+    blocks = re.findall(r'T\.sblock\("(\w+)"', script)
+    assert not any(b.startswith(("T_add", "compute")) for b in blocks), blocks  # epilogue fused
     for batch in (3, 1):
         x = rng.standard_normal((batch, 14, 14, 16)).astype("float32")
         conv_out = torch.nn.functional.conv2d(
