@@ -460,6 +460,36 @@ def test_symbolic_batch_of_narrow_maps_tiles_merged_rows(rng):
         _close(_run(mod, x, r), np.maximum(conv_out + r, 0))
 
 
+@pytest.mark.parametrize(
+    "target",
+    [
+        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"},
+        {"kind": "llvm", "mtriple": "aarch64-linux-gnu"},
+        None,
+    ],
+    ids=["avx512", "aarch64", "host"],
+)
+def test_symbolic_batch_keeps_the_static_batchs_tile(target, rng):
+    """Only the tiled row axis being static (196 merged pixels), a symbolic batch of maps gets the
+    tile a static batch gets (its accumulator a static ``local`` array, not held under the
+    1 KiB stack limit of a symbolic tile: 6 x 4 vectors on AVX-512, not 7 x 2); built for
+    each target (cross, not run)."""
+    target = HOST if target is None else tvm.target.Target(target)
+    weight = rng.standard_normal((3, 3, 16, 256)).astype("float32")
+    bias = rng.standard_normal(256).astype("float32")
+    tiles = []
+    for batch in (tvm.tirx.Var("n", "int64"), 5):
+        mod = _residual_conv_module((batch, 14, 14, 16), weight, bias, 1)
+        (conv,) = _fused_primfuncs(mod, target).values()
+        scheduled = Conv2DNHWC().apply(conv, target, False)
+        assert scheduled is not None
+        script = scheduled.mod["main"].script()
+        assert 'scope="local"' in script
+        tiles.append(sorted(re.findall(r"T\.unroll\((T\.int64\(\d+\))\)", script)))
+        assert build(mod, target).executable is not None
+    assert tiles[0] == tiles[1], tiles
+
+
 def test_constant_weights_are_packed_at_compile_time(rng):
     """The packed weight is a constant of the built module: no packing function is left."""
     weight = rng.standard_normal((3, 3, 16, 32)).astype("float32")
