@@ -436,6 +436,63 @@ def test_narrow_maps_tile_merged_rows_with_the_epilogue_fused(x_shape, kernel, s
     _close(_run(mod, x, r), np.maximum(conv_out + r, 0))
 
 
+def test_symbolic_batch_of_narrow_maps_tiles_merged_rows(rng):
+    """A conv of static 14x14 maps and a symbolic batch (Mask R-CNN's mask head: one map per
+    detection) also gets one row axis of 196 pixels (conv_rows), its epilogue in the tile's
+    write-back, and equals float64 for batches of 3 and 1 (the last tile of each map partial)."""
+    weight = (rng.standard_normal((3, 3, 16, 48)) * 0.3).astype("float32")
+    bias = rng.standard_normal(48).astype("float32")
+    mod = _residual_conv_module((tvm.tirx.Var("n", "int64"), 14, 14, 16), weight, bias, 1)
+    (conv,) = _fused_primfuncs(mod).values()
+    scheduled = Conv2DNHWC().apply(conv, HOST, False)
+    assert scheduled is not None
+    script = scheduled.mod["main"].script()
+    assert "T.int64(196)" in script
+    blocks = re.findall(r'T\.sblock\("(\w+)"', script)
+    assert not any(b.startswith(("T_add", "compute")) for b in blocks), blocks  # epilogue fused
+    for batch in (3, 1):
+        x = rng.standard_normal((batch, 14, 14, 16)).astype("float32")
+        conv_out = torch.nn.functional.conv2d(
+            torch.from_numpy(x.transpose(0, 3, 1, 2)).double(),
+            torch.from_numpy(weight.transpose(3, 2, 0, 1).copy()).double(),
+            torch.from_numpy(bias).double(),
+            1,
+            1,
+        ).numpy().transpose(0, 2, 3, 1)
+        r = rng.standard_normal(conv_out.shape).astype("float32")
+        _close(_run(mod, x, r), np.maximum(conv_out + r, 0))
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512"},
+        {"kind": "llvm", "mtriple": "aarch64-linux-gnu"},
+        None,
+    ],
+    ids=["avx512", "aarch64", "host"],
+)
+def test_symbolic_batch_keeps_the_static_batchs_tile(target, rng):
+    """Only the tiled row axis being static (196 merged pixels), a symbolic batch of maps gets the
+    tile a static batch gets (its accumulator a static ``local`` array, not held under the
+    1 KiB stack limit of a symbolic tile: 6 x 4 vectors on AVX-512, not 7 x 2); built for
+    each target (cross, not run)."""
+    target = HOST if target is None else tvm.target.Target(target)
+    weight = rng.standard_normal((3, 3, 16, 256)).astype("float32")
+    bias = rng.standard_normal(256).astype("float32")
+    tiles = []
+    for batch in (tvm.tirx.Var("n", "int64"), 5):
+        mod = _residual_conv_module((batch, 14, 14, 16), weight, bias, 1)
+        (conv,) = _fused_primfuncs(mod, target).values()
+        scheduled = Conv2DNHWC().apply(conv, target, False)
+        assert scheduled is not None
+        script = scheduled.mod["main"].script()
+        assert 'scope="local"' in script
+        tiles.append(sorted(re.findall(r"T\.unroll\((T\.int64\(\d+\))\)", script)))
+        assert build(mod, target).executable is not None
+    assert tiles[0] == tiles[1], tiles
+
+
 def test_constant_weights_are_packed_at_compile_time(rng):
     """The packed weight is a constant of the built module: no packing function is left."""
     weight = rng.standard_normal((3, 3, 16, 32)).astype("float32")

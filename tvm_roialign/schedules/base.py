@@ -22,8 +22,10 @@ name, kind or dlight's analysis),
 
 from __future__ import annotations
 
-import math
+import functools
+import operator
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import Schedule
@@ -178,8 +180,9 @@ def inline_one_intermediate(sch: Schedule, writer) -> bool:
 
 def _same_output_shape(sch: Schedule, writer, consumer) -> bool:
     """Whether ``consumer`` writes a buffer of the shape ``writer`` writes, or, for static shapes,
-    one of as many elements with the same last axis (a conv's output with its height and width
-    merged into one axis, :mod:`.conv_rows`, read by a consumer that writes ``[N, H, W, C]``)."""
+    one of as many elements (provably, a symbolic batch being the same factor of both) with the same
+    static last axis (a conv's output with its height and width merged into one axis,
+    :mod:`.conv_rows`, read by a consumer that writes ``[N, H, W, C]``)."""
 
     def shape(block):
         writes = sch.get(block).writes
@@ -190,10 +193,12 @@ def _same_output_shape(sch: Schedule, writer, consumer) -> bool:
         return False
     if len(ours) == len(theirs):
         return all(tvm_ffi.structural_equal(a, b) for a, b in zip(ours, theirs))
-    ours, theirs = [static_int(d) for d in ours], [static_int(d) for d in theirs]
-    if None in ours or None in theirs or ours[-1] != theirs[-1]:
+    last = static_int(ours[-1])
+    if last is None or last != static_int(theirs[-1]):
         return False
-    return math.prod(ours) == math.prod(theirs)
+    # a symbolic batch (Mask R-CNN's mask head, one map per detection) is a factor of both sizes
+    size = functools.partial(functools.reduce, operator.mul)
+    return bool(tvm.sym.Analyzer().can_prove_equal(size(ours), size(theirs)))
 
 
 def vectorize_writeback(sch: Schedule, writer, lanes: int) -> None:

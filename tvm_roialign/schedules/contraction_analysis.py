@@ -171,6 +171,14 @@ def rows_pos(c: Contraction) -> int:
 
 
 
+def symbolic_tile(c: Contraction) -> bool:
+    """Whether the axis the register tile splits (:func:`rows_pos`) has a symbolic extent: the
+    tile's region of the accumulator then has no static size, and the accumulator is a ``global``
+    buffer (see :func:`~.contraction._tile_accumulator`). Symbolic outer axes (a batch of maps)
+    leave the tile a static ``local`` array."""
+    return c.extents[rows_pos(c)] is None
+
+
 def weight_bytes(c: Contraction) -> int:
     """Bytes of ``w`` one batch of ``c`` reads (reduction x columns, float32)."""
     size = c.num_columns * 4
@@ -180,4 +188,4 @@ def weight_bytes(c: Contraction) -> int:
 
 
 
-__all__ = ["Contraction", "analyze_contraction", "rows_pos", "weight_bytes"]
+__all__ = ["Contraction", "analyze_contraction", "rows_pos", "symbolic_tile", "weight_bytes"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import pick_lanes
-from .contraction_analysis import Contraction, rows_pos, weight_bytes
+from .contraction_analysis import Contraction, rows_pos, symbolic_tile, weight_bytes
 from .target_info import CPUInfo
 
 #: largest register tile (accumulators) considered; beyond it the gain is nil and spills start
@@ -156,9 +156,9 @@ def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
         c.num_columns // lanes,
         info.vector_registers,
         lanes * 4,
-        # the accumulator of a symbolic extent must stay under TVM's stack limit (see
-        # contraction._tile_accumulator)
-        _MAX_STACK_BYTES - 1 if None in c.extents else None,
+        # the accumulator of a tile over a symbolic row extent must stay under TVM's stack limit
+        # (see contraction._tile_accumulator)
+        _MAX_STACK_BYTES - 1 if symbolic_tile(c) else None,
     )
     return Tiling(
         lanes,

@@ -3,9 +3,9 @@
 The conv block is a :class:`~.contraction.Contraction` (output channels are the columns; image,
 height and width the rows; kernel height, width and input channels the reduction), scheduled with
 :func:`~.contraction.schedule_contraction`: a register tile of ``rows`` consecutive output pixels
-by ``cols`` vectors of output channels (with static extents the pixels of an image are one row axis
-of ``H * W`` (:mod:`.conv_rows`), so a tile runs on into the next image row; with a symbolic size,
-the pixels of one image row), constant weights packed at compile time into
+by ``cols`` vectors of output channels (with a static height and width, whatever the batch, the pixels of an
+image are one row axis of ``H * W`` (:mod:`.conv_rows`), so a tile runs on into the next image row;
+with a symbolic size, the pixels of one image row), constant weights packed at compile time into
 ``[O / (cols * lanes), KH, KW, I, cols * lanes]``, the epilogue inlined into the tile's write-back.
 
 The zero-padding stage legalization puts in front of the conv (``pad_temp``) is computed as its own
@@ -44,7 +44,7 @@ class Conv2DNHWC(CPURule):
         contraction = analyze_contraction(sch, block)
         if contraction is None or contraction.roles.count("M") != 3:
             return None
-        if None not in contraction.extents and flatten_rows(sch, block):
+        if flatten_rows(sch, block):
             contraction = analyze_contraction(sch, block)
             if contraction is None:
                 return None

@@ -13,11 +13,15 @@ is computed once per tap, outside the channel loop the multiply-adds run in.
 layout of the buffer it writes (``transform_layout``: ``[N, H, W, C]`` -> ``[N, H * W, C]``, which
 every consumer then reads as ``[n, h * W + w, c]``), so that the block is again a
 :class:`~.contraction_analysis.Contraction`, with two row axes. Only where the extents are static
-and the conv writes an intermediate buffer of the function (a parameter keeps its shape).
+and the conv writes an intermediate buffer of the function (a parameter keeps its shape). The batch
+may be symbolic: Mask R-CNN's mask head runs its 14x14 convs on one map per detection, and on a
+Zen 3 (AVX2) its 3x3 256 -> 256 conv over 60 maps went from the 14 x 1 vectors tile of one image
+row (13.6 GFLOP/s) to 6 x 2 tiles of 196 merged pixels (26.8 GFLOP/s), timed in one interleaved run.
 """
 
 from __future__ import annotations
 
+import tvm_ffi
 from tvm.s_tir import Schedule
 
 from .base import inline_one_intermediate, static_int, try_step
@@ -25,7 +29,8 @@ from .base import inline_one_intermediate, static_int, try_step
 
 def flatten_rows(sch: Schedule, block) -> bool:
     """Merge the height and width axes of NHWC conv ``block`` (see module); False when it cannot
-    (symbolic extents, the output a parameter, a step refused), the schedule then unchanged."""
+    (a symbolic height, width or channel extent, the output a parameter, a step refused), the
+    schedule then unchanged. The batch may be symbolic."""
     stmt = sch.get(block)
     out = stmt.writes[0].source
     func = sch.mod["main"]
@@ -33,9 +38,9 @@ def flatten_rows(sch: Schedule, block) -> bool:
         return False
     iters = list(stmt.iter_vars)
     shape = [static_int(d) for d in out.ty.shape] if hasattr(out.ty, "shape") else []
-    if len(shape) != 4 or None in shape or len(iters) != 7:
+    if len(shape) != 4 or None in shape[1:] or len(iters) != 7:
         return False
-    if any(static_int(it.dom.extent) is None for it in iters):
+    if any(static_int(it.dom.extent) is None for it in iters[1:]):
         return False
     width = shape[2]
     if static_int(iters[2].dom.extent) != width:
@@ -52,7 +57,7 @@ def flatten_rows(sch: Schedule, block) -> bool:
         )
     except Exception:  # noqa: BLE001 - a refused step: leave the conv as it was
         return False
-    _flatten_consumer(sch, block, [static_int(it.dom.extent) for it in iters[:3]], shape[3])
+    _flatten_consumer(sch, block, [it.dom.extent for it in iters[:3]], shape[3])
     return True
 
 
@@ -66,13 +71,22 @@ def _flatten_consumer(sch: Schedule, block, rows: list[int], columns: int) -> No
     consumers = sch.get_consumers(block)
     if len(consumers) != 1:
         return
-    extents = [static_int(it.dom.extent) for it in sch.get(consumers[0]).iter_vars]
-    if extents != [*rows, columns]:
+    extents = list(sch.get(consumers[0]).iter_vars)
+    if len(extents) != 4 or not all(
+        _same_extent(it.dom.extent, e) for it, e in zip(extents, [*rows, columns])
+    ):
         return
-    width = rows[2]
+    width = static_int(rows[2])
     try_step(
         sch.transform_block_layout, consumers[0], lambda n, h, w, c: (n, h * width + w, c)
     )
+
+
+def _same_extent(a, b) -> bool:
+    """Whether two loop extents are the same: equal constants, or the same symbolic expression."""
+    if static_int(a) is not None or static_int(b) is not None:
+        return static_int(a) == static_int(b)
+    return bool(tvm_ffi.structural_equal(a, b))
 
 
 __all__ = ["flatten_rows"]
