@@ -4,7 +4,7 @@ masks: :func:`tvm_roialign.bench.openvino_peer.detector_model`), and PyTorch eag
 and portrait; the runners take turns, median of ``--repeat`` rounds.
 
     python benchmarks/bench_detector_peers.py [--repeat 5] [--workdir /tmp]
-        [--out benchmarks/results/detector_peers.json]
+        [--builds exact,fast,bf16] [--out benchmarks/results/detector_peers.json]
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ def _image(rgb) -> torch.Tensor:
     return torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0
 
 
-def _artifacts(model, workdir: str) -> dict:
+def _artifacts(model, workdir: str, builds: list[str]) -> dict:
     from tvm_roialign.models import detection as det
     from tvm_roialign.runtime import Detector
 
     out = {}
-    for label, options in BUILDS.items():
+    for label in builds:
+        options = BUILDS[label]
         start = time.perf_counter()
         path = os.path.join(workdir, f"mrcnn_{label.split()[1]}.so")
         out[label] = Detector(det.compile_detector(model, None, target="native", **options).export(path))
@@ -65,8 +66,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--workdir", default="/tmp", help="where the three artifacts are written")
+    parser.add_argument("--builds", default="exact,fast,bf16", help="TVM builds timed, comma-separated")
     parser.add_argument("--out", default="benchmarks/results/detector_peers.json")
     args = parser.parse_args(argv)
+    builds = [f"tvm {b.strip()}" for b in args.builds.split(",") if b.strip()]
+    unknown = [b for b in builds if b not in BUILDS]
+    if unknown or not builds:
+        parser.error(f"--builds: expected names from {', '.join(k.split()[1] for k in BUILDS)}")
     threads = use_usable_cores(None)
     torch.set_num_threads(threads)
     from tvm_roialign.bench.report import cpu_identity
@@ -77,7 +83,7 @@ def main(argv=None) -> int:
     for name in PHOTOS:  # eager warmed up before any TVM module runs
         with torch.no_grad():
             model([_image(rgbs[name])])
-    artifacts = _artifacts(model, args.workdir)
+    artifacts = _artifacts(model, args.workdir, builds)
     rows = {}
     for name in PHOTOS:
         rgb = rgbs[name]
