@@ -511,7 +511,8 @@ def test_constant_weights_are_packed_at_compile_time(rng):
     assert not any("weight_prepack" in name for name in names), names
 
 
-@pytest.mark.parametrize(
+#: an AVX2, an AVX-512 and an AArch64 target, for the tests of tiles derived from the target
+_ON_THREE_CPUS = pytest.mark.parametrize(
     "config",
     [
         {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2},
@@ -520,6 +521,9 @@ def test_constant_weights_are_packed_at_compile_time(rng):
     ],
     ids=["avx2", "avx512", "neon"],
 )
+
+
+@_ON_THREE_CPUS
 def test_depthwise_tiles_come_from_the_target(config, rng):
     """The pixel tile fits the target's registers, a task's channels one cache line, a task's
     padded rows half of L2; the rule schedules MobileNet's depthwise conv for each target."""
@@ -544,15 +548,7 @@ def test_depthwise_tiles_come_from_the_target(config, rng):
         assert DepthwiseConv2DNHWC().apply(func, target, False) is not None
 
 
-@pytest.mark.parametrize(
-    "config",
-    [
-        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell", "num-cores": 2},
-        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "skylake-avx512", "num-cores": 16},
-        {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1", "num-cores": 4},
-    ],
-    ids=["avx2", "avx512", "neon"],
-)
+@_ON_THREE_CPUS
 def test_reduction_chunks_come_from_the_target(config, rng):
     """A long reduction's chunks (Goto's order): the chunk divides the reduction, its panel of
     packed weights and a tile's rows of ``a`` fit in L1, a row block (whole row tiles) over a chunk
