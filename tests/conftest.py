@@ -15,35 +15,35 @@ import subprocess
 import sys
 import time
 
-
-def _share_the_cores_between_workers() -> None:
-    """Under pytest-xdist, each worker takes its share of the usable cores for TVM's pool
-    (``TVM_NUM_THREADS``), TVM's workers unpinned and PyTorch's OpenMP threads asleep when idle
-    (PyTorch keeps its thread count: eager equality tests rely on its two-thread kernels).
-    Without it, ``-n 2`` on 2 cores runs two pools of two spinning threads pinned to the same two
-    cores: each parallel kernel waits for a worker the other process holds (the slowdown
-    ``tvm_roialign.host.use_usable_cores`` avoids for users). Set before ``import tvm`` (which
-    loads PyTorch); variables the caller set are kept. Parallel kernels on more than one thread
-    are still run and checked: tests/test_host.py starts its processes with two."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
-    if workers < 2:
-        return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    share = str(max(1, cores // workers))
-    for name, value in (
-        ("TVM_NUM_THREADS", share), ("TVM_BIND_THREADS", "0"),
-        ("OMP_WAIT_POLICY", "PASSIVE"),
-    ):
-        os.environ.setdefault(name, value)
-
-
-_share_the_cores_between_workers()
+#: pytest-xdist's workers in this run (0: no xdist)
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+if _XDIST_WORKERS > 1:
+    # read once, when PyTorch loads its OpenMP: ``import tvm`` below loads PyTorch
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 import pytest
 import tvm
 
 import tvm_roialign  # noqa: F401  (registers on import)
+from tvm_roialign import host
+
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist, each worker takes its share of the usable cores for TVM's pool, its
+    workers unpinned (as :func:`tvm_roialign.host.use_usable_cores` does for users), and PyTorch's
+    OpenMP threads sleep when idle (above; PyTorch keeps its thread count: eager equality tests
+    rely on its two-thread kernels). Without it, ``-n 2`` on 2 cores runs two pools of two spinning
+    threads pinned to the same two cores: each parallel kernel waits for a worker the other process
+    holds. TVM reads these when its pool starts, at the first parallel kernel; variables the caller
+    set are kept. Parallel kernels on more than one thread are still run and checked:
+    tests/test_host.py starts its processes with two."""
+    if _XDIST_WORKERS > 1:
+        os.environ.setdefault(host.ENV_VAR, str(max(1, host.usable_cores() // _XDIST_WORKERS)))
+        os.environ.setdefault(host.BIND_VAR, "0")
+
+
+_share_the_cores_between_workers()
 
 pytest_plugins = ["_hygiene", "_xdist_groups"]
 
