@@ -156,7 +156,7 @@ def _inline_sole_consumers(sch: Schedule, writer) -> list:
         consumers = sch.get_consumers(writer)
         if (
             len(consumers) != 1
-            or not _same_output_shape(sch, writer, consumers[0])
+            or not same_output_shape(sch, writer, consumers[0])
             or not try_step(sch.reverse_compute_inline, consumers[0])
         ):
             return consumers
@@ -178,7 +178,7 @@ def inline_one_intermediate(sch: Schedule, writer) -> bool:
     return False
 
 
-def _same_output_shape(sch: Schedule, writer, consumer) -> bool:
+def same_output_shape(sch: Schedule, writer, consumer) -> bool:
     """Whether ``consumer`` writes a buffer of the shape ``writer`` writes, or, for static shapes,
     one of as many elements (provably, a symbolic batch being the same factor of both) with the same
     static last axis (a conv's output with its height and width merged into one axis,
@@ -286,6 +286,7 @@ __all__ = [
     "loop_extent",
     "new_schedule",
     "pick_lanes",
+    "same_output_shape",
     "static_int",
     "try_step",
     "vectorize_writeback",

@@ -20,7 +20,7 @@ import contextlib
 
 from tvm.s_tir import Schedule
 
-from .base import CPURule, _same_output_shape, block_infos, pick_lanes, static_int, try_step
+from .base import CPURule, block_infos, pick_lanes, same_output_shape, static_int, try_step
 from .target_info import cpu_info
 
 
@@ -91,16 +91,8 @@ def _fold_consumer(sch: Schedule, local) -> None:
     a buffer of the same shape (a mean's division by the pooled count): computed per tile, it
     costs no pass and no parallel launch of its own."""
     consumers = sch.get_consumers(local)
-    if len(consumers) == 1 and _same_output_shape(sch, local, consumers[0]):
+    if len(consumers) == 1 and same_output_shape(sch, local, consumers[0]):
         try_step(sch.reverse_compute_inline, consumers[0])
-
-
-def _exists(sch: Schedule, block) -> bool:
-    try:
-        sch.get(block)
-    except Exception:  # noqa: BLE001 - a block inlined into the reduction's write-back
-        return False
-    return True
 
 
 def _schedule_injective(sch: Schedule, info, target=None) -> bool:
@@ -126,8 +118,8 @@ class CPUDefault(CPURule):
         if infos is None:
             return None
         for info in infos:
-            if not _exists(sch, info.block_rv):
-                continue
+            if not try_step(sch.get, info.block_rv):
+                continue  # inlined into a reduction's write-back (_fold_consumer)
             ok = (
                 _schedule_reduction(sch, info, target)
                 if info.is_reduction()
