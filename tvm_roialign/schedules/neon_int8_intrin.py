@@ -32,6 +32,7 @@ _VECTORS = _COLUMNS // 4
 #: four bytes of 0x80: flips the top bit of each uint8 (``a - 128`` as int8), or -128 as int8
 _TOP_BITS = -0x7F7F7F80
 
+
 def _quad(a, row, q):
     """The four uint8 activations ``a[row, 4q:4q+4]`` as one 32-bit lane."""
     return T.reinterpret(a.vload([row, 4 * q], "uint8x4"), dtype="int32")
