@@ -229,7 +229,8 @@ def test_fast_flag_reaches_the_builds(monkeypatch, cli_workdir, capsys):
 
     monkeypatch.setattr(bench, "run_maskrcnn_report", stop_job)
     for extra, fast in (([], True), (["--fast"], True), (["--exact"], False)):
-        argv = ["maskrcnn", *extra, "--min-size", "64", "--no-onnxruntime", "--out", str(cli_workdir / "f.png")]
+        out_png = str(cli_workdir / "f.png")
+        argv = ["maskrcnn", *extra, "--min-size", "64", "--no-onnxruntime", "--out", out_png]
         code, _, err = run_cli(argv, capsys)
         assert code == 1 and seen[-1] is fast, err
     from tvm_roialign.cli._detector import build_fast
