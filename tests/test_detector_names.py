@@ -4,7 +4,8 @@ Artifact as ``compile NAME --exact -o m.so`` (the defaults but the exact mode, w
 eager's by the exact criterion; the default fast mode: tests/test_fast_mode.py): seeded random
 weights, min / max size 512, one function for every padded size, NHWC. Each name below is
 compiled once (for the generic ``llvm`` target, as tests/test_detector.py does, so float32
-rounding stays PyTorch's) and that one artifact runs two photo sizes (the astronaut, 512x512, and coffee, 400x600 padded to 352x512).
+rounding stays PyTorch's) and that one artifact runs two photo sizes (the astronaut, 512x512,
+and coffee, 400x600 padded to 352x512).
 
 Which test covers which name:
 
