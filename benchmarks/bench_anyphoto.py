@@ -1,7 +1,8 @@
 """One detector artifact for photos of every size, against torchvision eager and static builds.
 
-For one model: the artifact ``compile`` makes by default (:func:`tvm_roialign.models.detection.
-compile_detector` with no sizes: one function, its padded height and width symbolic), run
+For one model: the exact any-size artifact (``compile --exact``: :func:`tvm_roialign.models.detection.
+compile_detector` with no sizes and ``fast=False``: one function, its padded height and width
+symbolic; ``--fast`` times the default fast build beside it, judged by the fast criterion), run
 through :class:`tvm_roialign.runtime.Detector` on each photo at its own size and on a batch of
 three photos in one call; compared with torchvision eager (``model([image])``, and ``model([a, b,
 c])`` for the batch). For the ``--static`` photos (default: all), an artifact compiled for that
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--static", default="all", help="photos timed against a static build, all or none")
     parser.add_argument("--batch", default="coffee,chelsea,grace_hopper", help="photos, or none")
-    parser.add_argument("--fast", action="store_true", help="time a fast-mode artifact too")
+    parser.add_argument("--fast", action="store_true", help="time the fast (default) artifact too")
     parser.add_argument("--photos", default="all", help="photos timed (comma-separated), or all")
     parser.add_argument("--out", default="benchmarks/results/bench_anyphoto.json")
     args = parser.parse_args(argv)

@@ -247,15 +247,15 @@ def pt2_lib(pt2_model, cli_workdir):
 @pytest.fixture(scope="session")
 def tiny_any_detector(tmp_path_factory):
     """``(library, model)``: a tiny Mask R-CNN (tests/_tiny_rcnn.py, seed 1, 12 detections)
-    compiled with the defaults, one function for every photo size (tests/test_runtime.py,
-    tests/test_cpp_deploy.py)."""
+    compiled exact (``fast=False``: compared with eager by the exact criterion), otherwise with the
+    defaults, one function for every photo size (tests/test_runtime.py, tests/test_cpp_deploy.py)."""
     pytest.importorskip("torchvision")
     from _tiny_rcnn import tiny_rcnn
 
     from tvm_roialign.models import detection as det
 
     model = tiny_rcnn(masks=True, seed=1, detections_per_img=12)
-    library = det.compile_detector(model, target="llvm").export(
+    library = det.compile_detector(model, target="llvm", fast=False).export(
         tmp_path_factory.mktemp("any") / "tiny_any.so"
     )
     return library, model
@@ -264,7 +264,7 @@ def tiny_any_detector(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_keypoint_detector(tmp_path_factory):
     """``(library, model)``: a small Keypoint R-CNN (tests/_tiny_rcnn.py, seed 2, 12 detections,
-    COCO's 17 keypoints) compiled with the defaults, one function for every photo size
+    COCO's 17 keypoints) compiled exact (``fast=False``), one function for every photo size
     (tests/test_cli_outputs.py, tests/test_cpp_deploy.py)."""
     pytest.importorskip("torchvision")
     from _tiny_rcnn import tiny_keypoint_rcnn
@@ -272,7 +272,7 @@ def tiny_keypoint_detector(tmp_path_factory):
     from tvm_roialign.models import detection as det
 
     model = tiny_keypoint_rcnn(seed=2, detections_per_img=12, num_keypoints=17)
-    library = det.compile_detector(model, target="llvm").export(
+    library = det.compile_detector(model, target="llvm", fast=False).export(
         tmp_path_factory.mktemp("keypoints") / "kp.so"
     )
     return library, model

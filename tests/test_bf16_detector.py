@@ -186,7 +186,9 @@ def test_tiny_detector_bf16_with_every_layer_kept_fp32_equals_eager(tmp_path):
     except RuntimeError as err:
         pytest.skip(str(err))
     model = tiny_rcnn(masks=True, seed=0, detections_per_img=20)
-    artifact = det.compile_detector(model, None, "native", precision="bf16", fp32_layers=list(FP32_LAYERS))
+    artifact = det.compile_detector(
+        model, None, "native", precision="bf16", fp32_layers=list(FP32_LAYERS), fast=False
+    )
     assert artifact.meta["precision"] == "bf16" and artifact.meta["fp32_layers"] == list(FP32_LAYERS)
     rgb = det.sample_photo("coffee")
     ours = Detector(artifact.export(tmp_path / "kept.so"))(rgb)

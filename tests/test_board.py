@@ -262,7 +262,7 @@ def test_tiny_faster_rcnn_standalone_on_the_board(tmp_path, capsys):
     program, _ = export_detector(model, padded)
     torch.export.save(program, tmp_path / "tiny.pt2")
     library = tmp_path / "tiny_arm.so"
-    argv = ["compile", str(tmp_path / "tiny.pt2"), "--target", "aarch64", "-o", str(library)]
+    argv = ["compile", str(tmp_path / "tiny.pt2"), "--target", "aarch64", "--exact", "-o", str(library)]
     code, _, err = run_cli(argv, capsys)
     assert code == 0, err
     from PIL import Image

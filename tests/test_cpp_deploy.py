@@ -271,7 +271,7 @@ def tiny_any_detector_aarch64(tmp_path_factory):
     from _tiny_rcnn import tiny_rcnn
 
     model = tiny_rcnn(masks=True, seed=1, detections_per_img=12)
-    artifact = det.compile_detector(model, target="aarch64")
+    artifact = det.compile_detector(model, target="aarch64", fast=False)
     assert artifact.meta["photo_function"]["function"] == "detect_photo"
     return artifact.export(tmp_path_factory.mktemp("aarch64") / "tiny_any_aarch64.so")
 

@@ -7,7 +7,11 @@ more candidates than the caps. The artifacts are built for the generic ``llvm`` 
 contraction, so float32 rounding stays PyTorch's) and run through
 :class:`tvm_roialign.runtime.Detector`, the runner that imports no PyTorch.
 
-Cost: each full-size model is compiled once for the session, as ``compile`` does by default (one
+The artifacts here are built in the exact mode (``fast=False``, ``--exact``: direct 3x3
+convolutions, as PyTorch's), whose criterion is the one above; the default fast mode (Winograd, its
+own criterion) is tests/test_fast_mode.py's.
+
+Cost: each full-size model is compiled once for the session, as ``compile --exact`` does (one
 function for every photo size: its padded height and width symbolic). Each artifact runs the
 astronaut, a grey picture without detections, the coffee photo at its own size and a batch of
 three in one call; Mask R-CNN also runs Grace Hopper, a portrait and a very wide photo (1:4) at
@@ -85,14 +89,14 @@ def shared_dir(tmp_path_factory) -> Path:
 
 
 def compile_to(tmp_path_factory, model, size, name):
-    """The artifact of ``model`` for the photo size(s) ``size``, compiled by the first worker
+    """The exact artifact of ``model`` for the photo size(s) ``size``, compiled by the first worker
     that needs it."""
     root = shared_dir(tmp_path_factory)
     library = root / f"{name}.so"
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not library.exists():
-            det.compile_detector(model, size, target="llvm").export(library)
+            det.compile_detector(model, size, target="llvm", fast=False).export(library)
     return Detector(library)
 
 
@@ -217,7 +221,7 @@ def test_users_own_detector_from_pt2(tmp_path, capfd):
         code, _, err = run_cli(argv, capfd)
         assert code == 1, err
         assert err.startswith(f"tvm-roialign: error: {flag} only applies to a detector name"), err
-    code, out, err = run_cli(["compile", str(tmp_path / "tiny.pt2"), "-o", str(library)], capfd)
+    code, out, err = run_cli(["compile", str(tmp_path / "tiny.pt2"), "--exact", "-o", str(library)], capfd)
     assert code == 0 and err == "", err  # -q: no progress and no TVM warnings
     assert re.search(
         r"-> .*tiny\.so \(\+ tiny\.so\.json\) in [\d.]+ s \(import [\d.]+ s, build [\d.]+ s, "
@@ -227,7 +231,7 @@ def test_users_own_detector_from_pt2(tmp_path, capfd):
     meta = json.loads((tmp_path / "tiny.so.json").read_text())
     assert meta["kind"] == "detector" and meta["model"] == "tiny"
     assert meta["outputs"] == ["boxes", "scores", "labels", "num_detections"]
-    assert meta["mode"] == "exact" and "layout NHWC, exact, fp32)" in out, out  # the default mode
+    assert meta["mode"] == "exact" and "layout NHWC, exact, fp32)" in out, out  # --exact
     detector = Detector(library)
     assert detector.names is None  # not COCO: labels only
     assert_equal_detections(detector(rgb), ref, 20)
@@ -238,8 +242,8 @@ def test_users_own_detector_from_pt2(tmp_path, capfd):
 
 @pytest.fixture(scope="session", params=MODELS)
 def full(request, tmp_path_factory):
-    """The model and its artifact as ``compile`` makes it by default: one function for every
-    photo size (symbolic padded height and width)."""
+    """The model and its artifact as ``compile --exact`` makes it: one function for every photo
+    size (symbolic padded height and width)."""
     model = det.build_torch_detector(request.param)
     return model, compile_to(tmp_path_factory, model, None, request.param)
 
@@ -333,7 +337,7 @@ _ALL_PHOTOS_ONLY = pytest.mark.skipif(
     indirect=["full"],
 )
 def test_full_model_any_photo_size(full, photo_name):
-    """One artifact, compiled once with the defaults, on photos of more sizes at their own sizes
+    """One artifact, compiled once (exact), on photos of more sizes at their own sizes
     (landscape 3:2 and 4:3, portrait, a very wide 1:4; padded 352x512, 512x448, 512x352,
     128x512): eager's detections on each."""
     model, detector = full
@@ -399,7 +403,7 @@ def test_keypoint_rcnn(tmp_path):
     1e-2 px) on the coffee photo, with the boxes and scores."""
     model = tiny_keypoint_rcnn(seed=2, detections_per_img=12)
     rgb = photo("coffee")
-    artifact = det.compile_detector(model, rgb.shape[:2], target="llvm")
+    artifact = det.compile_detector(model, rgb.shape[:2], target="llvm", fast=False)
     assert artifact.meta["outputs"] == [
         "boxes", "scores", "labels", "keypoint_heatmaps", "num_detections"
     ]

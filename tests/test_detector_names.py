@@ -1,9 +1,11 @@
-"""Every detector name ``compile`` accepts builds with the defaults and equals torchvision eager.
+"""Every detector name ``compile`` accepts builds and equals torchvision eager.
 
-Default artifact (``compile NAME -o m.so``): seeded random weights, min / max size 512, one
-function for every padded size, NHWC. Each name below is compiled once (for the generic ``llvm``
-target, as tests/test_detector.py does, so float32 rounding stays PyTorch's) and that one
-artifact runs two photo sizes (the astronaut, 512x512, and coffee, 400x600 padded to 352x512).
+Artifact as ``compile NAME --exact -o m.so`` (the defaults but the exact mode, whose detections are
+eager's by the exact criterion; the default fast mode: tests/test_fast_mode.py): seeded random
+weights, min / max size 512, one function for every padded size, NHWC. Each name below is
+compiled once (for the generic ``llvm`` target, as tests/test_detector.py does, so float32
+rounding stays PyTorch's) and that one artifact runs two photo sizes (the astronaut, 512x512,
+and coffee, 400x600 padded to 352x512).
 
 Which test covers which name:
 
@@ -87,11 +89,11 @@ def test_every_name_has_a_test():
     ],
 )
 def default_artifact(request, tmp_path_factory):
-    """(model, Detector) of the name, compiled once with the defaults for any photo size."""
+    """(model, Detector) of the name, compiled once (exact) for any photo size."""
     name = request.param
     model = PREPARE.get(name, lambda m: m)(det.build_torch_detector(name))
     library = tmp_path_factory.mktemp(name) / f"{name}.so"
-    det.compile_detector(model, None, target="llvm").export(library)
+    det.compile_detector(model, None, target="llvm", fast=False).export(library)
     return model, Detector(library)
 
 

@@ -1,12 +1,15 @@
-"""The detectors' fast mode (``compile_detector(..., fast=True)``, ``--fast``): Winograd 3x3
-convolutions, judged against torchvision eager by :data:`tvm_roialign.models.compare.FAST_CRITERIA`.
+"""The detectors' fast mode (the default; ``compile_detector(..., fast=True)``, ``--fast``): Winograd
+3x3 convolutions, judged against torchvision eager by :data:`tvm_roialign.models.compare.FAST_CRITERIA`.
 
 * the fast criterion itself on hand-made detections (what it lets through, what it catches);
-* a fast build of a small 64-channel Mask R-CNN (its backbone, RPN head and mask head have the
+* a default (fast) build of a small 64-channel Mask R-CNN (its backbone, RPN head and mask head have the
   stride-1 3x3 convolutions the rewrite takes) on three photo sizes: exactly that criterion
   against eager, the mode in its metadata and in what ``run`` writes;
-* ``--fast`` reaching the builds of ``compile DETECTOR`` and ``maskrcnn``, and refused for a
-  model file that is no detector.
+* the default, ``--fast`` and ``--exact`` reaching the builds of ``compile DETECTOR``, ``maskrcnn``
+  and ``tune maskrcnn``, and both flags refused for a model file that is no detector.
+
+The exact mode (``fast=False``, ``--exact``) is what the other detector tests build, against eager
+by :data:`tvm_roialign.models.compare.CRITERIA`.
 
 The Winograd convolution against float64: tests/test_pipeline.py
 (``test_winograd_rewrite_structure_and_accuracy``) and tests/test_symbolic_shapes.py.
@@ -147,17 +150,19 @@ def test_box_iou_against_hand_computed_values():
 
 def test_graph_options_of_the_modes():
     model = wide_tiny_mask_rcnn(seed=4, detections_per_img=20, logit_scale=300.0)
-    assert det.graph_options(model)["winograd"] == 0
-    assert det.graph_options(model, fast=True)["winograd"] == (4, 5)
-    assert det.graph_options(model)["reference_side"] == det.graph_options(model, True)["reference_side"]
+    assert det.DEFAULT_FAST is True
+    assert det.graph_options(model)["winograd"] == (4, 5)
+    assert det.graph_options(model, fast=False)["winograd"] == 0
+    assert det.graph_options(model)["reference_side"] == det.graph_options(model, False)["reference_side"]
 
 
 @pytest.fixture(scope="session")
 def fast_detector(tmp_path_factory):
-    """(model, Detector) of the 64-channel Mask R-CNN built in the fast mode for any photo size."""
+    """(model, Detector) of the 64-channel Mask R-CNN built with the defaults (the fast mode) for
+    any photo size."""
     model = wide_tiny_mask_rcnn(seed=4, detections_per_img=20, logit_scale=300.0)
     library = tmp_path_factory.mktemp("fast") / "wide_fast.so"
-    artifact = det.compile_detector(model, None, fast=True)
+    artifact = det.compile_detector(model, None)
     assert artifact.meta["mode"] == "fast"
     artifact.export(library)
     return model, Detector(library)
@@ -198,8 +203,9 @@ def test_fast_mode_in_the_metadata_and_run_summary(fast_detector, tmp_path):
 
 
 def test_fast_flag_reaches_the_builds(monkeypatch, cli_workdir, capsys):
-    """``compile NAME --fast`` builds with ``fast=True`` (the default without it: False), and
-    ``maskrcnn --fast`` runs the job fast (both stopped before the build)."""
+    """``compile NAME`` builds with ``fast=True`` without a flag and with ``--fast``, ``fast=False``
+    with ``--exact``; ``maskrcnn`` runs the job likewise (both stopped before the build); ``tune
+    maskrcnn`` takes either flag; both at once are a usage error."""
     from tvm_roialign import bench, cli
     from tvm_roialign.cli import CLIError
 
@@ -211,27 +217,37 @@ def test_fast_flag_reaches_the_builds(monkeypatch, cli_workdir, capsys):
 
     monkeypatch.setattr(det, "compile_detector", stop_compile)
     out = str(cli_workdir / "never_fast.so")
-    for extra in ([], ["--fast"]):
+    for extra in ([], ["--fast"], ["--exact"]):
         argv = ["compile", "fasterrcnn_mobilenet_v3_large_fpn", *extra, "-o", out]
         code, _, err = run_cli(argv, capsys)
         assert code == 1 and "stopped before the build" in err, err
-    assert seen == [False, True]
+    assert seen == [True, True, False]
 
     def stop_job(model, image, job, progress):
         seen.append(job.fast)
         raise CLIError("stopped before the build")
 
     monkeypatch.setattr(bench, "run_maskrcnn_report", stop_job)
-    argv = ["maskrcnn", "--fast", "--min-size", "64", "--no-onnxruntime", "--out", str(cli_workdir / "f.png")]
-    code, _, err = run_cli(argv, capsys)
-    assert code == 1 and seen[-1] is True, err
-    parsed = cli.build_parser().parse_args(["tune", "maskrcnn", "--fast", "-o", "db"])
-    assert parsed.fast is True
+    for extra, fast in (([], True), (["--fast"], True), (["--exact"], False)):
+        out_png = str(cli_workdir / "f.png")
+        argv = ["maskrcnn", *extra, "--min-size", "64", "--no-onnxruntime", "--out", out_png]
+        code, _, err = run_cli(argv, capsys)
+        assert code == 1 and seen[-1] is fast, err
+    from tvm_roialign.cli._detector import build_fast
+
+    for extra, fast in (([], True), (["--fast"], True), (["--exact"], False)):
+        parsed = cli.build_parser().parse_args(["tune", "maskrcnn", *extra, "-o", "db"])
+        assert build_fast(parsed) is fast
+    with pytest.raises(SystemExit) as info:  # a usage error, as argparse reports them
+        cli.main(["compile", "fasterrcnn_mobilenet_v3_large_fpn", "--fast", "--exact", "-o", out])
+    assert info.value.code == 2
+    assert "argument --exact: not allowed with argument --fast" in capsys.readouterr().err
 
 
-def test_fast_flag_refused_for_a_model_file(pt2_model, cli_workdir, capsys):
+@pytest.mark.parametrize("flag", ["--fast", "--exact"])
+def test_mode_flags_refused_for_a_model_file(pt2_model, cli_workdir, capsys, flag):
     model, _, _ = pt2_model
-    argv = ["compile", str(model), "--fast", "-o", str(cli_workdir / "never.so")]
+    argv = ["compile", str(model), flag, "-o", str(cli_workdir / "never.so")]
     code, _, err = run_cli(argv, capsys)
     assert code == 1
-    one_line_error(err, "--fast", "detector")
+    one_line_error(err, flag, "detector")

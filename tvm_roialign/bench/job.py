@@ -13,7 +13,7 @@ import torch
 
 from ..models.compare import compare_for_mode
 from ..models.compare_bf16 import compare_bf16
-from ..models.detector_sizes import build_mode
+from ..models.detector_sizes import DEFAULT_FAST, build_mode
 from ..models.maskrcnn.detector import TVMMaskRCNN
 from ..models.maskrcnn.pieces import PIECE_NAMES
 from ..models.maskrcnn.torch_model import DEFAULT_IMAGE, MaskRCNNConfig
@@ -53,7 +53,7 @@ class JobConfig:
     model: MaskRCNNConfig | None = None
     image_name: str | None = None
     shapes: str | None = None
-    fast: bool = False
+    fast: bool = DEFAULT_FAST
     precision: str = "fp32"
     fp32_layers: object = None
 

@@ -26,12 +26,32 @@ DEFAULT_SEED = 3
 DEFAULT_MIN_SIZE = 512
 DEFAULT_MAX_SIZE = 512
 
-#: ``--fast`` of ``compile DETECTOR``, ``maskrcnn`` and ``tune maskrcnn``.
+#: ``--fast`` and ``--exact`` of ``compile DETECTOR``, ``maskrcnn`` and ``tune maskrcnn``.
 HELP_FAST = (
-    "fast build: the 3x3 convolutions as Winograd F(4x4, 3x3) or F(5x5, 3x3); detections scored >= 0.1 match "
-    "eager's with box IoU >= 0.99, near ties excepted (docs/detectors.md, build modes). Default: "
-    "exact, direct convolutions, every detection equal to eager's"
+    "fast build (the default): the 3x3 convolutions as Winograd F(4x4, 3x3) or F(5x5, 3x3); detections "
+    "scored >= 0.1 match eager's with box IoU >= 0.99, near ties excepted (docs/detectors.md, build modes)"
 )
+HELP_EXACT = (
+    "exact build: direct 3x3 convolutions, as PyTorch's, every detection equal to eager's, "
+    "decision for decision (about 1.3x slower than the default fast build)"
+)
+
+
+def add_mode_arguments(parser) -> None:
+    """``--fast`` / ``--exact`` (one of them, into ``args.fast``; None when neither is given:
+    :func:`build_fast` reads the default)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--fast", dest="fast", action="store_const", const=True, default=None, help=HELP_FAST)
+    group.add_argument("--exact", dest="fast", action="store_const", const=False, help=HELP_EXACT)
+
+
+def build_fast(args) -> bool:
+    """Whether ``args`` asks for a fast build: ``--fast``, ``--exact``, else the default
+    (:data:`~tvm_roialign.models.detector_sizes.DEFAULT_FAST`)."""
+    from ..models.detector_sizes import DEFAULT_FAST
+
+    fast = getattr(args, "fast", None)
+    return DEFAULT_FAST if fast is None else bool(fast)
 
 #: The options that only detector names take: (attribute, flag).
 _NAME_OPTIONS = (
@@ -57,7 +77,7 @@ def alternatives() -> str:
 def add_compile_arguments(p) -> None:
     group = p.add_argument_group(
         "detectors (MODEL is a torchvision detector name; --input-size, --min-size, --max-size, "
-        "--weights and --seed only apply to a name, --fast to a name or a detector .pt2)"
+        "--weights and --seed only apply to a name, --fast / --exact to a name or a detector .pt2)"
     )
     group.add_argument(
         "--input-size",
@@ -82,7 +102,7 @@ def add_compile_arguments(p) -> None:
         "own 800 / 1333)",
     )
     group.add_argument("--weights", default=None, help="a state_dict (default: random weights, --seed)")
-    group.add_argument("--fast", action="store_true", default=None, help=HELP_FAST)
+    add_mode_arguments(group)
     group.add_argument(
         "--seed", type=int, default=None, help=f"seed of the random weights (default: {DEFAULT_SEED})"
     )
@@ -90,7 +110,7 @@ def add_compile_arguments(p) -> None:
 
 def reject_detector_options(args, exported_detector: bool = False) -> None:
     """The options of detector names, given with a model file: an error naming the first;
-    ``--fast`` and ``--fp32-layers`` too unless the file is an ``exported_detector`` (a .pt2 in
+    ``--fast`` / ``--exact`` and ``--fp32-layers`` too unless the file is an ``exported_detector`` (a .pt2 in
     the static form)."""
     for attr, flag in _NAME_OPTIONS:
         if getattr(args, attr, None) is not None:
@@ -100,9 +120,10 @@ def reject_detector_options(args, exported_detector: bool = False) -> None:
             )
     if not exported_detector:
         reject_fp32_layers(args)
-    if not exported_detector and getattr(args, "fast", None):
+    if not exported_detector and getattr(args, "fast", None) is not None:
+        flag = "--fast" if args.fast else "--exact"
         raise CLIError(
-            f"--fast only applies to a detector (a name: {_names()}; or a .pt2 written by "
+            f"{flag} only applies to a detector (a name: {_names()}; or a .pt2 written by "
             f"export_detector), not to the model file {args.model!r}"
         )
 
@@ -195,7 +216,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
                 raise CLIError(f"--weights: {first_line(err)}") from None
             times["model_s"] = time.perf_counter() - t0
         try:
-            fast = bool(getattr(args, "fast", False))
+            fast = build_fast(args)
             artifact = compile_detector(
                 model, sizes, target, layout, progress=progress, name=name, fast=fast,
                 precision=precision, fp32_layers=getattr(args, "fp32_layers", None),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from ._common import CLIError, device_for, first_line, output_path, resolve_target
-from ._detector import HELP_FAST
+from ._detector import add_mode_arguments, build_fast
 from ._precision import add_precision_arguments, print_precision_line, resolve_precision
 from ._progress import progress_session
 from ._tuning import add_records_argument, open_records, print_coverage
@@ -53,7 +53,7 @@ def register(subparsers, parents) -> None:
         "--check",
         action="store_true",
         help="exit 3 when TVM and PyTorch disagree (by the criteria of the build's mode: exact, "
-        "or --fast's; a bf16 build by the bf16 criterion against the fp32 reference, "
+        "or fast's (the default); a bf16 build by the bf16 criterion against the fp32 reference, "
         "docs/precision.md)",
     )
     p.add_argument(
@@ -94,7 +94,7 @@ def add_model_arguments(p) -> None:
     p.add_argument("--proposals", type=int, default=1000, help="RPN proposals kept")
     p.add_argument("--detections", type=int, default=100, help="detections per image at most")
     p.add_argument("--score-thresh", type=float, default=0.05, help="box score threshold")
-    p.add_argument("--fast", action="store_true", help=HELP_FAST)
+    add_mode_arguments(p)
 
 
 def check_layout(args) -> None:
@@ -138,7 +138,7 @@ def _job_config(args, target, config, records, onnxruntime):
         model=config,
         image_name=args.image,
         shapes=args.shapes,
-        fast=args.fast,
+        fast=build_fast(args),
         precision=args.resolved_precision,
         fp32_layers=args.fp32_layers,
     )

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from ._common import CLIError, first_line, resolve_target
+from ._detector import build_fast
 from ._progress import progress_session
 from .compile import HELP_TARGET, add_model_arguments, import_model, model_options
 from .maskrcnn import add_model_arguments as add_maskrcnn_arguments
@@ -152,7 +153,7 @@ def _modules(args, target, progress) -> tuple[list, dict]:
         pieces = detector.relax_modules(detector.padded_shape(image))
         return [mod for _imported, mod, _s in pieces.values()], {
             "layout": None,
-            **graph_options(model, args.fast),
+            **graph_options(model, build_fast(args)),
         }
     mod, _layout = import_model(args, model_options(args, target), progress, {})
     return [mod], {"layout": None}

@@ -39,10 +39,19 @@ from .detector_import import import_detector
 from .detector_photo import add_photo_function, serves_photos
 from .detector_precision import bf16_metadata, bf16_options, detector_precision
 from .detector_reference import SAMPLE_PHOTOS, sample_photo, torch_detections
-from .detector_sizes import ANY, MODES, WINOGRAD_TILE, bucket_sizes, build_mode, graph_options
+from .detector_sizes import (
+    ANY,
+    DEFAULT_FAST,
+    MODES,
+    WINOGRAD_TILE,
+    bucket_sizes,
+    build_mode,
+    graph_options,
+)
 from .detector_zoo import DETECTORS, DetectorConfig, build_torch_detector, load_program
 
 __all__ = [
+    "DEFAULT_FAST",
     "DETECTORS",
     "MODES",
     "SAMPLE_PHOTOS",
@@ -100,7 +109,7 @@ def compile_detector(
     progress: Callable[[str], None] | None = None,
     offset_trick_max_numel: int = 4000,
     name: str | None = None,
-    fast: bool = False,
+    fast: bool = DEFAULT_FAST,
     precision: str = "fp32",
     fp32_layers=None,
 ) -> DetectorArtifact:
@@ -136,8 +145,9 @@ def compile_detector(
         The artifact's model name in its metadata (default: the detector name, the ``.pt2``
         file's stem, or the model's class name).
     fast : bool
-        False (``"mode": "exact"``): direct 3x3 convolutions, detections by :data:`~.compare.CRITERIA`;
-        True (``"fast"``): Winograd ones, :data:`~.compare.FAST_CRITERIA`.
+        True (the default, ``"mode": "fast"``): Winograd 3x3 convolutions, detections by
+        :data:`~.compare.FAST_CRITERIA`; False (``"exact"``): direct ones, detections equal to
+        eager's by :data:`~.compare.CRITERIA` (why fast is the default: :data:`DEFAULT_FAST`).
     precision, fp32_layers : str; str | list of str | None
         ``"fp32"``, ``"bf16"`` (on AMX; else fp32 with a warning) or ``"auto"`` (bf16 on AMX); a
         bf16 build's layers kept in fp32 (:mod:`.detector_precision`, e.g. ``"rpn,box_predictor"``).

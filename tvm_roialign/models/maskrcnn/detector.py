@@ -20,7 +20,7 @@ from ...host import use_usable_cores
 from ...passes import ConvertLayout, desired_layouts
 from ...pipeline import build
 from ...target import describe, device_or_none, parse_target
-from ..detection import graph_options
+from ..detection import DEFAULT_FAST, graph_options
 from ..detector_precision import bf16_options, detector_precision
 from .pieces import (
     count_permutes,
@@ -135,9 +135,10 @@ class TVMMaskRCNN:
         ``"static"``: a build per padded image size (its kernels tiled for that size). Default
         (None): ``"any"``, or ``"static"`` with ``tuning_records`` (tuned for one image size).
     fast : bool
-        False (the default): direct 3x3 convolutions, detections equal to eager's
-        (:data:`~tvm_roialign.models.compare.CRITERIA`); True: Winograd 3x3 convolutions,
-        detections within :data:`~tvm_roialign.models.compare.FAST_CRITERIA` of eager's.
+        True (the default, :data:`~tvm_roialign.models.detector_sizes.DEFAULT_FAST`): Winograd
+        3x3 convolutions, detections within :data:`~tvm_roialign.models.compare.FAST_CRITERIA` of
+        eager's; False: direct 3x3 convolutions, detections equal to eager's
+        (:data:`~tvm_roialign.models.compare.CRITERIA`).
     glue_threads : int or None
         PyTorch's intra-op threads while :meth:`run` runs (restored after it; None: PyTorch's own
         setting). Default 1: the glue's operations are small, and PyTorch's OpenMP threads, which
@@ -161,7 +162,7 @@ class TVMMaskRCNN:
         tuning_records=None,
         shapes: str | None = None,
         *,
-        fast: bool = False,
+        fast: bool = DEFAULT_FAST,
         glue_threads: int | None = 1,
         precision: str = "fp32",
         fp32_layers=None,
