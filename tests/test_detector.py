@@ -12,16 +12,19 @@ convolutions, as PyTorch's), whose criterion is the one above; the default fast 
 own criterion) is tests/test_fast_mode.py's.
 
 Cost: each full-size model is compiled once for the session, as ``compile --exact`` does (one
-function for every photo size: its padded height and width symbolic). Each artifact runs the
-astronaut, a grey picture without detections, the coffee photo at its own size and a batch of
-three in one call; Mask R-CNN also runs Grace Hopper, a portrait and a very wide photo (1:4) at
-their own sizes. Faster R-CNN's graph is Mask R-CNN's without the mask head (the same backbone, RPN
-and box head: the code that follows the photo's size), so its other sizes, the top 512 rows of
-Grace Hopper (the astronaut's size) and chelsea and rocket (padded like coffee) run with
-``TVM_ROIALIGN_ALL_PHOTOS=1`` (suite time); a small detector of a user's making covers the
-``.pt2`` route and the cross targets (tests/test_runtime.py: the transform, one build per padded
-size, the any-size function on a tiny model, batches); the static form is checked eagerly on
-128-pixel models (no TVM). The full Keypoint R-CNN on every photo runs with
+function for every photo size: its padded height and width symbolic). Mask R-CNN's artifact runs
+the astronaut, a grey picture without detections, Grace Hopper, coffee, a portrait and a very wide
+photo (1:4) at their own sizes and a batch of three in one call. Faster R-CNN ResNet-50's artifact
+is built with ``TVM_ROIALIGN_ALL_DETECTORS=1`` or ``TVM_ROIALIGN_ALL_PHOTOS=1`` (a ResNet-50
+compile: suite time): its graph is Mask R-CNN's without the mask head (the same backbone, RPN and
+box head, the code that follows the photo's size, all run here on Mask R-CNN's artifact), and a
+Faster R-CNN without a mask head is compiled by default at torchvision's full-size settings as
+``fasterrcnn_mobilenet_v3_large_fpn`` (tests/test_detector_names.py: 1000 proposals, 100
+detections, two photo sizes) and as a user's own small detector here (the ``.pt2`` route and the
+cross targets). The photos padded like another one (chelsea, rocket, the top 512 rows of Grace
+Hopper) run with ``TVM_ROIALIGN_ALL_PHOTOS=1`` too; tests/test_runtime.py covers the transform, one
+build per padded size, the any-size function on a tiny model and batches; the static form is
+checked eagerly on 128-pixel models (no TVM). The full Keypoint R-CNN on every photo runs with
 ``TVM_ROIALIGN_ALL_PHOTOS=1`` too.
 """
 
@@ -41,7 +44,7 @@ torchvision = pytest.importorskip("torchvision")
 
 from _cli import run_cli
 from _detections import assert_matches_eager
-from _tiny_rcnn import tiny_keypoint_rcnn, tiny_rcnn
+from _tiny_rcnn import tiny_rcnn
 
 from tvm_roialign.frontend.detection import export_detector
 from tvm_roialign.frontend.static_rcnn import StaticGeneralizedRCNN
@@ -59,6 +62,19 @@ SMALL = {
     "box_detections_per_img": 8,
 }
 ALL_PHOTOS = bool(os.environ.get("TVM_ROIALIGN_ALL_PHOTOS"))
+ALL_DETECTORS = bool(os.environ.get("TVM_ROIALIGN_ALL_DETECTORS"))
+#: Faster R-CNN ResNet-50's full build: opt-in (see the module's docstring for where its code runs
+#: by default).
+_FULL_FASTER = pytest.mark.skipif(
+    not (ALL_DETECTORS or ALL_PHOTOS),
+    reason="Mask R-CNN's full build has its backbone, RPN and box head; "
+    "TVM_ROIALIGN_ALL_DETECTORS=1 or TVM_ROIALIGN_ALL_PHOTOS=1",
+)
+
+
+def full_param(name: str):
+    """``name`` as a parameter of ``full``: Faster R-CNN's marked opt-in."""
+    return pytest.param(name, marks=_FULL_FASTER) if name == "fasterrcnn_resnet50_fpn" else name
 
 
 def photo(name: str) -> np.ndarray:
@@ -240,7 +256,7 @@ def test_users_own_detector_from_pt2(tmp_path, capfd):
 # --------------------------------------------------------------------------------------------------
 # the full models (torchvision's settings: 1000 proposals, 100 detections, min/max size 512)
 
-@pytest.fixture(scope="session", params=MODELS)
+@pytest.fixture(scope="session", params=[full_param(n) for n in MODELS])
 def full(request, tmp_path_factory):
     """The model and its artifact as ``compile --exact`` makes it: one function for every photo
     size (symbolic padded height and width)."""
@@ -317,7 +333,7 @@ _ALL_PHOTOS_ONLY = pytest.mark.skipif(
     "full,photo_name",
     [
         # Mask R-CNN on coffee: test_full_model_non_square_photo
-        ("fasterrcnn_resnet50_fpn", "coffee"),
+        pytest.param("fasterrcnn_resnet50_fpn", "coffee", marks=_FULL_FASTER),
         *(
             pytest.param(name, photo_name, marks=_SAME_PADDED_AS_COFFEE)
             for name in MODELS
@@ -345,24 +361,31 @@ def test_full_model_any_photo_size(full, photo_name):
     assert_equal_detections(detector(rgb), det.torch_detections(model, rgb))
 
 
+def _assert_batch_equals_eager(results, refs):
+    """The artifact's batched detections against eager's batched call, image by image."""
+    assert [r["padded"] for r in results] == [(512, 512)] * len(refs)
+    for ours, ref in zip(results, refs):
+        ref = {k: v.numpy() for k, v in ref.items()}
+        if "masks" in ref:
+            ref["masks"] = ref["masks"][:, 0]
+        assert_equal_detections(ours, ref)
+
+
+@pytest.mark.skipif(
+    not ALL_PHOTOS, reason="the batched call runs in the next test; TVM_ROIALIGN_ALL_PHOTOS=1"
+)
 @pytest.mark.parametrize("full", ["maskrcnn_resnet50_fpn"], indirect=True)
 def test_full_model_batch_of_three(full):
     """coffee, chelsea and grace_hopper in one call: padded together to 512x512 as
-    torchvision's batch_images pads them; equal to eager's batched call, image by image (Mask
-    R-CNN; Faster R-CNN's batch of three is the next test's, which checks the same and more)."""
+    torchvision's batch_images pads them; equal to eager's batched call, image by image (the
+    next test's batch of three checks the same and more, by default)."""
     model, detector = full
     photos = all_photos()
     rgbs = [photos[n] for n in ("coffee", "chelsea", "grace_hopper")]
     images = [torch.from_numpy(r).permute(2, 0, 1).float() / 255.0 for r in rgbs]
     with torch.no_grad():
         refs = model(images)
-    results = detector(rgbs)
-    assert [r["padded"] for r in results] == [(512, 512)] * 3
-    for ours, ref in zip(results, refs):
-        ref = {k: v.numpy() for k, v in ref.items()}
-        if "masks" in ref:
-            ref["masks"] = ref["masks"][:, 0]
-        assert_equal_detections(ours, ref)
+    _assert_batch_equals_eager(detector(rgbs), refs)
 
 
 def _top_n_idx_ties_by_index(self, objectness, num_anchors_per_level):
@@ -375,13 +398,17 @@ def _top_n_idx_ties_by_index(self, objectness, num_anchors_per_level):
     return torch.cat(found, dim=1)
 
 
-@pytest.mark.parametrize("full", ["fasterrcnn_resnet50_fpn"], indirect=True)
+@pytest.mark.parametrize(
+    "full", [full_param(n) for n in ("maskrcnn_resnet50_fpn", "fasterrcnn_resnet50_fpn")],
+    indirect=True,
+)
 def test_full_model_batch_breaks_exact_ties_by_index(full, monkeypatch):
-    """The 160x640 photo padded into 512x512 beside coffee and a portrait: in its 384 padded rows
-    the features are constant, and at the stride-16 level hundreds of anchors share the 1000th
-    best objectness exactly. ``torch.topk`` keeps some of them by an order of its own; the
-    artifact keeps the lowest indices. With eager's top-k breaking ties that way, the two agree
-    on every image of the batch (with ``torch.topk`` one detection of the wide photo moves 4 px)."""
+    """The 160x640 photo padded into 512x512 beside coffee and a portrait, in one call (padded
+    together as torchvision's batch_images pads them): in its 384 padded rows the features are
+    constant, and at the stride-16 level hundreds of anchors share the 1000th best objectness
+    exactly. ``torch.topk`` keeps some of them by an order of its own; the artifact keeps the
+    lowest indices. With eager's top-k breaking ties that way, the two agree on every image of
+    the batch (for Faster R-CNN with ``torch.topk`` one detection of the wide photo moves 4 px)."""
     from torchvision.models.detection.rpn import RegionProposalNetwork
 
     model, detector = full
@@ -391,25 +418,21 @@ def test_full_model_batch_breaks_exact_ties_by_index(full, monkeypatch):
     monkeypatch.setattr(RegionProposalNetwork, "_get_top_n_idx", _top_n_idx_ties_by_index)
     with torch.no_grad():
         refs = model(images)
-    results = detector(rgbs)
-    assert [r["padded"] for r in results] == [(512, 512)] * 3
-    for ours, ref in zip(results, refs):
-        assert_equal_detections(ours, {k: v.numpy() for k, v in ref.items()})
+    _assert_batch_equals_eager(detector(rgbs), refs)
 
 
-def test_keypoint_rcnn(tmp_path):
-    """A Keypoint R-CNN (MultiScaleRoIAlign 14x14, keypoint head, heatmaps): the artifact's
-    heatmaps and the runner's NumPy ``heatmaps_to_keypoints`` give eager's keypoints (within
-    1e-2 px) on the coffee photo, with the boxes and scores."""
-    model = tiny_keypoint_rcnn(seed=2, detections_per_img=12)
+def test_keypoint_rcnn(tiny_keypoint_detector):
+    """A Keypoint R-CNN (MultiScaleRoIAlign 14x14, keypoint head, heatmaps; the session's small
+    one of tests/conftest.py, 17 keypoints, compiled for any photo size): the artifact's heatmaps
+    and the runner's NumPy ``heatmaps_to_keypoints`` give eager's keypoints (within 1e-2 px) on
+    the coffee photo, with the boxes and scores. (A build for given photo sizes:
+    tests/test_runtime.py.)"""
+    library, model = tiny_keypoint_detector
     rgb = photo("coffee")
-    artifact = det.compile_detector(model, rgb.shape[:2], target="llvm", fast=False)
-    assert artifact.meta["outputs"] == [
-        "boxes", "scores", "labels", "keypoint_heatmaps", "num_detections"
-    ]
-    detector = Detector(artifact.export(tmp_path / "kp.so"))
+    detector = Detector(library)
+    assert detector.outputs == ["boxes", "scores", "labels", "keypoint_heatmaps", "num_detections"]
     ref = det.torch_detections(model, rgb)
-    assert len(ref["boxes"]) == 12 and ref["keypoints"].shape == (12, 5, 3)
+    assert len(ref["boxes"]) == 12 and ref["keypoints"].shape == (12, 17, 3)
     ours = detector(rgb)
     result = assert_equal_detections(ours, ref)
     assert result["max_keypoint_diff"] <= 1e-2, result

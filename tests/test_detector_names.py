@@ -9,7 +9,10 @@ and coffee, 400x600 padded to 352x512).
 
 Which test covers which name:
 
-* ``maskrcnn_resnet50_fpn``, ``fasterrcnn_resnet50_fpn``: tests/test_detector.py (``full``);
+* ``maskrcnn_resnet50_fpn``: tests/test_detector.py (``full``), by default;
+* ``fasterrcnn_resnet50_fpn``: tests/test_detector.py (``full``), with
+  ``TVM_ROIALIGN_ALL_DETECTORS=1`` (Mask R-CNN's full build runs its backbone, RPN and box head,
+  and the name below a Faster R-CNN without a mask head at the full-size settings);
 * ``fasterrcnn_mobilenet_v3_large_fpn``: here, by default (its FPN returns two levels and
   ``pool``, fewer than its box pooler's four names);
 * ``maskrcnn_resnet50_fpn_v2``, ``fasterrcnn_resnet50_fpn_v2``: here, with

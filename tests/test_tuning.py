@@ -269,28 +269,12 @@ def test_a_check_is_found_again_from_the_database_file(tiny, tmp_path):
 # resuming
 
 
-def test_resume_adds_to_the_database(tuned, tiny, workdir, capsys):
-    db = _copy(tuned, workdir, "db_resume")
-    first = (db / "database_tuning_record.json").read_text()
-    result = tuning.tune(tiny[2], TARGET, db, trials_per_task=TRIALS + 1, seed=1)
-    assert result.trials_run == 2
-    assert [(t["trials_before"], t["trials"]) for t in result.tasks] == [(TRIALS, TRIALS + 1)] * 2
-    assert _records(db) == 2 * (TRIALS + 1)
-    assert (db / "database_tuning_record.json").read_text().startswith(first)  # appended, not redone
-    # the same count again, through the command line: nothing left to run (no trial, the records
-    # as they were), and the warning that so few trials are too few to expect a gain
-    argv = ["tune", str(tiny[0]), "-o", str(db), "--trials", str(TRIALS + 1)]
-    code, out, err = run_cli(argv, capsys, quiet=False)
-    assert code == 0, err
-    assert "too few to expect a gain" in err
-    assert "beat the default rules' schedule" in out
-    assert re.search(r"^0 trials run in ", out, re.MULTILINE), out
-    assert _records(db) == 2 * (TRIALS + 1)
-
-
-def test_tasks_list_and_a_selection(tuned, tiny, workdir, capsys):
+def test_a_task_selection_then_resume(tuned, tiny, workdir, capsys):
     """``--tasks list`` shows the tasks by index (no database needed), ``--tasks 1`` tunes only
-    that one (tvmc tune's option)."""
+    that one (tvmc tune's option); a rerun of every task resumes, adding only what each still
+    lacks (task 0's trial; task 1 is complete), appended to the database, not redone; the same
+    count once more has nothing left to run. (One database through the three runs: each
+    ``tune`` starts MetaSchedule's build and measurement workers, seconds each.)"""
     code, out, err = run_cli(["tune", str(tiny[0]), "--tasks", "list"], capsys)
     assert code == 0, err
     names = [t.name for t in tuning.extract_tasks(tiny[2], TARGET)]
@@ -298,6 +282,8 @@ def test_tasks_list_and_a_selection(tuned, tiny, workdir, capsys):
     assert [(r[0], r[-1]) for r in rows] == [(str(i), n) for i, n in enumerate(names)], out
     assert "MFLOP" in out and float(rows[names.index(next(n for n in names if "conv2d" in n))][2]) > 0
     db = _copy(tuned, workdir, "db_select")
+    records_file = db / "database_tuning_record.json"
+    first = records_file.read_text()
     code, out, err = run_cli(
         ["tune", str(tiny[0]), "-o", str(db), "--trials", str(TRIALS + 1), "--tasks", "1"],
         capsys,
@@ -317,6 +303,25 @@ def test_tasks_list_and_a_selection(tuned, tiny, workdir, capsys):
     tasks = tuning.extract_tasks(tiny[2], TARGET)
     assert [per_task.get(tvm_ffi.structural_hash(t.mod)) for t in tasks] == [TRIALS, TRIALS + 1]
     assert "1 trials run" in out and "of 1 tasks beat" in out  # the selected task only
+    assert records_file.read_text().startswith(first)
+    # every task, through the API: task 0 resumes from TRIALS, task 1 has its count already
+    selected = records_file.read_text()
+    result = tuning.tune(tiny[2], TARGET, db, trials_per_task=TRIALS + 1, seed=1)
+    assert result.trials_run == 1
+    assert [(t["trials_before"], t["trials"]) for t in result.tasks] == [
+        (TRIALS, TRIALS + 1), (TRIALS + 1, TRIALS + 1)
+    ]
+    assert _records(db) == 2 * (TRIALS + 1)
+    assert records_file.read_text().startswith(selected)  # appended, not redone
+    # the same count again, through the command line: nothing left to run (no trial, the records
+    # as they were), and the warning that so few trials are too few to expect a gain
+    argv = ["tune", str(tiny[0]), "-o", str(db), "--trials", str(TRIALS + 1)]
+    code, out, err = run_cli(argv, capsys, quiet=False)
+    assert code == 0, err
+    assert "too few to expect a gain" in err
+    assert "beat the default rules' schedule" in out
+    assert re.search(r"^0 trials run in ", out, re.MULTILINE), out
+    assert _records(db) == 2 * (TRIALS + 1)
 
 
 # ---------------------------------------------------------------------------------------------
