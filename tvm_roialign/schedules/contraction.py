@@ -122,7 +122,8 @@ def schedule_contraction(
     spatial = [*n_other, n_outer, *m_loops[:-1], m_outer]
     if tiling.block_tiles is not None:
         # row blocks outside the column blocks over the whole reduction: the block's slice of
-        # ``a`` stays in L2, a column block's panel of ``w`` in L1 (contraction_tiles.resident_row_block)
+        # ``a`` stays in L2 while every column block reads it, a column block's panel of ``w``
+        # in L1 (or L2) while the block's tiles do (contraction_tiles.resident_row_block)
         m_block, m_tile = sch.split(m_outer, [None, tiling.block_tiles])
         spatial = [*m_loops[:-1], m_block, *n_other, n_outer, m_tile]
     elif tiling.rows_outer:
