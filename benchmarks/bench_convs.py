@@ -89,6 +89,10 @@ SHAPES = [
     _conv("mrcnn rpn 1x1 256>3", "1x1 s1", 1, 128, 256, 3),
     _conv("mrcnn mask 3x3", "3x3 s1 small", 100, 14, 256, 256, 3),
     _conv("mrcnn mask 1x1 256>91", "1x1 s1", 100, 28, 256, 91),
+    # the mask predictor's 2x2 / stride-2 transposed conv, as the 1x1 conv it is rewritten to
+    _conv("mrcnn mask 1x1 256>1024", "1x1 s1", 100, 14, 256, 1024),
+    # Keypoint R-CNN's head: eight of these on 100 maps of 14 x 14
+    _conv("krcnn keypoint 3x3 512", "3x3 s1 small", 100, 14, 512, 512, 3),
     Shape("mrcnn fc6", "matmul", 1000, 0, 0, 12544, 1024, 0),
     Shape("mrcnn fc7", "matmul", 1000, 0, 0, 1024, 1024, 0),
     # resnet50 at 224x224

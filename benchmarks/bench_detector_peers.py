@@ -1,10 +1,12 @@
-"""Mask R-CNN's any-size artifacts (the fast default, ``--exact`` and ``--precision bf16``) against
+"""A detector's any-size artifacts (the fast default, ``--exact`` and ``--precision bf16``) against
 OpenVINO in f32 and at its default precision with every head kept (the converted model returns the
-masks: :func:`tvm_roialign.bench.openvino_peer.detector_model`), and PyTorch eager; astronaut, coffee
-and portrait; the runners take turns, median of ``--repeat`` rounds.
+masks or keypoints: :func:`tvm_roialign.bench.openvino_peer.detector_model`), and PyTorch eager;
+astronaut, coffee and portrait; the runners take turns, median of ``--repeat`` rounds. ``--model``:
+Mask R-CNN (the default), Faster R-CNN or Keypoint R-CNN (ResNet-50 FPN).
 
-    python benchmarks/bench_detector_peers.py [--repeat 5] [--workdir /tmp]
-        [--builds exact,fast,bf16] [--out benchmarks/results/detector_peers.json]
+    python benchmarks/bench_detector_peers.py [--model maskrcnn|fasterrcnn|keypointrcnn]
+        [--repeat 5] [--workdir /tmp] [--builds exact,fast,bf16]
+        [--out benchmarks/results/detector_peers.json]
 """
 
 from __future__ import annotations
@@ -24,13 +26,19 @@ from tvm_roialign.host import use_usable_cores
 
 PHOTOS = ("astronaut", "coffee", "portrait")
 BUILDS = {"tvm exact": {"fast": False}, "tvm fast": {"fast": True}, "tvm bf16": {"precision": "bf16"}}
+#: ``--model``'s names: the torchvision detectors (:data:`tvm_roialign.models.detection.DETECTORS`)
+MODELS = {
+    "maskrcnn": "maskrcnn_resnet50_fpn",
+    "fasterrcnn": "fasterrcnn_resnet50_fpn",
+    "keypointrcnn": "keypointrcnn_resnet50_fpn",
+}
 
 
 def _image(rgb) -> torch.Tensor:
     return torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0
 
 
-def _artifacts(model, workdir: str, builds: list[str]) -> dict:
+def _artifacts(model, workdir: str, builds: list[str], short: str) -> dict:
     from tvm_roialign.models import detection as det
     from tvm_roialign.runtime import Detector
 
@@ -38,7 +46,7 @@ def _artifacts(model, workdir: str, builds: list[str]) -> dict:
     for label in builds:
         options = BUILDS[label]
         start = time.perf_counter()
-        path = os.path.join(workdir, f"mrcnn_{label.split()[1]}.so")
+        path = os.path.join(workdir, f"{short}_{label.split()[1]}.so")
         out[label] = Detector(det.compile_detector(model, None, target="native", **options).export(path))
         print(f"{label}: built in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return out
@@ -64,6 +72,8 @@ def _runners(model, artifacts: dict, rgb, threads: int) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="maskrcnn", choices=sorted(MODELS),
+                        help="the detector (ResNet-50 FPN, random weights of seed 3)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--workdir", default="/tmp", help="where the three artifacts are written")
     parser.add_argument("--builds", default="exact,fast,bf16", help="TVM builds timed, comma-separated")
@@ -78,12 +88,12 @@ def main(argv=None) -> int:
     from tvm_roialign.bench.report import cpu_identity
     from tvm_roialign.models import detection as det
 
-    model = det.build_torch_detector("maskrcnn_resnet50_fpn")
+    model = det.build_torch_detector(MODELS[args.model])
     rgbs = photos()
     for name in PHOTOS:  # eager warmed up before any TVM module runs
         with torch.no_grad():
             model([_image(rgbs[name])])
-    artifacts = _artifacts(model, args.workdir, builds)
+    artifacts = _artifacts(model, args.workdir, builds, args.model)
     rows = {}
     for name in PHOTOS:
         rgb = rgbs[name]
@@ -92,7 +102,11 @@ def main(argv=None) -> int:
         size = "x".join(map(str, rgb.shape[:2]))
         print(name, size, {k: round(v) for k, v in rows[name].items()}, flush=True)
     with open(args.out, "w") as fh:
-        json.dump({"cpu": cpu_identity(), "threads": threads, "ms": rows}, fh, indent=1)
+        json.dump(
+            {"model": MODELS[args.model], "cpu": cpu_identity(), "threads": threads, "ms": rows},
+            fh,
+            indent=1,
+        )
     print(f"written {args.out}")
     return 0
 

@@ -120,7 +120,13 @@ def schedule_contraction(
     # column blocks outermost keep a block of weights in cache while every row tile uses it; when
     # all the weights fit in L2, row tiles outermost read ``a`` once instead of once per block
     spatial = [*n_other, n_outer, *m_loops[:-1], m_outer]
-    if tiling.rows_outer:
+    if tiling.block_tiles is not None:
+        # row blocks outside the column blocks over the whole reduction: the block's slice of
+        # ``a`` stays in L2 while every column block reads it, a column block's panel of ``w``
+        # in L1 (or L2) while the block's tiles do (contraction_tiles.resident_row_block)
+        m_block, m_tile = sch.split(m_outer, [None, tiling.block_tiles])
+        spatial = [*m_loops[:-1], m_block, *n_other, n_outer, m_tile]
+    elif tiling.rows_outer:
         spatial = [*m_loops[:-1], m_outer, *n_other, n_outer]
     sch.reorder(*batch, *spatial, *red, m_inner, n_tile, n_lane)
     outer = sch.fuse(*batch, *spatial)

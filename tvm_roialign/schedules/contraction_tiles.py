@@ -124,8 +124,9 @@ class Tiling:
     reduce_chunk: int | None = None
     #: row tiles outside column blocks (the weights stay in L2; ``a`` is read once)
     rows_outer: bool = False
-    #: with ``reduce_chunk``: row tiles per row block, the block outside the column blocks (its
-    #: slice of ``a`` stays in L2 while every column block reads it); None: all the rows
+    #: row tiles per row block, the block outside the column blocks (its slice of ``a`` stays in
+    #: L2 while every column block reads it): with ``reduce_chunk``, per chunk; without, over the
+    #: whole reduction (:func:`resident_row_block`); None: all the rows
     block_tiles: int | None = None
     #: the tiles run in parallel (False: too little work to pay for a launch)
     parallel: bool = True
@@ -147,6 +148,56 @@ def worth_parallel(c: Contraction, info: CPUInfo) -> bool:
     return saved > _LAUNCH_CYCLES
 
 
+def resident_row_block(c: Contraction, rows: int, block_cols: int, info: CPUInfo) -> int | None:
+    """Row tiles per row block of the order "row blocks, column blocks, row tiles" over the whole
+    reduction, or None where it does not apply.
+
+    Without it, column blocks outermost read all of ``a`` once per column block (from L3 when it
+    does not fit in L2: Mask R-CNN's mask predictor, a 1x1 conv 256 -> 1024 over 100 maps of
+    14 x 14, streamed its 20 MB input 64 times), and row tiles outermost read every weight panel
+    from L2 once per row tile. A block of row tiles whose slice of ``a`` and one column block's
+    panel of packed weights fit in half of L2, with the column blocks inside it, reads ``a``
+    once, and the weights once per block. It applies when the rows are static, neither a
+    batch's ``a`` nor its weights fit in half of L2 (else the order that reads the other once
+    keeps it there: :attr:`Tiling.rows_outer` for the weights), the panel over the whole
+    reduction takes at most a quarter of L2, and either the panel (and ``rows`` rows of ``a``)
+    fits in L1, where it stays for all the block's tiles, or the blocks read fewer bytes from
+    beyond L2 than column blocks outermost (``a`` once and the weights once per block, against
+    the weights once and ``a`` once per column block: Keypoint R-CNN's Winograd products
+    ``[49, 900, 512] x [49, 512, 512]``, whose ``a`` was read 32 times). The tiles per block divide
+    the row tiles of the innermost row axis (no guard); the outer row axes (the maps of a conv, a
+    matmul's leading rows) stay outside the blocks. Only the order of the output's tiles
+    changes: every output sums its products in the same order."""
+    row_extents = [e for r, e in zip(c.roles, c.extents) if r == "M"]
+    if None in row_extents or None in c.extents:
+        return None
+    reduction = 1
+    for role, extent in zip(c.roles, c.extents):
+        reduction *= extent if role == "R" else 1
+    a_bytes = reduction * 4
+    for extent in row_extents:
+        a_bytes *= extent
+    panel = reduction * block_cols * 4
+    if (
+        a_bytes <= info.l2_bytes // 2
+        or weight_bytes(c) <= info.l2_bytes // 2
+        or panel > info.l2_bytes // 4
+    ):
+        return None
+    count = -(-row_extents[-1] // rows)
+    budget = info.l2_bytes // 2 - panel
+    tiles = max(
+        (t for t in range(1, count + 1) if count % t == 0 and t * rows * reduction * 4 <= budget),
+        default=1,
+    )
+    if (reduction * (block_cols + rows) * 4) <= info.l1_bytes:
+        return tiles
+    blocks = a_bytes // (reduction * 4 * rows * tiles)
+    w_bytes = weight_bytes(c)
+    column_blocks = c.num_columns // block_cols
+    return tiles if a_bytes + w_bytes * blocks < w_bytes + a_bytes * column_blocks else None
+
+
 def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
     lanes = pick_lanes(c.num_columns, info.lanes(c.dtype))
     if lanes is None:
@@ -165,8 +216,17 @@ def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
         rows,
         cols,
         rows_outer=weight_bytes(c) <= info.l2_bytes // 2,
+        block_tiles=resident_row_block(c, rows, cols * lanes, info),
         parallel=worth_parallel(c, info),
     )
 
 
-__all__ = ["NOMINAL_ROWS", "Tiling", "choose_tiling", "pick_tile", "tile_throughput", "worth_parallel"]
+__all__ = [
+    "NOMINAL_ROWS",
+    "Tiling",
+    "choose_tiling",
+    "pick_tile",
+    "resident_row_block",
+    "tile_throughput",
+    "worth_parallel",
+]

@@ -122,6 +122,8 @@ class Matmul(CPURule):
                 if tile_throughput(rows[-1], chunk_rows, chunk_cols) < _CHUNKED_TILE_SHARE * free:
                     tiling.reduce_chunk = None
                 else:
+                    resident = tiling.block_tiles
+                    tiling.block_tiles = None  # (the free tile's blocks: chunks get their own)
                     reduction = contraction.extents[contraction.roles.index("R")]
                     blocked = _row_blocks(
                         reduction, rows[-1], chunk_rows, chunk_cols * tiling.lanes, info
@@ -130,6 +132,7 @@ class Matmul(CPURule):
                         # one chunk is no chunk: the free tile in registers, the epilogue fused
                         # (ConvNeXt's 784 x 192 and 196 x 384 MLP inputs)
                         tiling.reduce_chunk = None
+                        tiling.block_tiles = resident
                     else:
                         tiling.rows, tiling.cols = chunk_rows, chunk_cols
                         if blocked is not None:
