@@ -822,6 +822,28 @@ def test_global_mean_divides_in_its_write_back(shape, rng):
     _close(_run(mod, data), data.astype("float64").mean(axis=(1, 2), keepdims=True))
 
 
+def test_image_padding_keeps_its_pixel_and_channel_loops(rng):
+    """The zero padding of a 3-channel image (a classifier's first conv), whose 3 channels make
+    no vector: its rows run in parallel with the pixel and channel loops kept (the channels
+    unrolled), not one fused index divided by 3 and by the padded width at every element (three
+    times the conv's own time); the conv equals float64 PyTorch."""
+    weight = rng.standard_normal((3, 3, 3, 16)).astype("float32")
+    bias = rng.standard_normal(16).astype("float32")
+    mod = _conv_module((1, 130, 20, 3), weight, bias, 2, 1, 1, 1, "NHWC")
+    (conv,) = _fused_primfuncs(mod).values()
+    sch = Conv2DNHWC().apply(conv, HOST, False)
+    assert sch is not None
+    pad_loops = sch.get_loops(sch.get_sblock("pad_temp"))
+    assert [int(sch.get(lp).extent) for lp in pad_loops][-2:] == [22, 3]
+    assert sch.get(pad_loops[-1]).kind == tvm.tirx.ForKind.UNROLLED
+    assert sch.get(pad_loops[0]).kind == tvm.tirx.ForKind.PARALLEL
+    x = rng.standard_normal((1, 130, 20, 3)).astype("float32")
+    expected = _torch_conv(
+        x.transpose(0, 3, 1, 2), weight.transpose(3, 2, 0, 1).copy(), bias, 2, 1, 1, 1
+    ).transpose(0, 2, 3, 1)
+    _close(_run(mod, x), expected)
+
+
 def test_padded_conv_slice_stays_inside_its_output(rng):
     """A conv whose output channels PadChannels padded (3 -> 4) is sliced back before its bias
     add: the add must not be run over the padded tile, or it writes past the end of its smaller
