@@ -474,9 +474,9 @@ def test_symbolic_batch_of_narrow_maps_tiles_merged_rows(rng):
 )
 def test_symbolic_batch_keeps_the_static_batchs_tile(target, rng):
     """Only the tiled row axis being static (196 merged pixels), a symbolic batch of maps gets the
-    tile a static batch gets (its accumulator a static ``local`` array, not held under the
-    1 KiB stack limit of a symbolic tile: 6 x 4 vectors on AVX-512, not 7 x 2); built for
-    each target (cross, not run)."""
+    tile a static batch gets (its accumulator compacted to the tile, not held under the 1 KiB
+    stack limit of a symbolic tile: 6 x 4 vectors on AVX-512, not 7 x 2); built for each target
+    (cross, not run)."""
     target = HOST if target is None else tvm.target.Target(target)
     weight = rng.standard_normal((3, 3, 16, 256)).astype("float32")
     bias = rng.standard_normal(256).astype("float32")
@@ -487,10 +487,32 @@ def test_symbolic_batch_keeps_the_static_batchs_tile(target, rng):
         scheduled = Conv2DNHWC().apply(conv, target, False)
         assert scheduled is not None
         script = scheduled.mod["main"].script()
-        assert 'scope="local"' in script
+        # the accumulator a ``global`` tile, which TVM puts on the stack under 1 KiB (a ``local``
+        # one became a heap workspace at every step)
+        assert "conv2d_nhwc_intermediate_global" in script and 'scope="local"' not in script
         tiles.append(sorted(re.findall(r"T\.unroll\((T\.int64\(\d+\))\)", script)))
         assert build(mod, target).executable is not None
     assert tiles[0] == tiles[1], tiles
+
+
+def test_conv_accumulator_is_not_a_heap_workspace(rng):
+    """A static 1x1 conv's register tile lives on the stack: the built kernel calls no
+    ``TVMBackendAllocWorkspace`` (a ``local`` accumulator became one at every step of the
+    parallel loop, a third of the time of a 1x1 conv of 16 input channels), and equals float64
+    PyTorch."""
+    weight = rng.standard_normal((1, 1, 16, 96)).astype("float32")
+    bias = rng.standard_normal(96).astype("float32")
+    mod = _conv_module((1, 28, 28, 16), weight, bias, 1, 0, 1, 1, "NHWC")
+    executable = build(mod, HOST).executable
+    if HOST.kind.name == "llvm":
+        assert "TVMBackendAllocWorkspace" not in executable.mod.imports[0].inspect_source("asm")
+    x = rng.standard_normal((1, 28, 28, 16)).astype("float32")
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    expected = _torch_conv(
+        x.transpose(0, 3, 1, 2), weight.transpose(3, 2, 0, 1).copy(), bias, 1, 0, 1, 1
+    ).transpose(0, 2, 3, 1)
+    _close(got, expected)
 
 
 def test_constant_weights_are_packed_at_compile_time(rng):
@@ -798,6 +820,28 @@ def test_global_mean_divides_in_its_write_back(shape, rng):
     assert len(_parallel_loops(scheduled)) == 1
     data = rng.standard_normal(shape).astype("float32")
     _close(_run(mod, data), data.astype("float64").mean(axis=(1, 2), keepdims=True))
+
+
+def test_image_padding_keeps_its_pixel_and_channel_loops(rng):
+    """The zero padding of a 3-channel image (a classifier's first conv), whose 3 channels make
+    no vector: its rows run in parallel with the pixel and channel loops kept (the channels
+    unrolled), not one fused index divided by 3 and by the padded width at every element (three
+    times the conv's own time); the conv equals float64 PyTorch."""
+    weight = rng.standard_normal((3, 3, 3, 16)).astype("float32")
+    bias = rng.standard_normal(16).astype("float32")
+    mod = _conv_module((1, 130, 20, 3), weight, bias, 2, 1, 1, 1, "NHWC")
+    (conv,) = _fused_primfuncs(mod).values()
+    sch = Conv2DNHWC().apply(conv, HOST, False)
+    assert sch is not None
+    pad_loops = sch.get_loops(sch.get_sblock("pad_temp"))
+    assert [int(sch.get(lp).extent) for lp in pad_loops][-2:] == [22, 3]
+    assert sch.get(pad_loops[-1]).kind == tvm.tirx.ForKind.UNROLLED
+    assert sch.get(pad_loops[0]).kind == tvm.tirx.ForKind.PARALLEL
+    x = rng.standard_normal((1, 130, 20, 3)).astype("float32")
+    expected = _torch_conv(
+        x.transpose(0, 3, 1, 2), weight.transpose(3, 2, 0, 1).copy(), bias, 2, 1, 1, 1
+    ).transpose(0, 2, 3, 1)
+    _close(_run(mod, x), expected)
 
 
 def test_padded_conv_slice_stays_inside_its_output(rng):

@@ -58,6 +58,26 @@ def test_exp_and_sigmoid_within_one_ulp(exp_and_sigmoid, rng):
     assert np.max(np.abs(sigmoid - expected_sigmoid)) <= 2 * np.finfo("float32").eps
 
 
+def test_sigmoid_relative_in_the_negative_tail(exp_and_sigmoid, rng):
+    """``sigmoid`` from ``exp(-|x|)``: relative accuracy also where the value is tiny (within four
+    units in the last place of float64's down to float32's least normal; below it, zero or a
+    value under the least normal), and ``sigmoid(x) + sigmoid(-x)`` within an ulp of 1."""
+    lib, _ = exp_and_sigmoid
+    x = np.concatenate([rng.uniform(-90, -10, _COUNT // 2), rng.uniform(-10, 10, _COUNT // 2)])
+    x = x.astype("float32")
+    _, sigmoid, _ = _run(lib, x)
+    expected = 1.0 / (1.0 + np.exp(-x.astype("float64")))
+    tiny = np.finfo("float32").tiny
+    normal = expected >= tiny
+    ulp = np.spacing(expected[normal].astype("float32")).astype("float64")
+    assert np.max(np.abs(sigmoid[normal] - expected[normal]) / ulp) <= 4.0
+    assert np.all(sigmoid[~normal] < tiny)
+    _, mirrored, _ = _run(lib, -x)
+    both = np.abs(x) < 10
+    eps = np.finfo("float32").eps
+    assert np.max(np.abs(sigmoid[both] + mirrored[both] - 1.0)) <= eps
+
+
 def test_special_values(exp_and_sigmoid):
     lib, _ = exp_and_sigmoid
     specials = np.array([np.nan, np.inf, -np.inf, 0.0, 100.0, -200.0], "float32")

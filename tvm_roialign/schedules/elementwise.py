@@ -53,6 +53,17 @@ def schedule_injective_block(sch: Schedule, block, lanes: int) -> None:
         if total >= _MIN_PARALLEL:
             sch.parallel(outer)
         return
+    if vec is None and len(loops) > 2 and total // (extents[-1] * extents[-2]) >= _MIN_ROWS:
+        # no vector (a few channels: the zero padding of a conv's 3-channel image): the two
+        # innermost loops stay loops, the rest one parallel loop. Fused into one index they cost
+        # a division by each extent per element (and a padding's bounds test on the quotients);
+        # kept, their indices and bounds are counters, the innermost unrolled when it is short
+        outer = sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
+        if extents[-1] <= lanes:
+            sch.unroll(loops[-1])
+        if total >= _MIN_PARALLEL:
+            sch.parallel(outer)
+        return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     if vec is not None:
         outer, inner = sch.split(fused, [None, vec])

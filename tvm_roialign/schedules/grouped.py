@@ -108,7 +108,9 @@ def _schedule_grouped(sch, c: Contraction, per_group: int, lanes: int, info) -> 
     else:
         at = sch.fuse(*spatial)
         sch.parallel(at)
-    local = sch.cache_write(c.block, 0, "local")
+    # static sizes: the tile a ``global`` buffer, which TVM 0.27 puts on the stack under 1 KiB
+    # (a ``local`` one is a heap workspace allocated at every step of the parallel loop)
+    local = sch.cache_write(c.block, 0, "local" if None in c.extents else "global")
     sch.reverse_compute_at(local, at, preserve_unit_loops=True)
     sch.vectorize(lane)
     sch.unroll(tile)
