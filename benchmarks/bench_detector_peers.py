@@ -1,7 +1,8 @@
 """A detector's any-size artifacts (the fast default, ``--exact`` and ``--precision bf16``) against
 OpenVINO in f32 and at its default precision with every head kept (the converted model returns the
 masks or keypoints: :func:`tvm_roialign.bench.openvino_peer.detector_model`), and PyTorch eager;
-astronaut, coffee and portrait; the runners take turns, median of ``--repeat`` rounds. ``--model``:
+astronaut, coffee and portrait; the runners take turns, median of ``--repeat`` rounds; each fp32 build's
+detections checked against eager's by its mode's criterion. ``--model``:
 Mask R-CNN (the default), Faster R-CNN or Keypoint R-CNN (ResNet-50 FPN).
 
     python benchmarks/bench_detector_peers.py [--model maskrcnn|fasterrcnn|keypointrcnn]
@@ -70,6 +71,32 @@ def _runners(model, artifacts: dict, rgb, threads: int) -> dict:
     return runners
 
 
+def _checks(model, artifacts: dict, rgb) -> dict:
+    """Each fp32 TVM build's detections against eager's by its mode's criterion
+    (:func:`~tvm_roialign.models.compare.compare_for_mode`; a bf16 build is judged in
+    benchmarks/bench_detector_precision.py)."""
+    from tvm_roialign.models import detection as det
+    from tvm_roialign.models.compare import compare_for_mode
+
+    ref = det.torch_detections(model, rgb)
+    heads = model.roi_heads
+    limits = {"nms_threshold": heads.nms_thresh, "max_detections": heads.detections_per_img}
+    out = {}
+    for label, artifact in artifacts.items():
+        if artifact.meta.get("precision", "fp32") != "fp32":
+            continue
+        mode = artifact.mode
+        out[label] = compare_for_mode(artifact(rgb), ref, mode, **(limits if mode == "fast" else {}))
+    return out
+
+
+def _summary(result: dict) -> str:
+    keys = ("num_detections_tvm", "num_detections_torch", "checked_torch", "unmatched_torch", "unmatched_tvm",
+            "min_box_iou", "max_box_diff", "max_score_diff", "mask_pixel_agreement", "max_keypoint_diff")
+    shown = {k: result[k] for k in keys if result.get(k) is not None}
+    return f"{result['mode']} criterion {'PASS' if result['passed'] else 'FAIL'} {shown}"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="maskrcnn", choices=sorted(MODELS),
@@ -94,18 +121,23 @@ def main(argv=None) -> int:
         with torch.no_grad():
             model([_image(rgbs[name])])
     artifacts = _artifacts(model, args.workdir, builds, args.model)
-    rows = {}
+    rows, checks = {}, {}
     for name in PHOTOS:
         rgb = rgbs[name]
+        checks[name] = _checks(model, artifacts, rgb)
         seconds = timed_in_turn(_runners(model, artifacts, rgb, threads), args.repeat)
         rows[name] = {label: 1e3 * s for label, s in seconds.items()}
         size = "x".join(map(str, rgb.shape[:2]))
         print(name, size, {k: round(v) for k, v in rows[name].items()}, flush=True)
+        for label, result in checks[name].items():
+            print(f"  {label}: {_summary(result)}", flush=True)
     with open(args.out, "w") as fh:
         json.dump(
-            {"model": MODELS[args.model], "cpu": cpu_identity(), "threads": threads, "ms": rows},
+            {"model": MODELS[args.model], "cpu": cpu_identity(), "threads": threads, "ms": rows,
+             "checks": checks},
             fh,
             indent=1,
+            default=str,
         )
     print(f"written {args.out}")
     return 0
