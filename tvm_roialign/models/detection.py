@@ -145,9 +145,8 @@ def compile_detector(
         The artifact's model name in its metadata (default: the detector name, the ``.pt2``
         file's stem, or the model's class name).
     fast : bool
-        True (the default, ``"mode": "fast"``): Winograd 3x3 convolutions, detections by
-        :data:`~.compare.FAST_CRITERIA`; False (``"exact"``): direct ones, detections equal to
-        eager's by :data:`~.compare.CRITERIA` (why fast is the default: :data:`DEFAULT_FAST`).
+        True (the default, :data:`DEFAULT_FAST`): Winograd 3x3 convolutions, detections by
+        :data:`~.compare.FAST_CRITERIA`; False: direct ones, by :data:`~.compare.CRITERIA`.
     precision, fp32_layers : str; str | list of str | None
         ``"fp32"``, ``"bf16"`` (on AMX; else fp32 with a warning) or ``"auto"`` (bf16 on AMX); a
         bf16 build's layers kept in fp32 (:mod:`.detector_precision`, e.g. ``"rpn,box_predictor"``).

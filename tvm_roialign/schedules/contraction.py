@@ -73,50 +73,8 @@ def schedule_contraction(
     m_outer, m_inner = sch.split(m_loops[-1], [None, rows])
     n_outer, n_tile, n_lane = sch.split(loops[c.column], [None, cols, lanes])
     if tiling.reduce_chunk is not None:
-        # GEMM blocking: a chunk of the reduction outermost (its rows of ``a`` stay in L2 while
-        # every column block uses them), the tile accumulating in the output across chunks (LLVM
-        # keeps it in registers within a chunk)
-        r_out, r_in = sch.split(red[-1], [None, tiling.reduce_chunk])
-        red = [*red[:-1], r_in]
-        if tiling.block_tiles is not None:
-            # row blocks outside the column blocks: a block's slice of ``a`` stays in L2 while
-            # every column block reads it, the chunk's panel of ``w`` in L1 while every row tile
-            # of the block does; blocks and column blocks share the parallel loop
-            m_block, m_tile = sch.split(m_outer, [None, tiling.block_tiles])
-            sch.reorder(
-                *batch,
-                r_out,
-                *m_loops[:-1],
-                m_block,
-                *n_other,
-                n_outer,
-                m_tile,
-                *red,
-                m_inner,
-                n_tile,
-                n_lane,
-            )
-            outer = sch.fuse(*m_loops[:-1], m_block, *n_other, n_outer)
-        else:
-            sch.reorder(
-                *batch,
-                r_out,
-                *n_other,
-                n_outer,
-                *m_loops[:-1],
-                m_outer,
-                *red,
-                m_inner,
-                n_tile,
-                n_lane,
-            )
-            outer = sch.fuse(*n_other, n_outer, *m_loops[:-1], m_outer)
-        sch.parallel(outer)
-        sch.vectorize(n_lane)
-        sch.unroll(n_tile)
-        sch.unroll(m_inner)
-        sch.decompose_reduction(c.block, r_out)
-        return outer, None
+        by_role = (batch, m_loops, n_other, red)
+        return _schedule_chunked(sch, c, tiling, by_role, (m_outer, m_inner, n_outer, n_tile, n_lane))
     # column blocks outermost keep a block of weights in cache while every row tile uses it; when
     # all the weights fit in L2, row tiles outermost read ``a`` once instead of once per block
     spatial = [*n_other, n_outer, *m_loops[:-1], m_outer]
@@ -145,6 +103,58 @@ def schedule_contraction(
     sch.decompose_reduction(c.block, red[0])
     return outer, local
 
+
+def _schedule_chunked(sch: Schedule, c: Contraction, tiling: Tiling, by_role, split):
+    """:func:`schedule_contraction` with the reduction in chunks (``tiling.reduce_chunk``), given
+    the block's loops ``by_role`` (batch, rows, other columns, reduction) and the ``split`` ones
+    (row tiles, rows of a tile, column blocks, vectors of a tile, lanes): returns ``(parallel
+    loop, None)``, the tile accumulating in the output."""
+    batch, m_loops, n_other, red = by_role
+    m_outer, m_inner, n_outer, n_tile, n_lane = split
+    # GEMM blocking: a chunk of the reduction outermost (its rows of ``a`` stay in L2 while
+    # every column block uses them), the tile accumulating in the output across chunks (LLVM
+    # keeps it in registers within a chunk)
+    r_out, r_in = sch.split(red[-1], [None, tiling.reduce_chunk])
+    red = [*red[:-1], r_in]
+    if tiling.block_tiles is not None:
+        # row blocks outside the column blocks: a block's slice of ``a`` stays in L2 while
+        # every column block reads it, the chunk's panel of ``w`` in L1 while every row tile
+        # of the block does; blocks and column blocks share the parallel loop
+        m_block, m_tile = sch.split(m_outer, [None, tiling.block_tiles])
+        sch.reorder(
+            *batch,
+            r_out,
+            *m_loops[:-1],
+            m_block,
+            *n_other,
+            n_outer,
+            m_tile,
+            *red,
+            m_inner,
+            n_tile,
+            n_lane,
+        )
+        outer = sch.fuse(*m_loops[:-1], m_block, *n_other, n_outer)
+    else:
+        sch.reorder(
+            *batch,
+            r_out,
+            *n_other,
+            n_outer,
+            *m_loops[:-1],
+            m_outer,
+            *red,
+            m_inner,
+            n_tile,
+            n_lane,
+        )
+        outer = sch.fuse(*n_other, n_outer, *m_loops[:-1], m_outer)
+    sch.parallel(outer)
+    sch.vectorize(n_lane)
+    sch.unroll(n_tile)
+    sch.unroll(m_inner)
+    sch.decompose_reduction(c.block, r_out)
+    return outer, None
 
 
 def ragged_rows(c: Contraction, rows: int) -> bool:
