@@ -367,8 +367,14 @@ class TVMMaskRCNN:
 
     def _masks(self, run: DetectionRun, pieces, image_list, result: dict, photo_size) -> dict:
         """The mask branch piece (when there are detections), then torchvision's mask inference and
-        the transform's postprocess to the photo's size."""
+        the transform's postprocess to the photo's size: its box rescaling, and the masks pasted by
+        the runner's NumPy paste (:func:`tvm_roialign.runtime.masks.paste_masks`: torchvision's
+        ``paste_masks_in_image`` arithmetic, within 1.2e-7 of it and about 6x faster on 100 masks,
+        where torchvision's was two thirds of the glue)."""
         from torchvision.models.detection.roi_heads import maskrcnn_inference
+        from torchvision.models.detection.transform import resize_boxes
+
+        from ...runtime.masks import paste_masks
 
         _, max_detections = self.roi_bounds()
         if result["boxes"].shape[0] > 0:
@@ -387,12 +393,10 @@ class TVMMaskRCNN:
             t0 = time.perf_counter()
             mask_probs = torch.zeros((0, 1, 28, 28))
         with torch.no_grad():
-            result["masks"] = mask_probs
-            (result,) = self.model.transform.postprocess(
-                [result], image_list.image_sizes, [photo_size]
-            )
+            boxes = resize_boxes(result["boxes"], image_list.image_sizes[0], photo_size)
+            masks = paste_masks(mask_probs[:, 0].numpy(), boxes.numpy(), *photo_size)
         run.glue_s += time.perf_counter() - t0
-        return result
+        return {**result, "boxes": boxes, "masks": torch.from_numpy(masks)[:, None]}
 
     # ---------------------------------------------------------------------------------------------
     def permute_counts(self) -> dict:
