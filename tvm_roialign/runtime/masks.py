@@ -40,7 +40,7 @@ def paste_masks(
     padded = np.pad(masks, ((0, 0), (padding, padding), (padding, padding)))
     scale = float(size + 2 * padding) / size
     expanded = np.trunc(expand_boxes(boxes, scale)).astype(np.int64)
-    out = np.zeros((masks.shape[0], height, width), dtype=np.float32)
+    out = _zeros((masks.shape[0], height, width))
     for i, (x0, y0, x1, y1) in enumerate(expanded):
         w, h = max(int(x1 - x0 + 1), 1), max(int(y1 - y0 + 1), 1)
         mask = resize_bilinear(padded[i], h, w)
@@ -51,3 +51,12 @@ def paste_masks(
                 top - y0 : bottom - y0, left - x0 : right - x0
             ]
     return out
+
+
+def _zeros(shape) -> np.ndarray:
+    """A zero float32 array of ``shape`` in memory without NumPy's huge-page advice: NumPy marks
+    arrays of 4 MiB and more ``MADV_HUGEPAGE``, and where the kernel then defragments on a fault
+    (transparent huge pages in ``madvise`` mode) a fresh 100-mask paste at 512 x 512 (105 MB)
+    stalled 0.1-0.3 s in memory compaction after PyTorch had run, against 7 ms in ordinary pages."""
+    count = int(np.prod(shape))
+    return np.frombuffer(bytearray(4 * count), dtype=np.float32).reshape(shape)
