@@ -170,22 +170,32 @@ def rows_pos(c: Contraction) -> int:
     return c.roles.rindex("M")
 
 
-
 def symbolic_tile(c: Contraction) -> bool:
     """Whether the axis the register tile splits (:func:`rows_pos`) has a symbolic extent: the
-    tile's region of the accumulator then has no static size, and the accumulator is a ``global``
-    buffer (see :func:`~.contraction._tile_accumulator`). Symbolic outer axes (a batch of maps)
-    leave the tile a static ``local`` array."""
+    tile's region of the accumulator then has no static size, and the accumulator is laid out
+    per tile (see :func:`~.contraction._tile_accumulator`), its tile kept under TVM's stack limit.
+    Symbolic outer axes (a batch of maps) leave the tile's size static."""
     return c.extents[rows_pos(c)] is None
 
 
-def weight_bytes(c: Contraction) -> int:
-    """Bytes of ``w`` one batch of ``c`` reads (reduction x columns, float32)."""
-    size = c.num_columns * 4
+def reduction_size(c: Contraction) -> int:
+    """The product of ``c``'s (static) reduction extents: one output's multiply-adds."""
+    size = 1
     for role, extent in zip(c.roles, c.extents):
         size *= extent if role == "R" else 1
     return size
 
 
+def weight_bytes(c: Contraction) -> int:
+    """Bytes of ``w`` one batch of ``c`` reads (reduction x columns, float32)."""
+    return reduction_size(c) * c.num_columns * 4
 
-__all__ = ["Contraction", "analyze_contraction", "rows_pos", "symbolic_tile", "weight_bytes"]
+
+__all__ = [
+    "Contraction",
+    "analyze_contraction",
+    "reduction_size",
+    "rows_pos",
+    "symbolic_tile",
+    "weight_bytes",
+]

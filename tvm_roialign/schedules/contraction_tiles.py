@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import pick_lanes
-from .contraction_analysis import Contraction, rows_pos, symbolic_tile, weight_bytes
+from .contraction_analysis import Contraction, reduction_size, rows_pos, symbolic_tile, weight_bytes
 from .target_info import CPUInfo
 
 #: largest register tile (accumulators) considered; beyond it the gain is nil and spills start
@@ -171,16 +171,15 @@ def resident_row_block(c: Contraction, rows: int, block_cols: int, info: CPUInfo
     row_extents = [e for r, e in zip(c.roles, c.extents) if r == "M"]
     if None in row_extents or None in c.extents:
         return None
-    reduction = 1
-    for role, extent in zip(c.roles, c.extents):
-        reduction *= extent if role == "R" else 1
+    reduction = reduction_size(c)
     a_bytes = reduction * 4
     for extent in row_extents:
         a_bytes *= extent
     panel = reduction * block_cols * 4
+    w_bytes = weight_bytes(c)
     if (
         a_bytes <= info.l2_bytes // 2
-        or weight_bytes(c) <= info.l2_bytes // 2
+        or w_bytes <= info.l2_bytes // 2
         or panel > info.l2_bytes // 4
     ):
         return None
@@ -193,7 +192,6 @@ def resident_row_block(c: Contraction, rows: int, block_cols: int, info: CPUInfo
     if (reduction * (block_cols + rows) * 4) <= info.l1_bytes:
         return tiles
     blocks = a_bytes // (reduction * 4 * rows * tiles)
-    w_bytes = weight_bytes(c)
     column_blocks = c.num_columns // block_cols
     return tiles if a_bytes + w_bytes * blocks < w_bytes + a_bytes * column_blocks else None
 

@@ -122,8 +122,6 @@ class Matmul(CPURule):
                 if tile_throughput(rows[-1], chunk_rows, chunk_cols) < _CHUNKED_TILE_SHARE * free:
                     tiling.reduce_chunk = None
                 else:
-                    resident = tiling.block_tiles
-                    tiling.block_tiles = None  # (the free tile's blocks: chunks get their own)
                     reduction = contraction.extents[contraction.roles.index("R")]
                     blocked = _row_blocks(
                         reduction, rows[-1], chunk_rows, chunk_cols * tiling.lanes, info
@@ -132,9 +130,9 @@ class Matmul(CPURule):
                         # one chunk is no chunk: the free tile in registers, the epilogue fused
                         # (ConvNeXt's 784 x 192 and 196 x 384 MLP inputs)
                         tiling.reduce_chunk = None
-                        tiling.block_tiles = resident
                     else:
                         tiling.rows, tiling.cols = chunk_rows, chunk_cols
+                        tiling.block_tiles = None  # the free tile's blocks: a chunk's are its own
                         if blocked is not None:
                             tiling.reduce_chunk, tiling.block_tiles = blocked
         return schedule_with_epilogue(sch, contraction, tiling)

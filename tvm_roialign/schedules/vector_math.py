@@ -68,9 +68,14 @@ def _f32(value: float) -> tirx.FloatImm:
     return tirx.FloatImm("float32", value)
 
 
+def _reduced_argument(x, n):
+    """``r = x - n ln 2`` (``ln 2`` in two parts, so that ``n`` times the first is exact)."""
+    return x - n * _f32(_LN2_HIGH) - n * _f32(_LN2_LOW)
+
+
 def _reduced_exp(x, n):
     """``exp(r)`` of ``r = x - n ln 2`` by its Taylor polynomial (``|r| <= ln 2 / 2``)."""
-    r = x - n * _f32(_LN2_HIGH) - n * _f32(_LN2_LOW)
+    r = _reduced_argument(x, n)
     poly = _f32(1.0 / math.factorial(_DEGREE))
     for k in range(_DEGREE - 1, -1, -1):
         poly = poly * r + _f32(1.0 / math.factorial(k))
@@ -88,7 +93,7 @@ def _reduced_exp_estrin(x, n):
     low = pairs[0] + pairs[1] * r2
     high = pairs[2] + pairs[3] * r2
     body = tirx.Let(r2, r * r, low + high * (r2 * r2))
-    return tirx.Let(r, x - n * _f32(_LN2_HIGH) - n * _f32(_LN2_LOW), body)
+    return tirx.Let(r, _reduced_argument(x, n), body)
 
 
 def _power_of_two(n):
