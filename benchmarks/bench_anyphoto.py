@@ -30,7 +30,7 @@ from _common import write_report
 
 from tvm_roialign.host import use_usable_cores
 from tvm_roialign.models import detection as det
-from tvm_roialign.models.compare import compare_fast
+from tvm_roialign.models.compare import compare_fast, model_limits
 from tvm_roialign.models.detector_reference import detections_as_numpy
 from tvm_roialign.runtime import Detector
 
@@ -194,10 +194,7 @@ def main(argv=None) -> int:
             if fast is not None:
                 runners["fast_s"] = lambda rgb=rgb: fast(rgb)
                 row["comparison_fast"] = compare_fast(
-                    fast(rgb),
-                    det.torch_detections(model, rgb),
-                    nms_threshold=model.roi_heads.nms_thresh,
-                    max_detections=model.roi_heads.detections_per_img,
+                    fast(rgb), det.torch_detections(model, rgb), **model_limits(model)
                 )
             static = statics.get(tuple(ours["padded"])) if name in statics.get("photos", ()) else None
             if static is not None:

@@ -76,11 +76,9 @@ def _checks(model, artifacts: dict, rgb) -> dict:
     (:func:`~tvm_roialign.models.compare.compare_for_mode`; a bf16 build is judged in
     benchmarks/bench_detector_precision.py)."""
     from tvm_roialign.models import detection as det
-    from tvm_roialign.models.compare import compare_for_mode
+    from tvm_roialign.models.compare import compare_for_mode, model_limits
 
-    ref = det.torch_detections(model, rgb)
-    heads = model.roi_heads
-    limits = {"nms_threshold": heads.nms_thresh, "max_detections": heads.detections_per_img}
+    ref, limits = det.torch_detections(model, rgb), model_limits(model)
     out = {}
     for label, artifact in artifacts.items():
         if artifact.meta.get("precision", "fp32") != "fp32":

@@ -184,13 +184,7 @@ def test_fast_build_meets_the_fast_criterion(fast_detector, photo_name):
     model, detector = fast_detector
     assert b"winograd_input_transform" in detector.path.read_bytes()
     rgb = _photos()[photo_name]
-    heads = model.roi_heads
-    result = cmp.compare_fast(
-        detector(rgb),
-        det.torch_detections(model, rgb),
-        nms_threshold=heads.nms_thresh,
-        max_detections=heads.detections_per_img,
-    )
+    result = cmp.compare_fast(detector(rgb), det.torch_detections(model, rgb), **cmp.model_limits(model))
     assert result["passed"], result
     assert result["checked_torch"] >= 5, result
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..models.compare import compare_for_mode
+from ..models.compare import compare_for_mode, model_limits
 from ..models.compare_bf16 import compare_bf16
 from ..models.detector_sizes import DEFAULT_FAST, build_mode
 from ..models.maskrcnn.detector import TVMMaskRCNN
@@ -175,14 +175,7 @@ def _comparison(detector, model, detections, ref, job: JobConfig) -> dict:
     the mode's (:func:`~tvm_roialign.models.compare.compare_for_mode`)."""
     if detector.precision == "bf16":
         return compare_bf16(detections, ref)
-    heads = model.roi_heads
-    return compare_for_mode(
-        detections,
-        ref,
-        build_mode(job.fast),
-        nms_threshold=heads.nms_thresh,
-        max_detections=heads.detections_per_img,
-    )
+    return compare_for_mode(detections, ref, build_mode(job.fast), **model_limits(model))
 
 
 @dataclass

@@ -303,6 +303,13 @@ def compare_fast(
     return result
 
 
+def model_limits(model) -> dict:
+    """The ``limits`` of :func:`compare_fast` / :func:`compare_for_mode` that a torchvision
+    detector's heads set: their NMS IoU threshold and their detection cap."""
+    heads = model.roi_heads
+    return {"nms_threshold": heads.nms_thresh, "max_detections": heads.detections_per_img}
+
+
 def compare_for_mode(ours: dict, ref: dict, mode: str = "exact", **limits) -> dict:
     """:func:`compare_detections` of an ``"exact"`` build, :func:`compare_fast` of a ``"fast"``
     one (given ``limits``: ``nms_threshold``, ``max_detections``), with ``mode`` and
@@ -408,6 +415,7 @@ __all__ = [
     "compare_for_mode",
     "match_confident",
     "match_detections",
+    "model_limits",
     "nms_near_ties",
     "pair_detections",
     "passed",
