@@ -48,6 +48,7 @@ from tvm_roialign.testing import (
     roi_align_rotated_ref,
     smooth_data,
 )
+from tvm_roialign.topi._args import rois_dtypes_for
 from tvm_roialign.topi._sampling import accumulate_dtype
 
 SPECIALS = (float("nan"), float("inf"), float("-inf"))
@@ -83,6 +84,17 @@ def _roi_align_cases():
         yield layout, sampling_ratio, attrs, ("float32", "float16", "float64")[(i // 2) % 3]
 
 
+def _roi_align_bf16_cases():
+    """bfloat16 data (float32 rois): layout x mode x fixed/adaptive grid, aligned and its meaning
+    alternating."""
+    combos = itertools.product(LAYOUTS, ("avg", "max"), (2, -1))
+    for i, (layout, mode, sampling_ratio) in enumerate(combos):
+        aligned = i % 2 == 0
+        attrs = _roi_align_attrs(mode, aligned, aligned and i % 4 == 0, (1.0, 0.25, 0.6)[i % 3],
+                                 ((7, 7), (2, 3))[i % 2])
+        yield layout, sampling_ratio, attrs, "bfloat16"
+
+
 #: The degenerate boxes (``_degenerate.DEGENERATE_ROIS``) under each layout, both meanings of
 #: aligned, fixed and adaptive grids, every mode
 _ROI_ALIGN_DEGENERATE = [
@@ -104,7 +116,7 @@ def _on_paths(cases):
 
 def _torchvision_meaning(case):
     return (case.get("mode") == "avg" and case.get("aligned") == case.get("half_pixel")
-            and case.dtype != "float16")
+            and case.dtype not in ("float16", "bfloat16"))  # torchvision's CPU kernel: neither
 
 
 class TestRoIAlign(RoIOpTester):
@@ -114,7 +126,7 @@ class TestRoIAlign(RoIOpTester):
     box with ``aligned=True`` and an adaptive grid)."""
 
     N, C, H, W = 2, 12, 11, 13
-    REFERENCE_CASES = _on_paths(list(_roi_align_cases()))
+    REFERENCE_CASES = _on_paths([*_roi_align_cases(), *_roi_align_bf16_cases()])
     PEER_CASES = tuple(c for c in REFERENCE_CASES if _torchvision_meaning(c))
     DEGENERATE_CASES = _on_paths(_ROI_ALIGN_DEGENERATE)
     FUZZ_EXAMPLES = 60
@@ -128,10 +140,11 @@ class TestRoIAlign(RoIOpTester):
         if case.path == "relax":  # tvm_roialign.roi_align for torchvision's meaning, else stock
             mod = build_roi_align_module(shape, num_rois, pooled, scale, case.sampling_ratio,
                                          aligned, case.layout, mode, case.dtype,
-                                         torchvision_aligned=half_pixel)
+                                         torchvision_aligned=half_pixel,
+                                         rois_dtype=rois_dtypes_for(case.dtype)[0])
             return _vm_runner(mod)
         inputs = [te.placeholder(shape, case.dtype, "data"),
-                  te.placeholder((num_rois, 5), case.dtype, "rois")]
+                  te.placeholder((num_rois, 5), rois_dtypes_for(case.dtype)[0], "rois")]
         attrs = RoiAlignAttrs(pooled, scale, case.sampling_ratio, aligned, case.layout, mode,
                               half_pixel)
 
@@ -166,7 +179,7 @@ class TestRoIAlign(RoIOpTester):
         boxes = np.concatenate([starts, starts + sizes], axis=1) / case.get("scale")
         batch = np.arange(len(boxes)) % self.N
         rois = np.concatenate([batch[:, None], boxes], axis=1)
-        return data.astype(case.dtype), rois.astype(case.dtype)
+        return data.astype(case.dtype), rois.astype(rois_dtypes_for(case.dtype)[0])
 
     def degenerate(self, case, rng):
         data = np.random.default_rng(2).standard_normal((self.N, self.C, self.H, self.W))
