@@ -274,11 +274,13 @@ class _OneOpTester(RoIOpTester):
     def build(self, case, data_shape, num_rois):
         return relax_runner(lambda d, r: self.make_op(d, r, case), case.path,
                             data=(_layout_shape(data_shape, case.layout), case.dtype),
-                            rois=((num_rois, self.ROI_WIDTH), case.dtype))
+                            rois=((num_rois, self.ROI_WIDTH), rois_dtypes_for(case.dtype)[0]))
 
     def tolerance(self, case, check, tol):
         if check == "peer":
             return 0, FAMILY_TOL["peer"]
+        if case.dtype == "bfloat16":  # one rounding: relative to the output's magnitude
+            return tol["bfloat16"], tol["bfloat16"]
         return 0, FAMILY_TOL["reference"] if case.dtype == "float32" else tol[case.dtype]
 
     @staticmethod
@@ -293,9 +295,10 @@ class _OneOpTester(RoIOpTester):
         if case.dtype == "float64":
             data = rng.standard_normal(self.shape())
             return data, self.random_rois(rng, degrees=degrees, dtype="float64")
-        if case.dtype == "float16":
-            data = smooth_data(self.shape()).astype("float16")
-            return data, self.random_rois(rng, degrees=degrees).astype("float16")
+        if case.dtype in ("float16", "bfloat16"):
+            data = smooth_data(self.shape()).astype(case.dtype)
+            rois = self.random_rois(rng, degrees=degrees)
+            return data, rois.astype(rois_dtypes_for(case.dtype)[0])
         return smooth_data(self.shape()), self.reference_rois(rng, degrees)
 
     def peer_inputs(self, case, rng):
@@ -341,7 +344,8 @@ class TestPSRoIAlign(_OneOpTester):
     PEER_CASES = _cases(("native", "llvm"), LAYOUTS, (2, -1))
     REFERENCE_CASES = (*_cases(("native",), LAYOUTS, (2, 0)),
                        *_cases(("native",), LAYOUTS, (-1,), dtypes=("float64",)),
-                       *_cases(("native",), LAYOUTS, (2,), dtypes=("float16",)))
+                       *_cases(("native",), LAYOUTS, (2,), dtypes=("float16",)),
+                       *_cases(("native", "llvm"), LAYOUTS, (2, -1), dtypes=("bfloat16",)))
     DEGENERATE_CASES = _cases(("native",), LAYOUTS, (2, -1))
 
     def make_op(self, data, rois, case):
@@ -409,6 +413,7 @@ class TestRoIAlignRotated(_OneOpTester):
         *_cases(("native",), LAYOUTS, (2, -1), [DETECTRON2, MMCV_ALIGNED_CLOCKWISE, MMCV_UNALIGNED]),
         *_cases(("native",), LAYOUTS, (-1,), [DETECTRON2], dtypes=("float64",)),
         RoICase("native", "NHWC", 2, (), "float16"),
+        *_cases(("native", "llvm"), LAYOUTS, (2, -1), [DETECTRON2], dtypes=("bfloat16",)),
     )
     DEGENERATE_CASES = _cases(("native",), LAYOUTS, (2, 0))
 
@@ -511,7 +516,10 @@ class TestMultiscaleRoIAlign(RoIOpTester):
 
     C = 8
     REFERENCE_CASES = (RoICase("relax", "NCHW", 2, _multiscale_attrs((7, 6))),
-                       RoICase("relax", "NHWC", 0, _multiscale_attrs((3, 3), aligned=True)))
+                       RoICase("relax", "NHWC", 0, _multiscale_attrs((3, 3), aligned=True)),
+                       RoICase("relax", "NHWC", 2, _multiscale_attrs((7, 6)), "bfloat16"),
+                       # (the PrimFunc paths pass aligned without half_pixel: stock meaning)
+                       RoICase("gpu-unbound", "NCHW", 0, _multiscale_attrs((3, 3)), "bfloat16"))
     PEER_CASES = (
         *_cases(("relax",), LAYOUTS, (2,), [_multiscale_attrs((7, 6))]),
         RoICase("relax", "NCHW", 0, _multiscale_attrs((3, 3))),
@@ -533,10 +541,10 @@ class TestMultiscaleRoIAlign(RoIOpTester):
                     list(args[:-1]), args[-1], pooled, scales,
                     sampling_ratio=case.sampling_ratio, aligned=aligned, layout=case.layout),
                 case.path, **{f"f{i}": (s, case.dtype) for i, s in enumerate(shapes)},
-                rois=((num_rois, 5), case.dtype))
+                rois=((num_rois, 5), rois_dtypes_for(case.dtype)[0]))
             return lambda features, rois: run(*features[:levels], rois)
         inputs = [*(te.placeholder(s, case.dtype, f"f{i}") for i, s in enumerate(shapes)),
-                  te.placeholder((num_rois, 5), case.dtype, "rois")]
+                  te.placeholder((num_rois, 5), rois_dtypes_for(case.dtype)[0], "rois")]
 
         def compute(*args):
             return topi.multiscale_roi_align(list(args[:-1]), args[-1], pooled, scales,
@@ -585,7 +593,7 @@ class TestMultiscaleRoIAlign(RoIOpTester):
         return want
 
     def tolerance(self, case, check, tol):
-        return 0, tol[case.dtype]
+        return (tol[case.dtype] if case.dtype == "bfloat16" else 0), tol[case.dtype]
 
     def features(self, rng, smooth=False):
         """Sizes as a backbone gives them: ceil-divided by two per level (odd sizes on the way)."""
@@ -616,7 +624,7 @@ class TestMultiscaleRoIAlign(RoIOpTester):
         return self.features(rng), self.rois(rng)
 
     def reference_inputs(self, case, rng):
-        return self.features(rng, smooth=True), self.rois(rng)
+        return [f.astype(case.dtype) for f in self.features(rng, smooth=True)], self.rois(rng)
 
     def degenerate(self, case, rng):
         """``_degenerate.DEGENERATE_ROIS`` at level 0's scale (all on level 0)."""
