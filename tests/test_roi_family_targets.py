@@ -272,3 +272,17 @@ def test_products_are_fenced_against_fma_contraction(op, sampling_ratio):
         (func,) = [f for f in legalized.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
         script = func.script()
     assert "llvm.arithmetic.fence" in script
+
+
+@pytest.mark.parametrize("target", [CUDA, METAL], ids=["cuda", "metal"])
+def test_bfloat16_builds_with_a_float32_accumulator(target):
+    """bfloat16 data with float32 rois: CUDA's kernel reads ``__nv_bfloat16``, Metal's (TVM 0.27
+    legalizes bfloat16 to ``ushort`` storage there) ``ushort``; both accumulate in a float32
+    register."""
+    kind = target.kind.name
+    mod = single_op_module(
+        lambda d, r: relax.op.vision.roi_align(d, r, (2, 2), 1.0, 2, layout="NHWC"),
+        data=([1, 6, 6, 8], "bfloat16"), rois=([3, 5], "float32"))
+    body = _kernels(_sources(tvm.compile(mod, target=target).mod, kind))["roi_align_nhwc_kernel"]
+    assert ("nv_bfloat16" if kind == "cuda" else "device ushort* data") in body
+    assert "float roi_align_acc_local" in body
