@@ -196,6 +196,7 @@ def _call(data_shape=(1, 4, 8, 8), dtype="uint8", rois_dtype="float32", **kwargs
         ({"layout": "HWCN"}, ValueError, "layout must be one of"),
         ({"out_dtype": "int8"}, ValueError, "out_dtype must be 'uint8' or 'float32'"),
         ({"data_shape": (1, 4, 8)}, ValueError, r"data must be 4-D \[N, C, H, W\]"),
+        ({"spatial_scale": -1.0}, ValueError, "spatial_scale must be a positive finite float"),
     ],
 )
 def test_bad_input_raises_one_line_error(kwargs, error, match):

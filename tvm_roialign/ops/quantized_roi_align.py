@@ -15,6 +15,7 @@ from typing import ClassVar
 import tvm
 from tvm import relax
 
+from ..topi._args import check_spatial_scale
 from ..topi._sampling import normalize_pooled_size
 from ..topi.quantized_roi_align import check_quantized_roi_align_args
 from ..topi.quantized_roi_align import quantized_roi_align as topi_quantized_roi_align
@@ -54,6 +55,7 @@ def infer_struct_info(call, _ctx=None):
         data_shape, dtype, check_rois, rois_dtype, a.pooled_size, a.layout, a.scale, a.zero_point,
         a.out_dtype,
     )
+    check_spatial_scale(a.spatial_scale)
     channels = data_channels(data_shape, a.layout)
     return pooled_output_type(call, rois_shape, pooled, channels, a.layout, a.out_dtype)
 
