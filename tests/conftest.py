@@ -50,8 +50,12 @@ pytest_plugins = ["_hygiene", "_xdist_groups"]
 #: Every numeric comparison of the suite, by the dtype of the values compared: ``rtol = atol =
 #: TOLERANCE[dtype]``. float16: one rounding of an output of magnitude ~1 (accumulation is float32);
 #: float32: float32 rounding of the value sums (the geometry is exact, see test_exactness.py);
-#: float64: summation order only.
-TOLERANCE = {"float16": 4e-3, "float32": 1e-5, "float64": 1e-9}
+#: float64: summation order only; bfloat16 (8 significant bits, float32 accumulation): one
+#: round-to-nearest-even of the output, at most 2**-8 of its magnitude; uint8 / int8 (quantized
+#: RoIAlign's requantized output): quanta, only where the exact average is at n + 0.5
+#: (tests/test_quantized_roi_align.py).
+TOLERANCE = {"float16": 4e-3, "bfloat16": 2**-8, "float32": 1e-5, "float64": 1e-9, "uint8": 1,
+             "int8": 1}
 
 
 @pytest.fixture(scope="session")

@@ -100,11 +100,27 @@ def _call(data_shape, rois_shape, dtype="float32", rois_dtype=None, **kwargs):
          r"rois dtype \(float16\) must equal data dtype \(float32\)"),
         ({"data_shape": (1, 4, 8, 8), "rois_shape": (3, 5), "dtype": "int32"},
          "data dtype must be"),
+        # bfloat16 data takes float32 rois only (bfloat16 rois would lose whole pixels)
+        ({"data_shape": (1, 4, 8, 8), "rois_shape": (3, 5), "dtype": "bfloat16",
+          "rois_dtype": "bfloat16"},
+         r"rois dtype \(bfloat16\) must be float32 for data dtype bfloat16"),
     ],
 )
 def test_bad_input_raises_clear_error(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         _call(**kwargs)
+
+
+def test_bf16_struct_info_and_layout_keep_the_dtype():
+    """bfloat16 data with float32 rois: the output is bfloat16, also after ConvertLayout."""
+    mod = single_op_module(lambda d, r: relax.op.vision.roi_align(d, r, (2, 2), 1.0, 2),
+                           data=([1, 8, 6, 6], "bfloat16"), rois=([3, 5], "float32"))
+    assert str(mod["main"].ret_ty.dtype) == "bfloat16"
+    converted = relax.transform.ConvertLayout({"relax.vision.roi_align": ["NHWC", "default"]})(mod)
+    calls = [b.value for b in converted["main"].body.blocks[0].bindings
+             if isinstance(b.value, relax.Call) and b.value.op.name == "relax.vision.roi_align"]
+    assert calls and str(calls[0].attrs.layout) == "NHWC"
+    assert str(calls[0].ty.dtype) == "bfloat16"
 
 
 def test_topi_dispatcher_rejects_unknown_layout():

@@ -48,6 +48,7 @@ from tvm_roialign.testing import (
     roi_align_rotated_ref,
     smooth_data,
 )
+from tvm_roialign.topi._args import rois_dtypes_for
 from tvm_roialign.topi._sampling import accumulate_dtype
 
 SPECIALS = (float("nan"), float("inf"), float("-inf"))
@@ -83,6 +84,17 @@ def _roi_align_cases():
         yield layout, sampling_ratio, attrs, ("float32", "float16", "float64")[(i // 2) % 3]
 
 
+def _roi_align_bf16_cases():
+    """bfloat16 data (float32 rois): layout x mode x fixed/adaptive grid, aligned and its meaning
+    alternating."""
+    combos = itertools.product(LAYOUTS, ("avg", "max"), (2, -1))
+    for i, (layout, mode, sampling_ratio) in enumerate(combos):
+        aligned = i % 2 == 0
+        attrs = _roi_align_attrs(mode, aligned, aligned and i % 4 == 0, (1.0, 0.25, 0.6)[i % 3],
+                                 ((7, 7), (2, 3))[i % 2])
+        yield layout, sampling_ratio, attrs, "bfloat16"
+
+
 #: The degenerate boxes (``_degenerate.DEGENERATE_ROIS``) under each layout, both meanings of
 #: aligned, fixed and adaptive grids, every mode
 _ROI_ALIGN_DEGENERATE = [
@@ -104,7 +116,7 @@ def _on_paths(cases):
 
 def _torchvision_meaning(case):
     return (case.get("mode") == "avg" and case.get("aligned") == case.get("half_pixel")
-            and case.dtype != "float16")
+            and case.dtype not in ("float16", "bfloat16"))  # torchvision's CPU kernel: neither
 
 
 class TestRoIAlign(RoIOpTester):
@@ -114,7 +126,7 @@ class TestRoIAlign(RoIOpTester):
     box with ``aligned=True`` and an adaptive grid)."""
 
     N, C, H, W = 2, 12, 11, 13
-    REFERENCE_CASES = _on_paths(list(_roi_align_cases()))
+    REFERENCE_CASES = _on_paths([*_roi_align_cases(), *_roi_align_bf16_cases()])
     PEER_CASES = tuple(c for c in REFERENCE_CASES if _torchvision_meaning(c))
     DEGENERATE_CASES = _on_paths(_ROI_ALIGN_DEGENERATE)
     FUZZ_EXAMPLES = 60
@@ -128,10 +140,11 @@ class TestRoIAlign(RoIOpTester):
         if case.path == "relax":  # tvm_roialign.roi_align for torchvision's meaning, else stock
             mod = build_roi_align_module(shape, num_rois, pooled, scale, case.sampling_ratio,
                                          aligned, case.layout, mode, case.dtype,
-                                         torchvision_aligned=half_pixel)
+                                         torchvision_aligned=half_pixel,
+                                         rois_dtype=rois_dtypes_for(case.dtype)[0])
             return _vm_runner(mod)
         inputs = [te.placeholder(shape, case.dtype, "data"),
-                  te.placeholder((num_rois, 5), case.dtype, "rois")]
+                  te.placeholder((num_rois, 5), rois_dtypes_for(case.dtype)[0], "rois")]
         attrs = RoiAlignAttrs(pooled, scale, case.sampling_ratio, aligned, case.layout, mode,
                               half_pixel)
 
@@ -166,7 +179,7 @@ class TestRoIAlign(RoIOpTester):
         boxes = np.concatenate([starts, starts + sizes], axis=1) / case.get("scale")
         batch = np.arange(len(boxes)) % self.N
         rois = np.concatenate([batch[:, None], boxes], axis=1)
-        return data.astype(case.dtype), rois.astype(case.dtype)
+        return data.astype(case.dtype), rois.astype(rois_dtypes_for(case.dtype)[0])
 
     def degenerate(self, case, rng):
         data = np.random.default_rng(2).standard_normal((self.N, self.C, self.H, self.W))
@@ -261,11 +274,13 @@ class _OneOpTester(RoIOpTester):
     def build(self, case, data_shape, num_rois):
         return relax_runner(lambda d, r: self.make_op(d, r, case), case.path,
                             data=(_layout_shape(data_shape, case.layout), case.dtype),
-                            rois=((num_rois, self.ROI_WIDTH), case.dtype))
+                            rois=((num_rois, self.ROI_WIDTH), rois_dtypes_for(case.dtype)[0]))
 
     def tolerance(self, case, check, tol):
         if check == "peer":
             return 0, FAMILY_TOL["peer"]
+        if case.dtype == "bfloat16":  # one rounding: relative to the output's magnitude
+            return tol["bfloat16"], tol["bfloat16"]
         return 0, FAMILY_TOL["reference"] if case.dtype == "float32" else tol[case.dtype]
 
     @staticmethod
@@ -280,9 +295,10 @@ class _OneOpTester(RoIOpTester):
         if case.dtype == "float64":
             data = rng.standard_normal(self.shape())
             return data, self.random_rois(rng, degrees=degrees, dtype="float64")
-        if case.dtype == "float16":
-            data = smooth_data(self.shape()).astype("float16")
-            return data, self.random_rois(rng, degrees=degrees).astype("float16")
+        if case.dtype in ("float16", "bfloat16"):
+            data = smooth_data(self.shape()).astype(case.dtype)
+            rois = self.random_rois(rng, degrees=degrees)
+            return data, rois.astype(rois_dtypes_for(case.dtype)[0])
         return smooth_data(self.shape()), self.reference_rois(rng, degrees)
 
     def peer_inputs(self, case, rng):
@@ -328,7 +344,8 @@ class TestPSRoIAlign(_OneOpTester):
     PEER_CASES = _cases(("native", "llvm"), LAYOUTS, (2, -1))
     REFERENCE_CASES = (*_cases(("native",), LAYOUTS, (2, 0)),
                        *_cases(("native",), LAYOUTS, (-1,), dtypes=("float64",)),
-                       *_cases(("native",), LAYOUTS, (2,), dtypes=("float16",)))
+                       *_cases(("native",), LAYOUTS, (2,), dtypes=("float16",)),
+                       *_cases(("native", "llvm"), LAYOUTS, (2, -1), dtypes=("bfloat16",)))
     DEGENERATE_CASES = _cases(("native",), LAYOUTS, (2, -1))
 
     def make_op(self, data, rois, case):
@@ -396,6 +413,7 @@ class TestRoIAlignRotated(_OneOpTester):
         *_cases(("native",), LAYOUTS, (2, -1), [DETECTRON2, MMCV_ALIGNED_CLOCKWISE, MMCV_UNALIGNED]),
         *_cases(("native",), LAYOUTS, (-1,), [DETECTRON2], dtypes=("float64",)),
         RoICase("native", "NHWC", 2, (), "float16"),
+        *_cases(("native", "llvm"), LAYOUTS, (2, -1), [DETECTRON2], dtypes=("bfloat16",)),
     )
     DEGENERATE_CASES = _cases(("native",), LAYOUTS, (2, 0))
 
@@ -498,7 +516,10 @@ class TestMultiscaleRoIAlign(RoIOpTester):
 
     C = 8
     REFERENCE_CASES = (RoICase("relax", "NCHW", 2, _multiscale_attrs((7, 6))),
-                       RoICase("relax", "NHWC", 0, _multiscale_attrs((3, 3), aligned=True)))
+                       RoICase("relax", "NHWC", 0, _multiscale_attrs((3, 3), aligned=True)),
+                       RoICase("relax", "NHWC", 2, _multiscale_attrs((7, 6)), "bfloat16"),
+                       # (the PrimFunc paths pass aligned without half_pixel: stock meaning)
+                       RoICase("gpu-unbound", "NCHW", 0, _multiscale_attrs((3, 3)), "bfloat16"))
     PEER_CASES = (
         *_cases(("relax",), LAYOUTS, (2,), [_multiscale_attrs((7, 6))]),
         RoICase("relax", "NCHW", 0, _multiscale_attrs((3, 3))),
@@ -520,10 +541,10 @@ class TestMultiscaleRoIAlign(RoIOpTester):
                     list(args[:-1]), args[-1], pooled, scales,
                     sampling_ratio=case.sampling_ratio, aligned=aligned, layout=case.layout),
                 case.path, **{f"f{i}": (s, case.dtype) for i, s in enumerate(shapes)},
-                rois=((num_rois, 5), case.dtype))
+                rois=((num_rois, 5), rois_dtypes_for(case.dtype)[0]))
             return lambda features, rois: run(*features[:levels], rois)
         inputs = [*(te.placeholder(s, case.dtype, f"f{i}") for i, s in enumerate(shapes)),
-                  te.placeholder((num_rois, 5), case.dtype, "rois")]
+                  te.placeholder((num_rois, 5), rois_dtypes_for(case.dtype)[0], "rois")]
 
         def compute(*args):
             return topi.multiscale_roi_align(list(args[:-1]), args[-1], pooled, scales,
@@ -572,7 +593,7 @@ class TestMultiscaleRoIAlign(RoIOpTester):
         return want
 
     def tolerance(self, case, check, tol):
-        return 0, tol[case.dtype]
+        return (tol[case.dtype] if case.dtype == "bfloat16" else 0), tol[case.dtype]
 
     def features(self, rng, smooth=False):
         """Sizes as a backbone gives them: ceil-divided by two per level (odd sizes on the way)."""
@@ -603,7 +624,7 @@ class TestMultiscaleRoIAlign(RoIOpTester):
         return self.features(rng), self.rois(rng)
 
     def reference_inputs(self, case, rng):
-        return self.features(rng, smooth=True), self.rois(rng)
+        return [f.astype(case.dtype) for f in self.features(rng, smooth=True)], self.rois(rng)
 
     def degenerate(self, case, rng):
         """``_degenerate.DEGENERATE_ROIS`` at level 0's scale (all on level 0)."""

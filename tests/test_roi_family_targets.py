@@ -272,3 +272,33 @@ def test_products_are_fenced_against_fma_contraction(op, sampling_ratio):
         (func,) = [f for f in legalized.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
         script = func.script()
     assert "llvm.arithmetic.fence" in script
+
+
+@pytest.mark.parametrize("target", [CUDA, METAL], ids=["cuda", "metal"])
+def test_bfloat16_builds_with_a_float32_accumulator(target):
+    """bfloat16 data with float32 rois: CUDA's kernel reads ``__nv_bfloat16``, Metal's (TVM 0.27
+    legalizes bfloat16 to ``ushort`` storage there) ``ushort``; both accumulate in a float32
+    register."""
+    kind = target.kind.name
+    mod = single_op_module(
+        lambda d, r: relax.op.vision.roi_align(d, r, (2, 2), 1.0, 2, layout="NHWC"),
+        data=([1, 6, 6, 8], "bfloat16"), rois=([3, 5], "float32"))
+    body = _kernels(_sources(tvm.compile(mod, target=target).mod, kind))["roi_align_nhwc_kernel"]
+    assert ("nv_bfloat16" if kind == "cuda" else "device ushort* data") in body
+    assert "float roi_align_acc_local" in body
+
+
+@pytest.mark.parametrize("sampling_ratio", [2, -1])
+def test_bfloat16_nhwc_x86_loads_register_wide_channel_vectors(sampling_ratio):
+    """bfloat16 NHWC on an AVX2 CPU: the x86 strategy's kernel (static and adaptive grids) takes 16
+    channels (one 256-bit register of bfloat16) per vector, as float16 does."""
+    from tvm_roialign.ops.roi_align import RoiAlignAttrs
+    from tvm_roialign.strategies import STRATEGIES
+
+    inputs = [te.placeholder((1, 11, 13, 64), "bfloat16", "data"),
+              te.placeholder((7, 5), "float32", "rois")]
+    attrs = RoiAlignAttrs((3, 2), 1.0, sampling_ratio, True, "NHWC", "avg", True)
+    func = STRATEGIES["x86"].build(
+        lambda d, r: topi.roi_align(d, r, (3, 2), 1.0, "avg", sampling_ratio, True, "NHWC", True),
+        inputs, tvm.target.Target({"kind": "llvm", "mcpu": "znver3"}), "NHWC", attrs)
+    assert set(re.findall(r"T\.vectorized\((\d+)\)", func.script())) == {"16"}

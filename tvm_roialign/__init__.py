@@ -10,6 +10,8 @@ Importing the package registers, idempotently and above TVM's own level:
 * the RoI family ``relax.vision.roi_align_rotated`` (detectron2 / mmcv / OpenVINO rotated RoIAlign)
   and ``relax.vision.ps_roi_align`` (torchvision's position-sensitive RoIAlign), with the same
   strategies and layout rule;
+* ``relax.vision.quantized_roi_align`` (torchvision's ``roi_align`` on a per-tensor quantized uint8 /
+  int8 map; requantized or float32 output);
 * the named Relax pipeline ``"tvm_roialign_cpu"`` (``tvm.compile(mod, target,
   relax_pipeline="tvm_roialign_cpu")``), the package's CPU pipeline.
 
@@ -37,12 +39,14 @@ from ._version import __version__
 from .ops import multiscale_roi_align as _multiscale_roi_align_op
 from .ops import nms as _nms_op
 from .ops import ps_roi_align as _ps_roi_align_op
+from .ops import quantized_roi_align as _quantized_roi_align_op
 from .ops import roi_align as _roi_align_op
 from .ops import roi_align_rotated as _roi_align_rotated_op
 from .ops.multiscale_roi_align import (
     make_multiscale_roi_align as multiscale_roi_align,
 )
 from .ops.ps_roi_align import make_ps_roi_align as ps_roi_align
+from .ops.quantized_roi_align import make_quantized_roi_align as quantized_roi_align
 from .ops.roi_align import make_roi_align as roi_align
 from .ops.roi_align_rotated import make_roi_align_rotated as roi_align_rotated
 from .passes import layout as _layout_pass
@@ -53,6 +57,7 @@ _REGISTER_HOOKS = [
     _multiscale_roi_align_op.register,
     _ps_roi_align_op.register,
     _roi_align_rotated_op.register,
+    _quantized_roi_align_op.register,
     _layout_pass.register,
     _layout_clip.register,
     _nms_op.register,
@@ -103,6 +108,7 @@ __all__ = [
     "multiscale_roi_align",
     "passes",
     "ps_roi_align",
+    "quantized_roi_align",
     "register",
     "roi_align",
     "roi_align_rotated",

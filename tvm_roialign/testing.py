@@ -306,8 +306,10 @@ def build_roi_align_module(
     mode="avg",
     dtype="float32",
     torchvision_aligned=False,
+    rois_dtype=None,
 ):
-    """An IRModule ``main(data, rois)`` with one ``relax.vision.roi_align`` call.
+    """An IRModule ``main(data, rois)`` with one ``relax.vision.roi_align`` call (rois in
+    ``rois_dtype``, default ``dtype``).
 
     ``torchvision_aligned`` builds it with :func:`tvm_roialign.roi_align` (torchvision's meaning of
     ``aligned``); otherwise the plain Relax op with the op's own meaning.
@@ -329,7 +331,7 @@ def build_roi_align_module(
     return single_op_module(
         make,
         data=(data_shape, dtype),
-        rois=([num_rois, 5], dtype),
+        rois=([num_rois, 5], rois_dtype or dtype),
     )
 
 

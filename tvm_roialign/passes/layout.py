@@ -36,6 +36,7 @@ from tvm.s_tir import slayout
 from .. import _registry
 from ..ops.multiscale_roi_align import OP_NAME as MULTISCALE_ROI_ALIGN_OP
 from ..ops.ps_roi_align import OP_NAME as PS_ROI_ALIGN_OP
+from ..ops.quantized_roi_align import OP_NAME as QUANTIZED_ROI_ALIGN_OP
 from ..ops.roi_align import OP_NAME as ROI_ALIGN_OP
 from ..ops.roi_align_rotated import OP_NAME as ROI_ALIGN_ROTATED_OP
 
@@ -253,6 +254,7 @@ RULES = {
     # (data, rois): rois [K, 6] for the rotated op, [K, 5] for the position-sensitive one
     ROI_ALIGN_ROTATED_OP: infer_layout_roi_align,
     PS_ROI_ALIGN_OP: infer_layout_roi_align,
+    QUANTIZED_ROI_ALIGN_OP: infer_layout_roi_align,
 }
 
 #: Every op the layout rule serves (for argument checks before the pass).
@@ -271,6 +273,7 @@ def register() -> None:
 __all__ = [
     "MULTISCALE_ROI_ALIGN_OP",
     "PS_ROI_ALIGN_OP",
+    "QUANTIZED_ROI_ALIGN_OP",
     "ROI_ALIGN_LIKE_OPS",
     "ROI_ALIGN_OP",
     "ROI_ALIGN_ROTATED_OP",

@@ -132,7 +132,7 @@ def _bin_row_kernel(c: KernelConstants, reader: RoiReader):
     def kernel(d: T.handle, r: T.handle, o: T.handle):
         T.func_attr({"tirx.noalias": True})
         data_buf = T.match_buffer(d, c.data_shape, c.dtype)
-        rois_buf = T.match_buffer(r, c.rois_shape, c.dtype)
+        rois_buf = T.match_buffer(r, c.rois_shape, c.rois_dtype)
         out = T.match_buffer(o, c.out_shape, c.dtype)
         if c.nchw:
             feat = T.alloc_buffer(c.feat_shape, c.dtype)
@@ -165,7 +165,7 @@ def _sample_row_kernel(c: KernelConstants, reader: RoiReader):
     def kernel(d: T.handle, r: T.handle, o: T.handle):
         T.func_attr({"tirx.noalias": True})
         data_buf = T.match_buffer(d, c.data_shape, c.dtype)
-        rois_buf = T.match_buffer(r, c.rois_shape, c.dtype)
+        rois_buf = T.match_buffer(r, c.rois_shape, c.rois_dtype)
         out = T.match_buffer(o, c.out_shape, c.dtype)
         if c.nchw:
             feat = T.alloc_buffer(c.feat_shape, c.dtype)

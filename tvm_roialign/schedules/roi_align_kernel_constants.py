@@ -51,6 +51,7 @@ class KernelConstants:
     arithmetic in ``idx``, float arithmetic in ``acc``)."""
 
     dtype: str
+    rois_dtype: str  # the data's, or float32 for bfloat16 data (topi._args.ROIS_DTYPES)
     acc: str
     idx: str
     mode: str
@@ -124,7 +125,7 @@ class KernelConstants:
         acc_bits = block * tvm.runtime.DataType(acc).bits
         unroll = info is not None and acc_bits <= info.vector_bits * (info.vector_registers // 2)
         return cls(
-            dtype, acc, idx, mode, layout == "NCHW",
+            dtype, str(rois.dtype), acc, idx, mode, layout == "NCHW",
             family is not None and family.rotated,
             family is not None and family.position_sensitive,
             block, data.shape, rois.shape, out_shape, [num_batch, height, width, in_channels],

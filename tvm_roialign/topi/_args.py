@@ -10,7 +10,11 @@ from tvm import tirx
 
 LAYOUTS = ("NCHW", "NHWC")
 MODES = ("avg", "max", "onnx_max")
-FLOAT_DTYPES = ("float16", "float32", "float64")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: The rois dtypes each data dtype takes: the data's own, but float32 for bfloat16 data: bfloat16
+#: has 8 significant bits (a box edge near 700 px moves in 4 px steps), and TVM 0.27's bfloat16
+#: legalization on llvm zeroes the output when the rois themselves are bfloat16.
+ROIS_DTYPES = {"bfloat16": ("float32",)}
 INT32_MAX = 2**31 - 1
 #: The row form of RoIAlign's ``[K, 5]`` rois, for error messages.
 BOX_ROW = "(batch_index, x1, y1, x2, y2)"
@@ -25,7 +29,7 @@ def resolve_target(target):
 
 
 def accumulate_dtype(dtype: str) -> str:
-    """float64 for float64, float32 otherwise."""
+    """float64 for float64, float32 otherwise (float16 and bfloat16 accumulate in float32)."""
     return "float64" if str(dtype) == "float64" else "float32"
 
 
@@ -120,7 +124,7 @@ def check_data_and_rois(
     data_shape, data_dtype, rois_shape, rois_dtype, layout, columns: int = 5, row_form: str = BOX_ROW
 ) -> None:
     """``data`` 4-D in ``layout`` (already checked), ``rois`` ``[K, columns]``, a float data dtype
-    and the rois' dtype equal to it; ValueError (shapes) / TypeError (dtypes)."""
+    and a rois dtype it takes (:func:`check_rois_dtype`); ValueError (shapes) / TypeError (dtypes)."""
     if len(data_shape) != 4:
         raise ValueError(
             f"data must be 4-D {data_form(layout)} for layout {layout}, got shape {list(data_shape)}"
@@ -128,8 +132,25 @@ def check_data_and_rois(
     check_rois_shape(rois_shape, columns, row_form)
     if str(data_dtype) not in FLOAT_DTYPES:
         raise TypeError(f"data dtype must be one of {FLOAT_DTYPES}, got {data_dtype}")
-    if str(rois_dtype) != str(data_dtype):
-        raise TypeError(f"rois dtype ({rois_dtype}) must equal data dtype ({data_dtype})")
+    check_rois_dtype(rois_dtype, data_dtype)
+
+
+def rois_dtypes_for(data_dtype) -> tuple[str, ...]:
+    """The rois dtypes data of ``data_dtype`` takes (:data:`ROIS_DTYPES`)."""
+    return ROIS_DTYPES.get(str(data_dtype), (str(data_dtype),))
+
+
+def check_rois_dtype(rois_dtype, data_dtype, data_name: str = "data") -> None:
+    """TypeError unless ``rois_dtype`` is one ``data_dtype`` takes (:func:`rois_dtypes_for`)."""
+    accepted = rois_dtypes_for(data_dtype)
+    if str(rois_dtype) in accepted:
+        return
+    if accepted == (str(data_dtype),):
+        raise TypeError(f"rois dtype ({rois_dtype}) must equal {data_name} dtype ({data_dtype})")
+    raise TypeError(
+        f"rois dtype ({rois_dtype}) must be {' or '.join(accepted)} for {data_name} dtype "
+        f"{data_dtype}"
+    )
 
 
 def by_layout(layout, nchw, nhwc):

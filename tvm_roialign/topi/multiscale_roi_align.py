@@ -24,6 +24,7 @@ from ._args import (
     accumulate_dtype,
     by_layout,
     check_layout_and_mode,
+    check_rois_dtype,
     check_rois_shape,
     data_dims,
     data_form,
@@ -105,10 +106,7 @@ def check_multiscale_roi_align_args(
                 f"features must share the {name}, got {static} ({layout}) across levels"
             )
     check_rois_shape(rois_shape)
-    if str(rois_dtype) != dtype:
-        raise TypeError(
-            f"rois dtype ({rois_dtype}) must equal the features dtype ({dtype})"
-        )
+    check_rois_dtype(rois_dtype, dtype, "the features")
     scales = [float(s) for s in spatial_scales]
     if len(scales) != num_levels:
         raise ValueError(
