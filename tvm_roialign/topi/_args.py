@@ -12,8 +12,8 @@ LAYOUTS = ("NCHW", "NHWC")
 MODES = ("avg", "max", "onnx_max")
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: The rois dtypes each data dtype takes: the data's own, but float32 for bfloat16 data: bfloat16
-#: has 8 significant bits (a box edge near 700 px moves in 4 px steps), and TVM 0.27's bfloat16
-#: legalization on llvm zeroes the output when the rois themselves are bfloat16.
+#: has 8 significant bits (a box edge near 700 px moves in 4 px steps), and on llvm TVM 0.27 gives a
+#: Let-bound ``a > x and b < y`` of widened bfloat16 loads as false (the sample validity: all zeros).
 ROIS_DTYPES = {"bfloat16": ("float32",)}
 INT32_MAX = 2**31 - 1
 #: The row form of RoIAlign's ``[K, 5]`` rois, for error messages.
