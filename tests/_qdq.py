@@ -36,13 +36,16 @@ def _net():
     return Net().eval()
 
 
-def qdq_model(folder, activations: str = "uint8") -> str:
-    """The net exported to ONNX (opset 17) and quantized by ONNX Runtime in ``folder``: its path."""
+def qdq_model(folder, activations: str = "uint8", reduce_range: bool = False) -> str:
+    """The net exported to ONNX (opset 17) and quantized by ONNX Runtime in ``folder``: its path.
+    ``reduce_range``: 7-bit weights (ONNX Runtime's option for CPUs without VNNI, whose u8 x s8
+    kernels add pairs of products in saturating int16)."""
     import torch
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    path, prepared, out = (str(folder / name) for name in ("net.onnx", "net.pre.onnx", f"net_{activations}.onnx"))
+    name = f"net_{activations}{'_reduce_range' if reduce_range else ''}.onnx"
+    path, prepared, out = (str(folder / n) for n in ("net.onnx", "net.pre.onnx", name))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(_net(), (torch.zeros(SHAPE),), path, dynamo=False, opset_version=17,
@@ -57,7 +60,7 @@ def qdq_model(folder, activations: str = "uint8") -> str:
     quant_pre_process(path, prepared)
     act = QuantType.QUInt8 if activations == "uint8" else QuantType.QInt8
     quantize_static(prepared, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=act, weight_type=QuantType.QInt8)
+                    reduce_range=reduce_range, activation_type=act, weight_type=QuantType.QInt8)
     return out
 
 
@@ -88,7 +91,7 @@ def _dequantize(q, scale, zero, axis=1):
 
 def _conv(x, w, b=None, strides=(1, 1), pads=(0, 0, 0, 0), group=1, **_):
     assert group == 1
-    n, c, h, width = x.shape
+    n = x.shape[0]
     o, _, kh, kw = w.shape
     x = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
     oh = (x.shape[2] - kh) // strides[0] + 1
