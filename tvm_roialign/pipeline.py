@@ -45,6 +45,7 @@ import tvm
 from tvm import relax
 
 from .host import request_amx
+from .passes.qdq_contractions import has_qdq
 from .pipeline_phases import (
     auto_precision,
     check_keep_fp32,
@@ -290,7 +291,9 @@ def build(
     AVX512-VNNI. A ValueError for any other value. ``keep_fp32`` leaves some of those layers in
     fp32: for bf16 a predicate of a layer's ``[K, N]`` weight
     (:class:`~tvm_roialign.passes.BF16Contractions`), for int8 their positions in the graph's order
-    of the contractions int8 takes (-1: the last)."""
+    of the contractions int8 takes (-1: the last). An ONNX QDQ model keeps its own quantization
+    whatever ``precision`` (int8 kernels with its scales where ``target`` has them, else float as
+    imported, with a warning; see docs/int8.md, "QDQ models")."""
     kind = target.kind.name
     precision = options.pop("precision", "fp32")
     if precision == "auto":
@@ -305,6 +308,8 @@ def build(
         amx = info.has_amx_bf16 if precision == "bf16" else info.has_amx_int8
         if not is_cross(target) and amx:
             request_amx()  # the executable is usually run by this process
+    elif kind == "llvm" and not is_cross(target) and cpu_info(target).has_amx_int8 and has_qdq(mod):
+        request_amx()  # an ONNX QDQ model's int8 kernels
     if kind == "metal":
         return Built(tvm.compile(mod, target=target, relax_pipeline=_metal_pipeline(target)))
     if kind != "llvm":

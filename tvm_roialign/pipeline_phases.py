@@ -35,6 +35,7 @@ def _graph_passes(
     precision: str = "fp32",
     calibration=None,
     keep_fp32=None,
+    quantized: bool = False,
 ) -> list:
     from .passes import (
         BF16Contractions,
@@ -55,6 +56,9 @@ def _graph_passes(
         # the convolutions, and RoIAlign so that no transpose sits between them; where the
         # conversion fails, that region keeps its layout (a warning says so)
         passes.append(ConvertLayoutWherePossible(desired_layouts(layout)))
+    if quantized:
+        # an ONNX QDQ model's own quantization, before constant folding makes its int8 weights fp32
+        passes += _qdq_passes(target, precision, calibration, keep_fp32)
     # weights in a converted layout (permute_dims of a constant) become constants: NumPy folds
     # layout and arithmetic ops on constants without compiling them, FoldConstant the rest
     # gathers of constant in-bounds indices, before and after constant folding computes them
@@ -75,16 +79,55 @@ def _graph_passes(
         # a transformer MLP's GELU next to its matmul's bias add, so that they fuse
         HoistActivations(),
     ]
-    if precision == "bf16" and bf16_supported(target):
+    if precision == "bf16" and not quantized and bf16_supported(target):
         # before the channel padding and Winograd, which would take the same convolutions
         passes.append(BF16Contractions(keep_fp32=keep_fp32))
-    if precision == "int8" and int8_supported(target):
+    if precision == "int8" and not quantized and int8_supported(target):
         passes.append(_int8_pass(target, calibration, keep_fp32 or ()))
     if pad_channels:
         passes.append(PadChannels(multiple=cpu_info(target).lanes()))
     if winograd:
         passes.append(WinogradConv2D(tile=winograd, reference_side=reference_side))
     return passes
+
+
+def _qdq_passes(target: tvm.target.Target, precision: str, calibration, keep_fp32) -> list:
+    """:class:`~tvm_roialign.passes.QDQContractions` where ``target`` has int8 kernels, else nothing
+    (the model runs as imported, fake-quant float), with a warning; a warning too where ``precision``
+    is bf16 (a QDQ model keeps its own quantization), a ValueError for a calibration or kept
+    layers (nothing is calibrated)."""
+    from .passes import QDQContractions
+
+    if calibration is not None or keep_fp32:
+        raise ValueError(
+            "calibration and keep_fp32 apply to fp32 models: this model is already quantized (ONNX QDQ) "
+            "and keeps its own scales"
+        )
+    if precision == "bf16":
+        warnings.warn(
+            "precision bf16: the model is already quantized (ONNX QDQ): it keeps its own int8 "
+            "quantization, not bf16",
+            stacklevel=3,
+        )
+    note = qdq_note(target)
+    if note is not None:
+        warnings.warn(note, stacklevel=3)
+        return []
+    return [QDQContractions()]
+
+
+def qdq_note(target: tvm.target.Target) -> str | None:
+    """Why an ONNX QDQ model's quantized layers run in float (fake-quant) on ``target``: it has no
+    int8 kernels (:func:`~.schedules.int8_contraction.int8_instructions`); None where it has."""
+    from .schedules.int8_contraction import int8_instructions
+    from .target import describe
+
+    if target.kind.name == "llvm" and int8_instructions(target) is not None:
+        return None
+    return (
+        f"quantized (ONNX QDQ) model: target {describe(target)} has no int8 kernels (AMX-INT8, "
+        "AVX512-VNNI, AArch64 dot product); its quantized layers run in float (fake-quant)"
+    )
 
 
 def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=()) -> tvm.transform.Pass:
@@ -253,13 +296,18 @@ def _chosen_int8(target: tvm.target.Target) -> tuple[str, str | None]:
     )
 
 
-def precision_metadata(precision: str, target: tvm.target.Target) -> dict:
+def precision_metadata(precision: str, target: tvm.target.Target, quantized: bool = False) -> dict:
     """An artifact's metadata ``precision``, and the kernels' instructions: for bf16 ``amx``,
     ``avx512bf16`` or ``bfdot`` (whether running the library needs the AMX tile state), for int8
-    :func:`~.schedules.int8_contraction.int8_instructions`'s."""
+    :func:`~.schedules.int8_contraction.int8_instructions`'s. ``quantized``: an ONNX QDQ model
+    (``"quantization": "qdq"``): ``precision`` int8 where ``target`` has int8 kernels, else fp32
+    (fake-quant float, ``"int8_kernels": null``), whatever was asked."""
     from .schedules.bf16_contraction import bf16_instructions
     from .schedules.int8_contraction import int8_instructions
 
+    if quantized:
+        kernels = int8_instructions(target) if qdq_note(target) is None else None
+        return {"precision": "int8" if kernels else "fp32", "int8_kernels": kernels, "quantization": "qdq"}
     if precision == "int8":
         return {"precision": precision, "int8_kernels": int8_instructions(target)}
     if precision != "bf16":
@@ -287,9 +335,13 @@ def prepare_pipeline(
     AMX-INT8 or AVX512-VNNI, else fp32 with a warning (:func:`int8_supported`). ``keep_fp32``: for
     bf16 a predicate of a layer's ``[K, N]`` weight that leaves it in fp32
     (``BF16Contractions(keep_fp32=...)``), for int8 the positions of the contractions left in fp32
-    (:func:`check_keep_fp32`)."""
+    (:func:`check_keep_fp32`). An ONNX QDQ model (``relax.quantize`` in it) keeps its own
+    quantization whatever ``precision`` (:func:`_qdq_passes`): int8 kernels with its scales where
+    the target has them, else float as imported (fake-quant), with a warning; nothing calibrated."""
     check_precision(precision)
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+
+    from .passes.qdq_contractions import has_qdq
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.CPUPrepare")
     def prepare(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -306,6 +358,7 @@ def prepare_pipeline(
                     precision=precision,
                     calibration=calibration,
                     keep_fp32=keep_fp32,
+                    quantized=has_qdq(mod),
                 ),
                 # 2. legalize and fuse
                 *cpu_generic.library_dispatch_passes(target),
@@ -329,4 +382,5 @@ __all__ = [
     "int8_supported",
     "precision_metadata",
     "prepare_pipeline",
+    "qdq_note",
 ]

@@ -75,3 +75,34 @@ def print_precision_line(args) -> None:
     line = getattr(args, "precision_line", None)
     if line:
         print(line)
+
+
+def model_precision(args, target, imported, progress) -> tuple[str, bool]:
+    """``(precision, quantized)`` of a model file: :func:`resolve_precision`'s, or for an ONNX QDQ
+    model its own quantization whatever ``--precision`` (int8 where the target has int8 kernels,
+    else fp32: fake-quant float, with a note), a one-line error for ``--calibrate`` and
+    ``--keep-fp32``, which have nothing to calibrate or keep."""
+    from ..passes.qdq_contractions import has_qdq
+    from ..pipeline_phases import qdq_note
+
+    if not has_qdq(imported):
+        return resolve_precision(args, target), False
+    if args.calibrate is not None or args.keep_fp32:
+        raise CLIError(
+            f"--calibrate and --keep-fp32 apply to fp32 models: {args.model!r} is already quantized "
+            "(ONNX QDQ) and keeps its own scales"
+        )
+    args.precision_line = None
+    if args.precision == "bf16":
+        progress.note("note: --precision bf16: the model is already quantized (ONNX QDQ): it keeps "
+                      "its own int8 quantization")
+    note = qdq_note(target)
+    if note is not None:
+        progress.note(f"note: {note}")
+    return ("fp32" if note else "int8"), True
+
+
+def precision_label(meta: dict) -> str:
+    """The precision in ``compile``'s summary line: ``meta``'s, and a QDQ model's quantization."""
+    label = meta.get("precision", "fp32")
+    return f"{label}, quantized ONNX QDQ" if meta.get("quantization") == "qdq" else label

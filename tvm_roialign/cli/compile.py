@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 
 from ..runtime.artifact_check import RECORD_KEY, library_record
@@ -30,7 +31,14 @@ from ._model_file import (
     signature,
     symbolic_inputs_note,
 )
-from ._precision import add_precision_arguments, print_precision_line, resolve_precision
+from ._precision import (
+    add_precision_arguments,
+    check_precision_arguments,
+    model_precision,
+    precision_label,
+    print_precision_line,
+    resolve_precision,
+)
 from ._progress import progress_session
 from ._tuning import add_records_argument, open_records, print_coverage
 
@@ -219,19 +227,17 @@ def _precision(args, target) -> str:
     return resolve_precision(args, target)
 
 
-def _checked_precision(args, target, detector: bool) -> str:
-    """:func:`_precision`, after a model file's own one-line errors (its existence, the options of
-    detector names), which come before the precision's note."""
-    if not detector:
-        check_model_file(Path(args.model), _detector.alternatives())
-        _detector.reject_detector_options(args)
-    return _precision(args, target)
-
-
-def _precision_metadata(precision: str, target) -> dict:
-    from ..pipeline_phases import precision_metadata
-
-    return precision_metadata(precision, target)
+def _checked_precision(args, target, detector: bool) -> str | None:
+    """A detector's :func:`_precision`; for a model file, its own one-line errors (its existence,
+    the options of detector names) and those of the precision options, None: its precision is
+    resolved once it is imported (:func:`_model_precision`: a QDQ model keeps its own)."""
+    if detector:
+        return _precision(args, target)
+    check_model_file(Path(args.model), _detector.alternatives())
+    _detector.reject_detector_options(args)
+    _int8_options(args)
+    check_precision_arguments(args)
+    return None
 
 
 def _int8_options(args) -> dict:
@@ -269,7 +275,10 @@ def _build(mod, target, records, precision: str = "fp32", int8_options=None):
         instruments=[*ctx.instruments, instrument],
     ):
         options = (int8_options or {}) if precision == "int8" else {}
-        built = build(mod, target, tuning_records=records, layout=None, precision=precision, **options)
+        with warnings.catch_warnings():
+            # a QDQ model without int8 kernels: main has said so in a note
+            warnings.filterwarnings("ignore", message=r"quantized \(ONNX QDQ\) model")
+            built = build(mod, target, tuning_records=records, layout=None, precision=precision, **options)
     return built, instrument.mod
 
 
@@ -337,9 +346,26 @@ def _write_dumps(out: Path, formats, mod, tir_mod, executable) -> list[str]:
     return written
 
 
+def _export(executable, out: Path, target, link_note, progress) -> None:
+    """The library written to ``out`` (a one-line error where it cannot be linked)."""
+    from ..linking import export_library
+    from ..target import describe
+
+    try:
+        export_library(executable, out, target)
+    except Exception as err:  # noqa: BLE001
+        raise CLIError(
+            f"cannot link {str(out)!r} for {describe(target)}: {first_line(err)} "
+            "(use -o NAME.tar for a cross target without a cross compiler)"
+        ) from None
+    if link_note:
+        progress.note(f"note: {link_note}")
+
+
 def main(args) -> int:
     from .._version import __version__
-    from ..linking import choose_library, export_library
+    from ..linking import choose_library
+    from ..pipeline_phases import precision_metadata
     from ..profiling import kernel_signatures
     from ..target import describe, target_config
 
@@ -358,11 +384,13 @@ def main(args) -> int:
     with progress_session(args.quiet) as progress:
         records = open_records(args.tuning_records, target, report=_printed_by_main)
         imported, mod, layout_name = _import_and_convert(args, options, progress, times)
+        precision, quantized = model_precision(args, target, imported, progress)
         progress(f"build for {describe(target)}")
         t0 = time.perf_counter()
         # the built module also gives the kernels' signatures, for run --rpc --profile
         built, tir_mod, mod = _build_keeping_layouts(
-            imported, mod, options[0], target, records, progress, precision, _int8_options(args)
+            imported, mod, options[0], target, records, progress, "fp32" if quantized else precision,
+            _int8_options(args),
         )
         times["build_s"] = time.perf_counter() - t0
         executable = built.executable
@@ -370,22 +398,14 @@ def main(args) -> int:
         symbolic = [built.symbolic] if built.symbolic is not None else []
         progress(f"export {out}")
         t0 = time.perf_counter()
-        try:
-            export_library(executable, out, target)
-        except Exception as err:  # noqa: BLE001
-            raise CLIError(
-                f"cannot link {str(out)!r} for {describe(target)}: {first_line(err)} "
-                "(use -o NAME.tar for a cross target without a cross compiler)"
-            ) from None
-        if link_note:
-            progress.note(f"note: {link_note}")
+        _export(executable, out, target, link_note, progress)
         times["export_s"] = time.perf_counter() - t0
         dumps = _write_dumps(out, formats, mod, tir_mod, executable)
     times = add_total(times, t_start, args.startup_s)
     meta = {
         "target": target_config(target),
         "layout": layout_name,
-        **_precision_metadata(precision, target),
+        **precision_metadata(precision, target, quantized),
         "inputs": signature(mod),
         "times": times,
         "kernels": kernel_signatures(tir_mod) if tir_mod is not None else [],
@@ -412,7 +432,7 @@ def main(args) -> int:
         print(coverage)
     print(
         f"compiled {args.model} -> {out} ({describe(target)}, layout {layout_name}, "
-        f"{meta.get('precision', 'fp32')}) in {format_times(times)}{extra}"
+        f"{precision_label(meta)}) in {format_times(times)}{extra}"
     )
     print_precision_line(args)
     return 0

@@ -23,6 +23,8 @@
   pass): kernels with AMX tiles ask Linux for the tile state themselves;
 * :class:`Int8Contractions` (:mod:`.int8_contractions`): the same contractions quantized to int8,
   calibrated on photos (``precision="int8"``);
+* :class:`QDQContractions` (:mod:`.qdq_contractions`): an ONNX QDQ model's quantized conv2d /
+  matmul as int8 contractions with the model's own scales;
 * :func:`desired_layouts` (:mod:`.desired_layouts`): the ConvertLayout dictionary for a whole model
   in NHWC (or NCHW).
 """
@@ -43,6 +45,7 @@ from .int8_contractions import Int8Contractions
 from .layout import register
 from .normalize_squeeze_axes import NormalizeSqueezeAxes
 from .pad_channels import PadChannels
+from .qdq_contractions import QDQContractions
 from .request_amx_state import RequestAMXState
 from .takes_as_slices import TakesAsSlices
 from .winograd import WinogradConv2D
@@ -63,6 +66,7 @@ __all__ = [
     "Int8Contractions",
     "NormalizeSqueezeAxes",
     "PadChannels",
+    "QDQContractions",
     "RequestAMXState",
     "TakesAsSlices",
     "WinogradConv2D",

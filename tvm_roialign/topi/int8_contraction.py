@@ -42,10 +42,14 @@ def _round_up(value, multiple: int):
 
 @dataclass(frozen=True)
 class ActivationQuant:
-    """Per-tensor asymmetric uint8 quantization: ``q = clamp(round(x / scale) + zero, 0, 255)``."""
+    """Per-tensor asymmetric uint8 quantization: ``q = clamp(round(x / scale) + zero, 0, 255)``,
+    rounded half to even. ``divide`` False (calibrated ranges): ``x`` times the scale's inverse in
+    fp32, one multiplication; True (an ONNX QDQ model's own quantization): ``x / scale`` in fp32, as
+    ONNX's ``QuantizeLinear`` says, the same integers as the model's fake-quant float."""
 
     scale: float
     zero: int
+    divide: bool = False
 
     @classmethod
     def from_range(cls, low: float, high: float) -> ActivationQuant:
@@ -59,9 +63,12 @@ class ActivationQuant:
         return cls(scale, zero)
 
     def quantize(self, array: np.ndarray) -> np.ndarray:
-        """``array`` quantized as the kernel does (times the scale's inverse in fp32, half to even)."""
-        inverse = np.float32(1.0 / self.scale)
-        q = np.rint(np.asarray(array, np.float32) * inverse) + self.zero
+        """``array`` quantized as the kernel does (in fp32, half to even)."""
+        array = np.asarray(array, np.float32)
+        if self.divide:
+            q = np.rint(array / np.float32(self.scale)) + self.zero
+        else:
+            q = np.rint(array * np.float32(1.0 / self.scale)) + self.zero
         return np.clip(q, 0, 255).astype(np.uint8)
 
 
@@ -135,7 +142,8 @@ def int8_contraction(x: te.Tensor, packed: te.Tensor, correction: te.Tensor, sca
     inv = tirx.const(1.0 / act.scale, "float32")
 
     def quantize(value):
-        q = tirx.round(value * inv) + tirx.const(float(act.zero), "float32")
+        scaled = value / tirx.const(act.scale, "float32") if act.divide else value * inv
+        q = tirx.round(scaled) + tirx.const(float(act.zero), "float32")
         return tirx.max(tirx.min(q, tirx.const(255.0, "float32")), tirx.const(0.0, "float32")).astype("uint8")
 
     source = _gather_conv(x, geometry, quantize, zero) if geometry is not None else (
