@@ -6,8 +6,9 @@ Runners: ours fp32 and int8 (``pipeline.build(..., precision="int8")``, calibrat
 photos; and with layer1's ten convolutions kept in fp32, ``keep_fp32=range(10)``), ONNX Runtime
 fp32 on the ONNX export and ONNX Runtime int8
 (``onnxruntime.quantization.quantize_static`` of the same export: QDQ, per-channel weights,
-uint8 activations, int8 weights, calibrated on the same photos). Each round runs every runner once,
-in turn; the table has the median of the rounds. Accuracy: cosine similarity and largest relative
+uint8 activations, int8 weights, calibrated on the same photos). The runners take turns in blocks of calls of
+about 0.25 s, round after round (``_common.interleaved_blocks``; OpenMP threads sleep between
+calls); the table has the median of the rounds. Accuracy: cosine similarity and largest relative
 error (of the largest logit) of each int8 runner's logits against its fp32's, on every sample photo.
 Usage::
 
@@ -16,8 +17,10 @@ Usage::
 
 from __future__ import annotations
 
+# first: _common sets OMP_WAIT_POLICY before torch loads
+from _common import interleaved_blocks  # isort: skip
+
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -72,18 +75,6 @@ def _accuracy(int8, fp32, photos) -> tuple[float, float]:
     return min(cosines), max(errors)
 
 
-def _interleaved(runners: dict, x, rounds: int) -> dict:
-    for run in runners.values():
-        run(x)  # warm-up
-    times = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run(x)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -116,7 +107,7 @@ def main() -> None:
         ours = _accuracy(runners["tvm-roialign int8"], runners["tvm-roialign fp32"], photos)
         kept = _accuracy(runners["tvm-roialign int8, layer1 in fp32"], runners["tvm-roialign fp32"], photos)
         theirs = _accuracy(ort["int8"], ort["fp32"], photos)
-        medians = _interleaved(runners, x.numpy(), args.rounds)
+        medians = interleaved_blocks({n: (lambda r=r: r(x.numpy())) for n, r in runners.items()}, args.rounds)
     print(f"\nresnet50 1x3x224x224, median of {args.rounds} interleaved rounds")
     print("| runner | ms | vs ONNX Runtime int8 |\n|---|---|---|")
     base = medians["ONNX Runtime int8 (quantize_static, QDQ, per-channel)"]

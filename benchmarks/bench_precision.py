@@ -2,7 +2,9 @@
 
 Two workloads: Mask R-CNN's box-head fc6 (``[1000, 12544] x [12544, 1024]`` + bias + ReLU) and
 torchvision resnet50 at 1x3x224x224 (random weights, batch-norm statistics from three training
-passes). Each round runs every runner once, in turn; the table has the median of the rounds, the
+passes). The runners take turns in blocks of calls
+of about 0.25 s, round after round (``_common.interleaved_blocks``; OpenMP threads sleep
+between calls); the table has the median of the rounds, the
 achieved GFLOP/s, and its share of the bf16 matrix peak measured in the same rounds
 (``torch.mm`` 4096 x 4096 in bf16). Our bf16 runs twice: on AMX, and built for the same CPU without
 AMX (the AVX512-BF16 kernels). Usage::
@@ -12,10 +14,11 @@ AMX (the AVX512-BF16 kernels). Usage::
 
 from __future__ import annotations
 
+# first: _common sets OMP_WAIT_POLICY before torch loads
+from _common import interleaved_blocks  # isort: skip
+
 import argparse
 import copy
-import statistics
-import time
 
 import torch
 import torchvision
@@ -97,18 +100,6 @@ def _runners(model, x, target):
     return runners
 
 
-def _interleaved(runners: dict, rounds: int) -> dict:
-    for run in runners.values():
-        run()  # warm-up
-    times = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -127,7 +118,7 @@ def main() -> None:
     for title, (model, x) in workloads.items():
         flops = _flops(model, x)
         runners = {"peak: torch.mm 4096 bf16": lambda: a @ a, **_runners(model, x, target)}
-        medians = _interleaved(runners, args.rounds)
+        medians = interleaved_blocks(runners, args.rounds)
         peak = 2 * 4096**3 / medians["peak: torch.mm 4096 bf16"] / 1e9
         print(f"\n{title} ({flops / 1e9:.1f} GFLOP), median of {args.rounds} interleaved rounds")
         print(f"| runner | ms | GFLOP/s | of bf16 peak ({peak:.0f} GFLOP/s) |\n|---|---|---|---|")
