@@ -12,7 +12,7 @@ calls); the table has the median of the rounds. Accuracy: cosine similarity and 
 error (of the largest logit) of each int8 runner's logits against its fp32's, on every sample photo.
 Usage::
 
-    python benchmarks/bench_int8.py [--rounds 7] [--threads 2] [--keep DIR]
+    python benchmarks/bench_int8.py [--rounds 7] [--threads N] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import tvm
 from tvm import relax
 
 from tvm_roialign.frontend import from_exported_program
-from tvm_roialign.host import request_amx
+from tvm_roialign.host import request_amx, use_usable_cores
 from tvm_roialign.models.classifier_zoo import build_classifier, photo_batch
 from tvm_roialign.pipeline import build
 from tvm_roialign.schedules.int8_contraction import int8_instructions
@@ -78,9 +78,13 @@ def _accuracy(int8, fp32, photos) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of every runtime (default: the cores this process may use)")
     parser.add_argument("--keep", default=None, help="a folder for the ONNX files (default: temporary)")
     args = parser.parse_args()
+    # TVM's pool sized before its first kernel: left alone, TVM 0.27 takes half the x86 cores
+    # (it assumes two hyperthreads a core), one thread of two vCPUs
+    args.threads = use_usable_cores(args.threads)
     torch.set_num_threads(args.threads)
     request_amx(required=False)
     target = parse_target("native")

@@ -9,7 +9,7 @@ achieved GFLOP/s, and its share of the bf16 matrix peak measured in the same rou
 (``torch.mm`` 4096 x 4096 in bf16). Our bf16 runs twice: on AMX, and built for the same CPU without
 AMX (the AVX512-BF16 kernels). Usage::
 
-    python benchmarks/bench_precision.py [--rounds 5] [--threads 2]
+    python benchmarks/bench_precision.py [--rounds 5] [--threads N]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tvm
 from tvm import relax
 
 from tvm_roialign.frontend import from_exported_program
-from tvm_roialign.host import request_amx
+from tvm_roialign.host import request_amx, use_usable_cores
 from tvm_roialign.pipeline import build
 from tvm_roialign.target import describe, parse_target
 
@@ -103,8 +103,12 @@ def _runners(model, x, target):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of every runtime (default: the cores this process may use)")
     args = parser.parse_args()
+    # TVM's pool sized before its first kernel: left alone, TVM 0.27 takes half the x86 cores
+    # (it assumes two hyperthreads a core), one thread of two vCPUs
+    args.threads = use_usable_cores(args.threads)
     torch.set_num_threads(args.threads)
     request_amx(required=True)
     target = parse_target("native")

@@ -222,6 +222,7 @@ def _shapes(text: str | None):
 
 def main(argv=None) -> int:
     import tvm_roialign  # noqa: F401  (thread settings)
+    from tvm_roialign.host import use_usable_cores
     from tvm_roialign.target import num_cores, parse_target
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
     unknown = [m for m in names if m not in MODELS]
     if unknown:
         raise SystemExit(f"--models: unknown {', '.join(unknown)}; known: {', '.join(MODELS)}")
-    threads = args.threads or num_cores()
+    threads = use_usable_cores(args.threads or num_cores())  # TVM's pool, before its first kernel
     import torch
 
     torch.set_num_threads(threads)
