@@ -103,22 +103,28 @@ class _Int8Rewriter(FunctionRewriter):
 
     def _emit(self, call, spec, act: ActivationQuant):
         matrix, rows, out_shape, geometry = spec
-        x = call.args[0]
-        if geometry is None and len(dims(x)) != 2:
-            x = self.builder_.emit(relax.op.reshape(x, [rows, matrix.shape[0]]))
         q, w_scale = quantize_weight(matrix)
-        correction, scale = dequant_constants(q, w_scale, act)
-        compute = functools.partial(
-            int8_contraction,
-            rows=rows,
-            reduction=int(matrix.shape[0]),
-            out_shape=list(out_shape),
-            act=act,
-            geometry=geometry,
-        )
-        name = "int8_conv2d" if geometry is not None else "int8_matmul"
-        constants = [relax.const(v) for v in (pack_weight_quads(q), correction, scale)]
-        return self.builder_.call_te(compute, x, *constants, primfunc_name_hint=name)
+        return emit_int8_contraction(self.builder_, call.args[0], q, w_scale, act, rows, out_shape, geometry)
+
+
+def emit_int8_contraction(builder, x, q, w_scale, act: ActivationQuant, rows, out_shape, geometry):
+    """The call of :func:`~tvm_roialign.topi.int8_contraction.int8_contraction` on ``x`` (a conv's
+    input when ``geometry`` is given, else a matmul's, reshaped to ``[rows, K]``) with the int8
+    weight ``q`` ``[K, N]``, its per-channel ``w_scale`` and the input's quantization ``act``."""
+    if geometry is None and len(dims(x)) != 2:
+        x = builder.emit(relax.op.reshape(x, [rows, q.shape[0]]))
+    correction, scale = dequant_constants(q, w_scale, act)
+    compute = functools.partial(
+        int8_contraction,
+        rows=rows,
+        reduction=int(q.shape[0]),
+        out_shape=list(out_shape),
+        act=act,
+        geometry=geometry,
+    )
+    name = "int8_conv2d" if geometry is not None else "int8_matmul"
+    constants = [relax.const(v) for v in (pack_weight_quads(q), correction, scale)]
+    return builder.call_te(compute, x, *constants, primfunc_name_hint=name)
 
 
 def observed_module(mod: tvm.IRModule) -> tvm.IRModule:
@@ -199,4 +205,11 @@ class Int8Contractions:  # pylint: disable=too-few-public-methods
         return rewrite_module(_Int8Rewriter, mod, ranges=ranges)
 
 
-__all__ = ["OBSERVER", "Int8Contractions", "clipped_range", "observe_ranges", "observed_module"]
+__all__ = [
+    "OBSERVER",
+    "Int8Contractions",
+    "clipped_range",
+    "emit_int8_contraction",
+    "observe_ranges",
+    "observed_module",
+]

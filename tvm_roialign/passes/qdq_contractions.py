@@ -34,11 +34,11 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import mutator
 
-from ..topi.int8_contraction import ActivationQuant, dequant_constants, int8_contraction, pack_weight_quads
+from ..topi.int8_contraction import ActivationQuant
 from ._contraction_spec import conv_geometry, dims, is_f32
 from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module
 from .fold_permute_dims import FoldPermuteDims
-from .int8_contractions import TAP_CHANNELS
+from .int8_contractions import TAP_CHANNELS, emit_int8_contraction
 
 _LAYOUT_OPS = ("relax.permute_dims", "relax.reshape")
 _QUANTIZED = {"uint8": 0, "int8": 128}  # the shift that makes the quantized values uint8
@@ -161,20 +161,7 @@ class _QDQRewriter(FunctionRewriter):
 
     def _emit(self, x, spec, act: ActivationQuant):
         q, w_scale, rows, out_shape, geometry = spec
-        if geometry is None and len(dims(x)) != 2:
-            x = self.builder_.emit(relax.op.reshape(x, [rows, q.shape[0]]))
-        correction, scale = dequant_constants(q, w_scale, act)
-        compute = functools.partial(
-            int8_contraction,
-            rows=rows,
-            reduction=int(q.shape[0]),
-            out_shape=list(out_shape),
-            act=act,
-            geometry=geometry,
-        )
-        name = "int8_conv2d" if geometry is not None else "int8_matmul"
-        constants = [relax.const(v) for v in (pack_weight_quads(q), correction, scale)]
-        return self.builder_.call_te(compute, x, *constants, primfunc_name_hint=name)
+        return emit_int8_contraction(self.builder_, x, q, w_scale, act, rows, out_shape, geometry)
 
 
 def _conv_spec(call, data: np.ndarray, scale: np.ndarray, axis: int):
