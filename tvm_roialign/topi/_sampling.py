@@ -368,11 +368,14 @@ def accumulate_then_finalize(out_shape, layout, body, final, tag):
     )
 
 
-def pooled_compute(data, rois, pooled, geometry, out_channels, mode, layout, tag, channel_of=None):
+def pooled_compute(data, rois, pooled, geometry, out_channels, mode, layout, tag, channel_of=None,
+                   zero_point=None, output=None):
     """The TE compute of a RoIAlign-like op on one feature map: ``geometry(roi, acc, idx)`` is a
     roi's :class:`RoiGeometry` (``roi(j)``: column ``j`` of its row in ``acc``),
     ``channel_of(c, ph, pw)`` the data channel output channel ``c`` of bin ``(ph, pw)`` reads
-    (None: ``c``). Output in ``layout`` with ``out_channels`` channels, in data's dtype."""
+    (None: ``c``). Output in ``layout`` with ``out_channels`` channels, in data's dtype; for a
+    quantized map, ``zero_point`` is taken off every value read (in ``acc``) and ``output(value)``
+    makes the output element of the pooled value (in ``acc``)."""
     _, _, height, width = data_dims(data.shape, layout)
     out_shape = output_shape(rois.shape[0], out_channels, pooled, layout)
     acc = accumulate_dtype(data.dtype)
@@ -384,19 +387,22 @@ def pooled_compute(data, rois, pooled, geometry, out_channels, mode, layout, tag
     def body(k, c, ph, pw):
         geo = roi_geometry_of(k)
         channel = c if channel_of is None else channel_of(c, ph, pw)
+        load = channel_reader(data, layout, geo.batch, channel, acc)
+
+        def read(y, x):
+            value = load(y, x)
+            return value if zero_point is None else value - tirx.const(float(zero_point), acc)
 
         def value(iy, ix):
             y, x = sample_point(geo, ph, pw, iy, ix, acc)
             co = bilinear_coeffs(y, x, height, width, geo.roi_ok, acc, geo.idx)
-            load = channel_reader(data, layout, geo.batch, channel, acc)
-            return sample_value(load, co, mode, acc)
+            return sample_value(read, co, mode, acc)
 
         return reduce_samples(value, geo, mode, acc)
 
-    return accumulate_then_finalize(
-        out_shape,
-        layout,
-        body,
-        lambda k, accumulated: finalize(accumulated, roi_geometry_of(k), mode, acc, data.dtype),
-        tag,
-    )
+    def final(k, accumulated):
+        if output is None:
+            return finalize(accumulated, roi_geometry_of(k), mode, acc, data.dtype)
+        return output(finalize(accumulated, roi_geometry_of(k), mode, acc, acc))
+
+    return accumulate_then_finalize(out_shape, layout, body, final, tag)

@@ -27,21 +27,10 @@ from ._args import (
     check_spatial_scale,
     data_dims,
     data_form,
-    index_dtype_for,
     normalize_pooled_size,
-    output_shape,
     resolve_target,
 )
-from ._sampling import (
-    accumulate_then_finalize,
-    bilinear_coeffs,
-    channel_reader,
-    finalize,
-    reduce_samples,
-    roi_geometry,
-    sample_point,
-    sample_value,
-)
+from ._sampling import pooled_compute, roi_geometry
 
 __all__ = [
     "QUANTIZED_DTYPES",
@@ -109,36 +98,21 @@ def _quantized_roi_align(data, rois, pooled_size, scale, zero_point, spatial_sca
     )
     spatial_scale = check_spatial_scale(spatial_scale)
     sampling_ratio, aligned, out_dtype = int(sampling_ratio), bool(aligned), str(out_dtype)
-    num_batch, channels, height, width = data_dims(data.shape, layout)
-    out_shape = output_shape(rois.shape[0], channels, pooled, layout)
-    acc = "float32"
-    idx = index_dtype_for(data.shape, out_shape)
+    num_batch, channels, _, _ = data_dims(data.shape, layout)
     target = resolve_target(target)
-    zp = tirx.const(float(zero_point), acc)
 
-    def geometry(k):
-        return roi_geometry(lambda j: rois[k, j].astype(acc), num_batch, pooled, spatial_scale,
-                            sampling_ratio, aligned, acc, idx, aligned, target)
+    def geometry(roi, acc, idx):
+        return roi_geometry(roi, num_batch, pooled, spatial_scale, sampling_ratio, aligned, acc,
+                            idx, aligned, target)
 
-    def body(k, c, ph, pw):
-        geo = geometry(k)
-        read = channel_reader(data, layout, geo.batch, c, acc)
-
-        def value(iy, ix):
-            y, x = sample_point(geo, ph, pw, iy, ix, acc)
-            co = bilinear_coeffs(y, x, height, width, geo.roi_ok, acc, idx)
-            return sample_value(lambda yy, xx: read(yy, xx) - zp, co, "avg", acc)
-
-        return reduce_samples(value, geo, "avg", acc)
-
-    def final(k, accumulated):
-        average = finalize(accumulated, geometry(k), "avg", acc, acc)
+    def output(average):
         if out_dtype == "float32":
-            return average * tirx.const(scale, acc)
+            return average * tirx.const(scale, "float32")
         return _requantize(average, zero_point, out_dtype)
 
-    return accumulate_then_finalize(out_shape, layout, body, final,
-                                    f"quantized_roi_align_{layout.lower()}")
+    return pooled_compute(data, rois, pooled, geometry, channels, "avg", layout,
+                          f"quantized_roi_align_{layout.lower()}", zero_point=zero_point,
+                          output=output)
 
 
 def quantized_roi_align_nchw(data, rois, pooled_size, scale, zero_point, spatial_scale=1.0,
