@@ -26,12 +26,13 @@ def dims(expr) -> list | None:
     return [s if s is not None else d for s, d in zip(shape, expr.ty.shape.values)]
 
 
-def conv_weight(call):
-    """``(hwio weight, output shape)`` of an ungrouped fp32 NHWC conv2d with a constant weight over
-    static channels, else None."""
+def conv_weight(call, value=None):
+    """``(hwio weight, output shape)`` of an ungrouped fp32 NHWC conv2d over static channels with a
+    constant weight, or with the weight ``value`` (in the call's kernel layout) when given, else
+    None."""
     attrs = call.attrs
     x, weight = call.args
-    value = const_value(weight)
+    value = const_value(weight) if value is None else value
     in_shape, out_shape = dims(x), dims(call)
     layout = str(attrs.kernel_layout)
     if (
@@ -67,11 +68,13 @@ def conv_geometry(call, hwio: np.ndarray, out_shape, row_taps: bool = False) -> 
     )
 
 
-def matmul_weight(call):
-    """``(weight [K, N] fp32, rows, output shape)`` of an fp32 matmul by a constant 2-D weight,
-    else None."""
+def matmul_weight(call, value=None):
+    """``(weight [K, N], rows, output shape)`` of an fp32 matmul by a constant 2-D weight (as
+    fp32), or by the weight ``value`` (as it is) when given, else None."""
     x, weight = call.args
-    value = const_value(weight)
+    if value is None:
+        value = const_value(weight)
+        value = None if value is None else value.astype(np.float32)
     in_shape, out_shape = dims(x), dims(call)
     if (
         value is None
@@ -83,4 +86,4 @@ def matmul_weight(call):
     ):
         return None
     rows = functools.reduce(lambda a, b: a * b, in_shape[:-1])
-    return value.astype(np.float32), rows, out_shape
+    return value, rows, out_shape

@@ -27,15 +27,13 @@ which would turn ``dequantize(int8 constant)`` into an fp32 weight.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import mutator
 
 from ..topi.int8_contraction import ActivationQuant
-from ._contraction_spec import conv_geometry, dims, is_f32
+from ._contraction_spec import conv_geometry, conv_weight, dims, is_f32, matmul_weight
 from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module
 from .fold_permute_dims import FoldPermuteDims
 from .int8_contractions import TAP_CHANNELS, emit_int8_contraction
@@ -166,23 +164,14 @@ class _QDQRewriter(FunctionRewriter):
 
 def _conv_spec(call, data: np.ndarray, scale: np.ndarray, axis: int):
     """``(int8 [K, N], scale [N], rows, out_shape, geometry)`` of a conv the pass takes, else None."""
-    attrs = call.attrs
-    layout = str(attrs.kernel_layout)
-    in_shape, out_shape = dims(call.args[0]), dims(call)
-    if (
-        int(attrs.groups) != 1
-        or str(attrs.data_layout) != "NHWC"
-        or str(attrs.out_layout or attrs.data_layout) != "NHWC"
-        or in_shape is None
-        or out_shape is None
-        or sorted(layout) != sorted("OIHW")
-        or data.ndim != 4
-    ):
+    found = conv_weight(call, data) if data.ndim == 4 else None
+    if found is None:
         return None
+    hwio, out_shape = found
+    layout = str(call.attrs.kernel_layout)
     w_scale = _per_channel(scale, axis, 4, layout.index("O"), data.shape[layout.index("O")])
-    hwio = np.transpose(data, [layout.index(c) for c in "HWIO"])
     kh, kw, channels, outputs = hwio.shape
-    if w_scale is None or channels != in_shape[3] or (kh * kw > 1 and channels % TAP_CHANNELS):
+    if w_scale is None or (kh * kw > 1 and channels % TAP_CHANNELS):
         return None
     geometry = conv_geometry(call, hwio, out_shape)
     return hwio.reshape(kh * kw * channels, outputs), w_scale, geometry.rows, out_shape, geometry
@@ -190,14 +179,12 @@ def _conv_spec(call, data: np.ndarray, scale: np.ndarray, axis: int):
 
 def _matmul_spec(call, data: np.ndarray, scale: np.ndarray, axis: int):
     """The same for a matmul by a 2-D ``[K, N]`` weight, its scale per column or per tensor."""
-    in_shape, out_shape = dims(call.args[0]), dims(call)
-    if data.ndim != 2 or in_shape is None or out_shape is None or len(in_shape) < 2:
+    found = matmul_weight(call, data)
+    if found is None or dims(call.args[0])[-1] != data.shape[0]:
         return None
+    _, rows, out_shape = found
     w_scale = _per_channel(scale, axis, 2, 1, data.shape[1])
-    if w_scale is None or in_shape[-1] != data.shape[0]:
-        return None
-    rows = functools.reduce(lambda a, b: a * b, in_shape[:-1])
-    return data, w_scale, rows, out_shape, None
+    return None if w_scale is None else (data, w_scale, rows, out_shape, None)
 
 
 def has_qdq(mod: tvm.IRModule) -> bool:
