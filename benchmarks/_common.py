@@ -11,11 +11,6 @@ import statistics
 import time
 
 import numpy as np
-
-# PyTorch's and ONNX Runtime's OpenMP threads sleep between calls instead of spinning on the cores the
-# next runner's turn needs (read once, when PyTorch loads its OpenMP: import this module first)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 import torch
 import torchvision
 import tvm
@@ -69,23 +64,25 @@ BLOCK_S = 0.25
 
 
 def interleaved_blocks(runners: dict, rounds: int, block_s: float = BLOCK_S) -> dict:
-    """Median seconds per call of each runner: after a warm-up call each (which also sizes each
-    runner's block to about ``block_s``), the runners take turns in blocks of calls, ``rounds``
-    rounds (as benchmarks/bench_models.py times them)."""
+    """Median seconds per call of each runner: :func:`interleaved_ms` over blocks of calls, each
+    runner's block sized from one timed call (after a warm-up) to last about ``block_s``."""
     numbers = {}
     for name, fn in runners.items():
         fn()
         start = time.perf_counter()
         fn()
         numbers[name] = max(1, round(block_s / max(time.perf_counter() - start, 1e-4)))
-    times = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, fn in runners.items():
-            start = time.perf_counter()
-            for _ in range(numbers[name]):
+
+    def block(fn, number):
+        def run():
+            for _ in range(number):
                 fn()
-            times[name].append((time.perf_counter() - start) / numbers[name])
-    return {name: statistics.median(t) for name, t in times.items()}
+
+        return run
+
+    blocks = [block(fn, numbers[name]) for name, fn in runners.items()]
+    ms = interleaved_ms(blocks, rounds)
+    return {name: t / 1e3 / numbers[name] for name, t in zip(runners, ms)}
 
 
 def one_op_runner(mod, data_nchw, rois, layout, target):

@@ -17,8 +17,7 @@ Usage::
 
 from __future__ import annotations
 
-# first: _common sets OMP_WAIT_POLICY before torch loads
-from _common import interleaved_blocks  # isort: skip
+import _omp_passive  # noqa: F401  # isort: skip  (first: before torch loads its OpenMP)
 
 import argparse
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import tvm
+from _common import interleaved_blocks
 from tvm import relax
 
 from tvm_roialign.frontend import from_exported_program

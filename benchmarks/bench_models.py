@@ -41,6 +41,8 @@ model, TVM's speed over each peer's (peer time / TVM time) and their geometric m
 
 from __future__ import annotations
 
+import _omp_passive  # noqa: F401  # isort: skip  (first: before torch loads its OpenMP)
+
 import argparse
 import datetime
 import json
@@ -54,8 +56,6 @@ from pathlib import Path
 
 import numpy as np
 from _roofline import matrix_peaks, model_gflop, precision_table
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when PyTorch loads its OpenMP
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DETECTORS = ("maskrcnn_resnet50_fpn", "fasterrcnn_resnet50_fpn", "keypointrcnn_resnet50_fpn")

@@ -14,8 +14,7 @@ AMX (the AVX512-BF16 kernels). Usage::
 
 from __future__ import annotations
 
-# first: _common sets OMP_WAIT_POLICY before torch loads
-from _common import interleaved_blocks  # isort: skip
+import _omp_passive  # noqa: F401  # isort: skip  (first: before torch loads its OpenMP)
 
 import argparse
 import copy
@@ -23,6 +22,7 @@ import copy
 import torch
 import torchvision
 import tvm
+from _common import interleaved_blocks
 from tvm import relax
 
 from tvm_roialign.frontend import from_exported_program
