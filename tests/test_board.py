@@ -3,7 +3,8 @@
 RoIAlign and the fused multi-level op, both layouts, every sampling mode (fixed 2, adaptive 0
 and -1), built here for ``aarch64-linux-gnu`` into one cross-linked library and run on the board
 against torchvision (1e-5); the bf16 (``bfdot``) and int8 (``usdot``, ``sdot``) contraction kernels
-against float64 / int64 NumPy; resnet18 through ``compile --target aarch64`` and ``run --rpc``
+against float64 / int64 NumPy, and in an int8 tiny Mask R-CNN against the generic int8 build;
+resnet18 through ``compile --target aarch64`` and ``run --rpc``
 against eager; ``tune --rpc-tracker`` measuring a tiny model on the board, its records applied by
 ``compile``. On the emulated board of ``tools/arm_board.sh`` (qemu-user on 2 shared cores) the
 module takes a few minutes.
@@ -195,6 +196,24 @@ def test_int8_dot_products_on_the_board_match_int64_exactly(board, tmp_path, uni
     assert f"{unit}\t" in _asm(built)
     actual = _run_built(board, built, tmp_path / f"int8_{unit}_{case}.so", x)
     np.testing.assert_array_equal(actual.astype(np.int64), reference)
+
+
+@pytest.mark.parametrize("unit", ["usdot", "sdot"])
+def test_int8_detector_on_the_board_equals_generic_int8(board, tmp_path, unit):
+    """A tiny Mask R-CNN (tests/_tiny_rcnn.py) as an int8 artifact for any size, built for the
+    board (``usdot`` with I8MM, ``sdot`` without), against the same int8 detector on TVM's generic
+    schedules here (tests/test_int8_detector.py): the same detections."""
+    from test_int8_detector import PHOTO, generic_int8_detections, tiny_model
+
+    from tvm_roialign.models import detection as det
+    from tvm_roialign.runtime import Detector
+
+    mattr = ["+neon", "+dotprod", "+i8mm"] if unit == "usdot" else ["+neon", "+dotprod"]
+    model, rgb = tiny_model(), det.sample_photo(PHOTO)
+    artifact = det.compile_detector(model, None, {**TARGET, "mattr": mattr}, precision="int8", fast=False)
+    assert artifact.meta["int8_kernels"] == unit
+    ours = Detector(artifact.export(tmp_path / f"int8_{unit}.so"), session=board)(rgb)
+    assert_matches_eager(ours, generic_int8_detections(model, rgb, tmp_path), min_count=10)
 
 
 def test_resnet18_on_the_board_vs_eager(board, tmp_path, capsys):

@@ -30,7 +30,9 @@ from tvm_roialign.host import cpu_flags, request_amx
 from tvm_roialign.models.calibration_photos import calibration_inputs
 from tvm_roialign.passes.int8_contractions import clipped_range
 from tvm_roialign.pipeline import build
+from tvm_roialign.schedules.int8_contraction import int8_instructions
 from tvm_roialign.target import parse_target
+from tvm_roialign.testing import generic_int8
 from tvm_roialign.topi.int8_contraction import ActivationQuant, quantize_weight
 
 AMX_TARGET = parse_target("llvm -mcpu=sapphirerapids")
@@ -204,15 +206,17 @@ def small_resnet():
 
 
 def test_small_resnet_int8_close_to_eager(small_resnet):
-    """Calibrated on the sample photos (the default): cosine >= 0.99 against eager fp32."""
+    """Calibrated on the sample photos (the default): cosine >= 0.99 against eager fp32, on this
+    CPU's int8 kernels, or where it has none, on TVM's generic schedules of the same int8
+    contractions (``generic_int8``: the same integers)."""
     model, mod, x = small_resnet
-    executable = build(mod, parse_target("native"), precision="int8").executable
-    if "tdpbusd" in _asm(executable):
-        _runnable_or_skip("amx")
-    elif "vpdpbusd" in _asm(executable):
-        _runnable_or_skip("vnni")
+    native = parse_target("native")
+    if int8_instructions(native) is None:
+        with generic_int8():
+            executable = build(mod, native, precision="int8").executable
     else:
-        pytest.skip("this machine's target has neither AMX-INT8 nor AVX512-VNNI")
+        executable = build(mod, native, precision="int8").executable
+        _runnable_or_skip("amx" if "tdpbusd" in _asm(executable) else "vnni")
     actual = _run(executable, x.numpy()).ravel().astype(np.float64)
     with torch.no_grad():
         expected = model(x).numpy().ravel().astype(np.float64)
@@ -227,6 +231,40 @@ def test_target_without_int8_units_builds_fp32_with_a_warning(exact_cases):
     asm = _asm(executable)
     assert "vpdpbusd" not in asm and "tdpbusd" not in asm
     np.testing.assert_allclose(_run(executable, x), reference, rtol=1e-5)
+
+
+def test_generic_int8_matches_int64_exactly(exact_cases):
+    """``generic_int8``: the int8 contractions on a target without int8 kernels (AVX2), compiled
+    by TVM's generic schedules, equal the int64 product as the kernels do; the metadata says so."""
+    from tvm_roialign.pipeline_phases import precision_metadata
+
+    for case in ("matmul", "conv"):
+        mod, x, reference = exact_cases[case]
+        with generic_int8():
+            executable = build(mod, AVX2_ONLY, layout=None, precision="int8", calibration=[[x]]).executable
+            assert precision_metadata("int8", AVX2_ONLY)["int8_kernels"] == "generic"
+        assert "int8_" in executable.mod.imports[0].inspect_source("ll")
+        np.testing.assert_array_equal(_run(executable, x).astype(np.int64), reference)
+
+
+def test_keep_fp32_takes_a_predicate_of_the_weight(exact_cases):
+    """``keep_fp32`` as a predicate of a contraction's ``[K, N]`` weight (as a detector's layers
+    by name): the matmul whose weight it picks stays fp32."""
+    from tvm_roialign.pipeline_phases import prepare_pipeline
+
+    mod, x, _ = exact_cases["matmul"]
+    picked = []
+
+    def keep(matrix):
+        picked.append(matrix.shape)
+        return True
+
+    options = dict(layout=None, winograd=0, precision="int8", calibration=[[x]])
+    with generic_int8():
+        kept = prepare_pipeline(AVX2_ONLY, keep_fp32=keep, **options)(mod)
+        taken = prepare_pipeline(AVX2_ONLY, keep_fp32=lambda matrix: False, **options)(mod)
+    assert picked == [(200, 70)]
+    assert "int8_matmul" not in kept.script() and "int8_matmul" in taken.script()
 
 
 def test_keep_fp32_leaves_a_contraction_in_fp32(exact_cases):
@@ -292,8 +330,9 @@ def test_cli_compile_int8_and_its_errors(small_resnet, tmp_path, capsys):
         ),
         (["compile", str(pt2), "--keep-fp32", "0", "-o", str(out)], ["--keep-fp32", "int8"]),
         (
-            ["compile", "fasterrcnn_mobilenet_v3_large_fpn", "--precision", "int8", "-o", str(out)],
-            ["--precision int8", "detectors"],
+            ["compile", "fasterrcnn_mobilenet_v3_large_fpn", "--precision", "int8", "--keep-fp32", "0",
+             "-o", str(out)],
+            ["--keep-fp32", "--fp32-layers"],
         ),
     ]
     for argv, words in cases:

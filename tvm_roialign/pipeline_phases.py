@@ -139,7 +139,7 @@ def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=()) -> tvm.tran
     SIGILL here)."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    from .models.calibration_photos import calibration_inputs
+    from .models.calibration_photos import calibration_entry, calibration_inputs
     from .passes import Int8Contractions
     from .target import parse_target
 
@@ -155,7 +155,8 @@ def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=()) -> tvm.tran
             ]
             executable = tvm.compile(mod, target=observed, relax_pipeline=tvm.transform.Sequential(phases))
         vm = relax.VirtualMachine(executable, tvm.cpu())
-        return lambda *arrays: vm["main"](*(tvm.runtime.tensor(a) for a in arrays))
+        entry = vm[calibration_entry(mod)]
+        return lambda *arrays: entry(*(tvm.runtime.tensor(a) for a in arrays))
 
     return Int8Contractions(
         inputs=lambda mod: calibration_inputs(mod, calibration), run=run, keep_fp32=keep_fp32
@@ -203,11 +204,14 @@ def auto_precision(target: tvm.target.Target) -> tuple[str, str]:
 
 def check_keep_fp32(precision: str, keep_fp32):
     """``keep_fp32`` when it fits ``precision`` (bf16: a predicate of a layer's weight; int8: a
-    sequence of integer positions), else a one-line ``ValueError``."""
+    sequence of integer positions or such a predicate), else a one-line ``ValueError``."""
     if precision == "bf16" and not callable(keep_fp32):
         raise ValueError("keep_fp32 of a bf16 build must be a predicate of a layer's [K, N] weight")
-    if precision == "int8" and (callable(keep_fp32) or not all(isinstance(p, int) for p in keep_fp32)):
-        raise ValueError("keep_fp32 of an int8 build must be a sequence of integer positions")
+    if precision == "int8" and not callable(keep_fp32) and not all(isinstance(p, int) for p in keep_fp32):
+        raise ValueError(
+            "keep_fp32 of an int8 build must be a sequence of integer positions or a predicate of a "
+            "layer's [K, N] weight"
+        )
     return keep_fp32
 
 
@@ -237,13 +241,18 @@ def bf16_supported(target: tvm.target.Target, note: bool = True) -> bool:
     return False
 
 
+#: set by :func:`tvm_roialign.testing.generic_int8`: int8 builds on every llvm target, the int8
+#: contractions left to TVM's generic schedules where the target has no int8 kernels (exact, slow)
+GENERIC_INT8 = {"on": False}
+
+
 def int8_supported(target: tvm.target.Target, note: bool = True) -> bool:
     """Whether ``target`` has the u8 x s8 dot products the int8 kernels need (AMX-INT8, or
     AVX512-VNNI; on AArch64 I8MM's ``usdot`` or the dot product's ``sdot``); without them, a
     one-line warning (``note``) that the build is fp32."""
     from .schedules.int8_contraction import int8_instructions
 
-    if int8_instructions(target) is not None:
+    if int8_instructions(target) is not None or (GENERIC_INT8["on"] and target.kind.name == "llvm"):
         return True
     if note:
         from .target import describe
@@ -285,10 +294,9 @@ def chosen_precision(precision: str, target: tvm.target.Target) -> tuple[str, st
 
 
 def _chosen_int8(target: tvm.target.Target) -> tuple[str, str | None]:
-    from .schedules.int8_contraction import int8_instructions
     from .target import describe
 
-    if int8_instructions(target) is not None:
+    if int8_supported(target, note=False):
         return "int8", None
     return "fp32", (
         f"--precision int8: {describe(target)} has no AMX-INT8, AVX512-VNNI or AArch64 dot product; "
@@ -309,7 +317,8 @@ def precision_metadata(precision: str, target: tvm.target.Target, quantized: boo
         kernels = int8_instructions(target) if qdq_note(target) is None else None
         return {"precision": "int8" if kernels else "fp32", "int8_kernels": kernels, "quantization": "qdq"}
     if precision == "int8":
-        return {"precision": precision, "int8_kernels": int8_instructions(target)}
+        # "generic": TVM's own schedules (tvm_roialign.testing.generic_int8)
+        return {"precision": precision, "int8_kernels": int8_instructions(target) or "generic"}
     if precision != "bf16":
         return {"precision": precision}
     return {"precision": precision, "bf16_kernels": bf16_instructions(target)}

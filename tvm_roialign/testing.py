@@ -21,6 +21,7 @@ t + cx`` (``t`` the angle in radians, negated when clockwise), then bilinearly a
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -427,3 +428,20 @@ def op_calls(mod, name: str) -> list:
         for binding in block.bindings
         if isinstance(binding.value, relax.Call) and getattr(binding.value.op, "name", "") == name
     ]
+
+
+@contextlib.contextmanager
+def generic_int8():
+    """Within it, ``precision="int8"`` builds int8 on any llvm target: where the target has no
+    int8 kernels (AMX-INT8, AVX512-VNNI, the AArch64 dot product), TVM's generic schedules compile
+    the same int8 contractions (the same calibration, weights and sums, exact in int32; many times
+    slower than the kernels). The reference an int8 build on a machine with the kernels, or on a
+    board, is held to; and an int8 model's accuracy, measured on any CPU."""
+    from .pipeline_phases import GENERIC_INT8
+
+    before = GENERIC_INT8["on"]
+    GENERIC_INT8["on"] = True
+    try:
+        yield
+    finally:
+        GENERIC_INT8["on"] = before

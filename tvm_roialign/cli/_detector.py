@@ -220,6 +220,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
             artifact = compile_detector(
                 model, sizes, target, layout, progress=progress, name=name, fast=fast,
                 precision=precision, fp32_layers=getattr(args, "fp32_layers", None),
+                calibration=getattr(args, "calibrate", None) if precision == "int8" else None,
             )
             times["import_s"], times["build_s"] = artifact.import_s, artifact.compile_s
             progress(f"export {out}")

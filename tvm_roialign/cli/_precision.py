@@ -9,8 +9,9 @@ from ._common import CLIError
 
 HELP_PRECISION = (
     "fp32, bf16 (convolutions and matmuls in bf16 with fp32 accumulation, on AMX; "
-    "a target without AMX builds fp32, with a note saying why), int8 (models: quantized "
-    "convolutions and matmuls calibrated on photos, --calibrate, on AMX-INT8 or AVX512-VNNI) or "
+    "a target without AMX builds fp32, with a note saying why), int8 (quantized "
+    "convolutions and matmuls calibrated on photos, --calibrate, on AMX-INT8, AVX512-VNNI or the "
+    "AArch64 dot product; detectors with compile NAME) or "
     "auto (bf16 where the target has AMX bf16, else fp32; the summary says which)"
 )
 
@@ -25,7 +26,7 @@ def add_precision_arguments(p, detector: bool = True) -> None:
             "--fp32-layers",
             default=None,
             metavar="LAYERS",
-            help="a bf16 detector's layers kept in fp32, by torchvision module: 'none' or a "
+            help="a bf16 or int8 detector's layers kept in fp32, by torchvision module: 'none' or a "
             f"comma-separated list of {', '.join(FP32_LAYERS)} (default: "
             f"{','.join(DEFAULT_FP32_LAYERS)}; see docs/precision.md)",
         )

@@ -86,8 +86,8 @@ def register(subparsers, parents) -> None:
         default=None,
         metavar="DIR",
         help="--precision int8: calibrate the activations' ranges on the photos of DIR, resized "
-        "to the model's input and normalized as torchvision's classifiers expect (default: the "
-        "package's sample photos)",
+        "to the model's input and normalized as torchvision's classifiers expect; a detector "
+        "takes each photo as it is (default: the package's sample photos)",
     )
     p.add_argument(
         "--keep-fp32",
@@ -219,11 +219,14 @@ class _LastRelaxModule:
 
 
 def _precision(args, target) -> str:
-    """The precision the build uses (:func:`resolve_precision`), after the one-line errors of the
-    int8 options and of int8 for a detector."""
+    """A detector's precision (:func:`resolve_precision`), after the one-line errors of the int8
+    options (``--keep-fp32`` counts a model's layers; a detector's are ``--fp32-layers``)."""
     _int8_options(args)
-    if args.precision == "int8" and _detector.is_detector(args.model):
-        raise CLIError("--precision int8 applies to models, not yet to detectors: use fp32, bf16 or auto")
+    if args.keep_fp32 is not None:
+        raise CLIError(
+            "--keep-fp32 counts a model file's layers; a detector's layers are kept in fp32 with "
+            "--fp32-layers (e.g. box_predictor,mask_predictor)"
+        )
     return resolve_precision(args, target)
 
 

@@ -167,7 +167,11 @@ def main(args) -> int:
     target = resolve_target(args.target)
     check_layout(args)
     if args.precision == "int8":
-        raise CLIError("--precision int8 applies to models, not yet to detectors: use fp32, bf16 or auto")
+        raise CLIError(
+            "--precision int8: maskrcnn runs the detector in pieces, which are not calibrated; "
+            "compile it as one artifact: tvm-roialign compile maskrcnn_resnet50_fpn --precision int8 "
+            "-o mr.so, then tvm-roialign run mr.so --image PHOTO"
+        )
     args.resolved_precision = resolve_precision(args, target)
     out = output_path(args.out, "--out", PICTURE_SUFFIXES)
     report_path = output_path(args.report, "--report") if args.report else out.with_suffix(".json")

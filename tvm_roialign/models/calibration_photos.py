@@ -1,4 +1,5 @@
-"""Calibration inputs for ``precision="int8"``: photos prepared as a classifier's input.
+"""Calibration inputs for ``precision="int8"``: photos prepared as a classifier's input, or as
+they are for a detector artifact's photo function.
 
 A model whose ``main`` takes one float32 image batch, ``[N, 3, H, W]`` or ``[N, H, W, 3]`` with
 static ``H`` and ``W``, is calibrated on photos: the package's sample photos
@@ -63,12 +64,26 @@ def prepare_photo(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
     return ((np.asarray(resized, np.float32) / 255.0 - _MEAN) / _STD).transpose(2, 0, 1)
 
 
+def calibration_entry(mod: tvm.IRModule) -> str:
+    """The function of ``mod`` calibration runs: ``main``, or a detector artifact's photo function
+    (:data:`~tvm_roialign.models.detector_photo.PHOTO_FUNCTION`, which takes a photo as it is)."""
+    from .detector_photo import PHOTO_FUNCTION
+
+    names = {gvar.name_hint for gvar in mod.get_global_vars()}
+    return PHOTO_FUNCTION if "main" not in names and PHOTO_FUNCTION in names else "main"
+
+
 def calibration_inputs(mod: tvm.IRModule, source=None) -> list[list[np.ndarray]]:
-    """The calibration runs of ``mod``'s ``main``, each a list of its arguments: ``source`` None
-    (the sample photos), a directory of photos, or a sequence of runs (each an array or a list of
-    arrays), taken as they are. A ValueError (one line) for photos and a model that takes no image."""
+    """The calibration runs of ``mod``'s :func:`calibration_entry`, each a list of its arguments:
+    ``source`` None (the sample photos), a directory of photos, or a sequence of runs (each an array
+    or a list of arrays), taken as they are. A detector's photo function takes each photo as it is
+    (``[H, W, 3]`` uint8); a ``main`` of one image batch, each photo resized and normalized. A
+    ValueError (one line) for photos and a model that takes no image."""
     if source is not None and not isinstance(source, (str, Path)):
         return [list(run) if isinstance(run, (list, tuple)) else [run] for run in source]
+    if calibration_entry(mod) != "main":
+        photos = [sample_photo(n) for n in SAMPLE_PHOTOS] if source is None else _directory_photos(source)
+        return [[np.ascontiguousarray(p, dtype=np.uint8)] for p in photos]
     layout = _image_layout(mod)
     if layout is None:
         raise ValueError(
@@ -88,4 +103,4 @@ def calibration_inputs(mod: tvm.IRModule, source=None) -> list[list[np.ndarray]]
     return runs
 
 
-__all__ = ["PHOTO_SUFFIXES", "calibration_inputs", "prepare_photo"]
+__all__ = ["PHOTO_SUFFIXES", "calibration_entry", "calibration_inputs", "prepare_photo"]

@@ -37,7 +37,7 @@ from ..runtime.detector import METADATA_KIND
 from .compare import compare_detections
 from .detector_import import import_detector
 from .detector_photo import add_photo_function, serves_photos
-from .detector_precision import bf16_metadata, bf16_options, detector_precision
+from .detector_precision import detector_precision, precision_metadata, precision_options
 from .detector_reference import SAMPLE_PHOTOS, sample_photo, torch_detections
 from .detector_sizes import (
     ANY,
@@ -112,6 +112,7 @@ def compile_detector(
     fast: bool = DEFAULT_FAST,
     precision: str = "fp32",
     fp32_layers=None,
+    calibration=None,
 ) -> DetectorArtifact:
     """Compile a whole torchvision detector into one artifact (see the module doc).
 
@@ -147,9 +148,10 @@ def compile_detector(
     fast : bool
         True (the default, :data:`DEFAULT_FAST`): Winograd 3x3 convolutions, detections by
         :data:`~.compare.FAST_CRITERIA`; False: direct ones, by :data:`~.compare.CRITERIA`.
-    precision, fp32_layers : str; str | list of str | None
-        ``"fp32"``, ``"bf16"`` (on AMX; else fp32 with a warning) or ``"auto"`` (bf16 on AMX); a
-        bf16 build's layers kept in fp32 (:mod:`.detector_precision`, e.g. ``"rpn,box_predictor"``).
+    precision, fp32_layers, calibration : str; str | list of str | None; str | list | None
+        ``"fp32"``, ``"bf16"``, ``"int8"`` (for any size only) or ``"auto"`` (docs/precision.md,
+        docs/int8.md); the layers kept in fp32 (:mod:`.detector_precision`, e.g. ``"rpn"``);
+        int8's photos (None: the sample photos; a directory; ``[H, W, 3]`` uint8 arrays)
     """
     from ..pipeline import build
     from ..target import parse_target, target_config
@@ -157,28 +159,45 @@ def compile_detector(
     progress = progress or (lambda _msg: None)
     target = parse_target(target)
     precision, kept = detector_precision(precision, target, fp32_layers)
+    _check_int8(precision, image_sizes, calibration)
     model, name = _torch_model(model, config, name, progress)
     progress(_import_message(model, image_sizes))
     t0 = time.perf_counter()
     mod, meta = _import(model, image_sizes, layout, target, offset_trick_max_numel)
+    _check_int8(precision, image_sizes, calibration, meta)
     import_s = time.perf_counter() - t0
     progress(f"build for {target.kind.name}")
-    t0 = time.perf_counter()
-    # import_detector converted the layout
-    options = {**graph_options(model, fast), **bf16_options(model, precision, kept)}
+    t0 = time.perf_counter()  # import_detector converted the layout
+    options = {**graph_options(model, fast), **precision_options(model, precision, kept, calibration)}
     executable = build(mod, target, layout=None, **options).executable
     compile_s = time.perf_counter() - t0
     meta = {
-        "kind": METADATA_KIND,
-        "model": name or type(model).__name__,
+        **{"kind": METADATA_KIND, "model": name or type(model).__name__},
         **meta,
-        "layout": layout,
-        "mode": build_mode(fast),
-        **bf16_metadata(precision, target, kept),
-        "target": target_config(target),
-        **{"import_s": import_s, "compile_s": compile_s},
+        **{"layout": layout, "mode": build_mode(fast)},
+        **precision_metadata(precision, target, kept),
+        **{"target": target_config(target), "import_s": import_s, "compile_s": compile_s},
     }
     return DetectorArtifact(executable, mod, meta, import_s, compile_s)
+
+
+def _check_int8(precision: str, image_sizes, calibration, meta: dict | None = None) -> None:
+    """One-line ValueErrors: ``calibration`` without int8; int8 for fixed sizes (the calibration
+    runs the photo function of the artifact for any size), asked for or (``meta``) imported."""
+    if calibration is not None and precision != "int8":
+        raise ValueError(f"calibration applies to precision int8, not {precision}")
+    if precision != "int8":
+        return
+    if image_sizes not in (None, ANY):
+        raise ValueError(
+            "precision int8: a detector is calibrated through its function for any size: "
+            f"leave image_sizes as 'any', got {image_sizes!r}"
+        )
+    if meta is not None and not meta.get("any_size"):
+        raise ValueError(
+            "precision int8: a detector is calibrated through its function for any size; this "
+            "exported detector serves fixed sizes: export it for any size or build it by name"
+        )
 
 
 def _import(model, image_sizes, layout: str, target, offset_trick_max_numel: int):

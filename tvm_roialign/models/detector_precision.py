@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import numpy as np
 
@@ -46,7 +47,10 @@ FP32_LAYERS = {
     "keypoint_predictor": "roi_heads.keypoint_predictor",
 }
 
-#: the layers a bf16 detector keeps in fp32 unless told otherwise: the box predictor (the
+#: the precisions whose detectors keep some layers in fp32
+REDUCED = ("bf16", "int8")
+
+#: the layers a bf16 or int8 detector keeps in fp32 unless told otherwise: the box predictor (the
 #: class scores that NMS and the detection cap rank; see docs/precision.md)
 DEFAULT_FP32_LAYERS = ("box_predictor",)
 
@@ -122,46 +126,64 @@ def keeps_fp32(model, layers: Iterable[str]) -> Callable[[np.ndarray], bool] | N
     return keep
 
 
-def detector_precision(precision: str, target, fp32_layers=None) -> tuple[str, tuple[str, ...]]:
+def detector_precision(
+    precision: str, target, fp32_layers=None, pieces: bool = False
+) -> tuple[str, tuple[str, ...]]:
     """``(precision, layers kept in fp32)`` of a detector built for ``target``
     (:func:`~tvm_roialign.pipeline_phases.chosen_precision`: ``auto`` resolved; a warning where
-    bf16 falls back to fp32; ``fp32_layers`` by :func:`parse_fp32_layers`)."""
+    bf16 or int8 falls back to fp32; ``fp32_layers`` by :func:`parse_fp32_layers`). ``pieces``: a
+    detector run in pieces with PyTorch glue (``TVMMaskRCNN``), which int8 does not calibrate (a
+    one-line ValueError)."""
     from ..pipeline_phases import chosen_precision
 
-    if precision == "int8":
-        raise ValueError("precision int8 applies to models, not yet to detectors: use fp32, bf16 or auto")
+    if pieces and precision == "int8":
+        raise ValueError(
+            "precision int8: TVMMaskRCNN's pieces are not calibrated; build the detector as one "
+            "artifact (compile_detector, or tvm-roialign compile NAME --precision int8)"
+        )
+
     chosen, note = chosen_precision(precision, target)
     if note and precision != "auto":
         warnings.warn(note, stacklevel=3)
     return chosen, parse_fp32_layers(fp32_layers)
 
 
-def bf16_metadata(precision: str, target, kept) -> dict:
+def precision_metadata(precision: str, target, kept) -> dict:
     """An artifact's metadata of ``precision``
-    (:func:`~tvm_roialign.pipeline_phases.precision_metadata`) and, for bf16, ``fp32_layers``."""
-    from ..pipeline_phases import precision_metadata
+    (:func:`~tvm_roialign.pipeline_phases.precision_metadata`) and, for bf16 and int8,
+    ``fp32_layers``."""
+    from ..pipeline_phases import precision_metadata as kernels_metadata
 
-    meta = precision_metadata(precision, target)
-    return {**meta, "fp32_layers": list(kept)} if precision == "bf16" else meta
+    meta = kernels_metadata(precision, target)
+    return {**meta, "fp32_layers": list(kept)} if precision in REDUCED else meta
 
 
-def bf16_options(model, precision: str, fp32_layers) -> dict:
+def precision_options(model, precision: str, fp32_layers, calibration=None) -> dict:
     """The build options of a detector in ``precision`` (already resolved): ``precision`` and,
-    for bf16, ``keep_fp32`` (:func:`keeps_fp32` of ``fp32_layers``, parsed by
-    :func:`parse_fp32_layers`)."""
-    if precision != "bf16":
+    for bf16 and int8, ``keep_fp32`` (:func:`keeps_fp32` of ``fp32_layers``, parsed by
+    :func:`parse_fp32_layers`); for int8 ``calibration`` (photos for the artifact's photo
+    function: None for the sample photos, a directory, or a list of ``[H, W, 3]`` uint8 arrays)."""
+    if precision not in REDUCED:
         return {"precision": precision}
-    return {"precision": precision, "keep_fp32": keeps_fp32(model, parse_fp32_layers(fp32_layers))}
+    options = {"precision": precision, "keep_fp32": keeps_fp32(model, parse_fp32_layers(fp32_layers))}
+    if precision == "int8":
+        if options["keep_fp32"] is None:
+            options["keep_fp32"] = ()
+        if calibration is not None and not isinstance(calibration, (str, Path)):
+            calibration = [[np.ascontiguousarray(photo, dtype=np.uint8)] for photo in calibration]
+        options["calibration"] = calibration
+    return options
 
 
 __all__ = [
     "DEFAULT_FP32_LAYERS",
     "FP32_LAYERS",
-    "bf16_metadata",
-    "bf16_options",
+    "REDUCED",
     "detector_precision",
     "fingerprint",
     "keeps_fp32",
     "parse_fp32_layers",
+    "precision_metadata",
+    "precision_options",
     "weight_matrices",
 ]

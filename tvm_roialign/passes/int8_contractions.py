@@ -72,9 +72,10 @@ def _matmul_spec(call):
 class _Int8Rewriter(FunctionRewriter):
     """With ``ranges`` None: each taken contraction's input through the observer; else each
     taken contraction as an int8 one, its input quantized over ``ranges[i]`` (kept in fp32 where
-    that is None)."""
+    that is None, or where ``keep`` of its ``[K, N]`` weight is true)."""
 
     ranges: Sequence | None = None
+    keep: Callable | None = None
 
     def __init__(self, mod):
         super().__init__(mod)
@@ -90,7 +91,7 @@ class _Int8Rewriter(FunctionRewriter):
         if spec is None:
             return call
         index, self.index = self.index, self.index + 1
-        if self.ranges is not None and self.ranges[index] is None:
+        if self.ranges is not None and (self.ranges[index] is None or self._kept(spec[0])):
             return call  # kept in fp32
         self.changed = True
         if self.ranges is None:
@@ -100,6 +101,9 @@ class _Int8Rewriter(FunctionRewriter):
             )
             return relax.Call(call.op, [observed, *call.args[1:]], call.attrs, call.ty_args)
         return self._emit(call, spec, ActivationQuant.from_range(*self.ranges[index]))
+
+    def _kept(self, matrix) -> bool:
+        return self.keep is not None and bool(self.keep(matrix))
 
     def _emit(self, call, spec, act: ActivationQuant):
         matrix, rows, out_shape, geometry = spec
@@ -178,15 +182,18 @@ class Int8Contractions:  # pylint: disable=too-few-public-methods
     """Constant-weight conv2d (NHWC) and matmul as int8 contractions (see module docstring).
     ``ranges``: each contraction's calibrated input range, in visiting order; or None, and
     ``inputs`` (or a function of the module returning them) and ``run`` as :func:`observe_ranges`
-    takes them, to calibrate when the pass runs. ``keep_fp32``: positions (in that order; negative
-    from the end) of contractions left in fp32."""
+    takes them, to calibrate when the pass runs. ``keep_fp32``: the contractions left in fp32, as
+    positions (in that order; negative from the end), or as a predicate of a contraction's
+    ``[K, N]`` weight (as :class:`~.bf16_contractions.BF16Contractions` takes it; a detector's
+    layers by name: :func:`~tvm_roialign.models.detector_precision.keeps_fp32`)."""
 
     def __init__(self, ranges: Sequence | None = None, inputs: Sequence = (), run: Callable | None = None,
-                 keep_fp32: Sequence[int] = ()):
+                 keep_fp32: Sequence[int] | Callable = ()):
         self.ranges = ranges
         self.inputs = inputs
         self.run = run
-        self.keep_fp32 = tuple(keep_fp32)
+        self.keep = keep_fp32 if callable(keep_fp32) else None
+        self.keep_fp32 = () if callable(keep_fp32) else tuple(keep_fp32)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
         ranges = self.ranges
@@ -202,7 +209,8 @@ class Int8Contractions:  # pylint: disable=too-few-public-methods
             ranges[position] = None
         if not any(r is not None for r in ranges):
             return mod
-        return rewrite_module(_Int8Rewriter, mod, ranges=ranges)
+        keep = staticmethod(self.keep) if self.keep is not None else None  # a class attribute, unbound
+        return rewrite_module(_Int8Rewriter, mod, ranges=ranges, keep=keep)
 
 
 __all__ = [

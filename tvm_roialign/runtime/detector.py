@@ -175,7 +175,7 @@ class Detector:
             self.vm = load_vm(session, self.path, self.device)
         else:
             use_usable_cores()
-            request_amx(required=self.meta.get("bf16_kernels") == "amx")
+            request_amx(required="amx" in (self.meta.get("bf16_kernels"), self.meta.get("int8_kernels")))
             self.vm = relax.VirtualMachine(
                 tvm.runtime.load_module(str(self.path)), self.device
             )
