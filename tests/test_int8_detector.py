@@ -68,7 +68,7 @@ def test_int8_detector_options_keep_layers_and_take_photos():
     (run,) = options["calibration"]
     assert run[0].dtype == np.uint8 and run[0].shape == rgb.shape
     assert precision_options(model, "int8", (), None) == {
-        "precision": "int8", "keep_fp32": (), "calibration": None,
+        "precision": "int8", "keep_fp32": None, "calibration": None,
     }
 
 

@@ -1,9 +1,10 @@
-"""A detector's precision: ``auto`` resolved for the target, and which layers of a bf16 detector
-stay in fp32 (``compile_detector(..., fp32_layers=...)``, ``TVMMaskRCNN(..., fp32_layers=...)``,
-``--fp32-layers``).
+"""A detector's precision: ``auto`` resolved for the target, and which layers of a bf16 or int8
+detector stay in fp32 (``compile_detector(..., fp32_layers=...)``, ``TVMMaskRCNN(...,
+fp32_layers=...)`` for bf16, ``--fp32-layers``).
 
-A bf16 build turns every constant-weight convolution and matmul into a bf16 contraction
-(:class:`~tvm_roialign.passes.BF16Contractions`). The layers named here are left in fp32. They
+A bf16 (int8) build turns every constant-weight convolution and matmul it takes into a bf16 (int8)
+contraction (:class:`~tvm_roialign.passes.BF16Contractions`,
+:class:`~tvm_roialign.passes.Int8Contractions`). The layers named here are left in fp32. They
 are named by the torchvision modules that hold them:
 
 ==================  ===========================================================
@@ -141,7 +142,6 @@ def detector_precision(
             "precision int8: TVMMaskRCNN's pieces are not calibrated; build the detector as one "
             "artifact (compile_detector, or tvm-roialign compile NAME --precision int8)"
         )
-
     chosen, note = chosen_precision(precision, target)
     if note and precision != "auto":
         warnings.warn(note, stacklevel=3)
@@ -167,8 +167,6 @@ def precision_options(model, precision: str, fp32_layers, calibration=None) -> d
         return {"precision": precision}
     options = {"precision": precision, "keep_fp32": keeps_fp32(model, parse_fp32_layers(fp32_layers))}
     if precision == "int8":
-        if options["keep_fp32"] is None:
-            options["keep_fp32"] = ()
         if calibration is not None and not isinstance(calibration, (str, Path)):
             calibration = [[np.ascontiguousarray(photo, dtype=np.uint8)] for photo in calibration]
         options["calibration"] = calibration
