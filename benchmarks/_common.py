@@ -45,18 +45,34 @@ def median_ms(fn, repeat):
     return 1e3 * statistics.median(times)
 
 
-def interleaved_ms(fns, repeat):
-    """Milliseconds per function of ``fns``: the median of ``repeat`` rounds that call each once in
-    turn (after one warm-up call each), so that a machine's load reaches them alike."""
-    for fn in fns:
+def interleaved_seconds(runners: dict, repeat: int) -> dict:
+    """Median seconds of each runner (a name: a function of no arguments): the median of
+    ``repeat`` rounds that call each once in turn (after one warm-up call each), so that a
+    machine's load reaches them alike."""
+    for fn in runners.values():
         fn()  # warm-up
-    times = [[] for _ in fns]
+    times = {name: [] for name in runners}
     for _ in range(repeat):
-        for fn, own in zip(fns, times):
+        for name, fn in runners.items():
             start = time.perf_counter()
             fn()
-            own.append(time.perf_counter() - start)
-    return [1e3 * statistics.median(own) for own in times]
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(own) for name, own in times.items()}
+
+
+def interleaved_ms(fns, repeat):
+    """Milliseconds per function of ``fns`` (a list): :func:`interleaved_seconds`."""
+    return [1e3 * s for s in interleaved_seconds(dict(enumerate(fns)), repeat).values()]
+
+
+def repeated(fn, number: int):
+    """A function that calls ``fn`` ``number`` times (a timed block)."""
+
+    def run():
+        for _ in range(number):
+            fn()
+
+    return run
 
 
 #: a timed block of calls lasts about this long (seconds), so a runner's spinning threads slow only its own
@@ -64,25 +80,16 @@ BLOCK_S = 0.25
 
 
 def interleaved_blocks(runners: dict, rounds: int, block_s: float = BLOCK_S) -> dict:
-    """Median seconds per call of each runner: :func:`interleaved_ms` over blocks of calls, each
-    runner's block sized from one timed call (after a warm-up) to last about ``block_s``."""
+    """Median seconds per call of each runner: :func:`interleaved_seconds` over blocks of calls,
+    each runner's block sized from one timed call (after a warm-up) to last about ``block_s``."""
     numbers = {}
     for name, fn in runners.items():
         fn()
         start = time.perf_counter()
         fn()
         numbers[name] = max(1, round(block_s / max(time.perf_counter() - start, 1e-4)))
-
-    def block(fn, number):
-        def run():
-            for _ in range(number):
-                fn()
-
-        return run
-
-    blocks = [block(fn, numbers[name]) for name, fn in runners.items()]
-    ms = interleaved_ms(blocks, rounds)
-    return {name: t / 1e3 / numbers[name] for name, t in zip(runners, ms)}
+    blocks = {name: repeated(fn, numbers[name]) for name, fn in runners.items()}
+    return {name: t / numbers[name] for name, t in interleaved_seconds(blocks, rounds).items()}
 
 
 def one_op_runner(mod, data_nchw, rois, layout, target):

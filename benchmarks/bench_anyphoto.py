@@ -18,15 +18,13 @@ and library size are reported for each artifact.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from _common import write_report
+from _common import interleaved_seconds, write_report
 
 from tvm_roialign.host import use_usable_cores
 from tvm_roialign.models import detection as det
@@ -41,20 +39,6 @@ def photos() -> dict:
     out["portrait"] = np.ascontiguousarray(np.rot90(det.sample_photo("coffee")))  # 600x400
     out["wide"] = np.ascontiguousarray(det.sample_photo("rocket")[130:290])  # 160x640, 1:4
     return out
-
-
-def timed_in_turn(runners: dict, repeat: int) -> dict:
-    """Median seconds of each runner, the runners taking turns round after round (one warm-up
-    call each first)."""
-    for fn in runners.values():
-        fn()
-    runs = {name: [] for name in runners}
-    for _ in range(repeat):
-        for name, fn in runners.items():
-            t0 = time.perf_counter()
-            fn()
-            runs[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(values) for name, values in runs.items()}
 
 
 def compiled(model, sizes, target, path, log, what, fast=False):
@@ -199,7 +183,7 @@ def main(argv=None) -> int:
             static = statics.get(tuple(ours["padded"])) if name in statics.get("photos", ()) else None
             if static is not None:
                 runners["static_s"] = lambda d=static, rgb=rgb: d(rgb)
-            row.update(timed_in_turn(runners, args.repeat))
+            row.update(interleaved_seconds(runners, args.repeat))
             if static is not None:
                 row["any_over_static"] = row["any_s"] / row["static_s"]
             row["any_over_eager"] = row["any_s"] / row["eager_s"]

@@ -21,7 +21,8 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read once, when PyTorch loads its OpenMP
 
 import torch
-from bench_anyphoto import photos, timed_in_turn
+from _common import interleaved_seconds
+from bench_anyphoto import photos
 
 from tvm_roialign.host import use_usable_cores
 
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
     for name in PHOTOS:
         rgb = rgbs[name]
         checks[name] = _checks(model, artifacts, rgb)
-        seconds = timed_in_turn(_runners(model, artifacts, rgb, threads), args.repeat)
+        seconds = interleaved_seconds(_runners(model, artifacts, rgb, threads), args.repeat)
         rows[name] = {label: 1e3 * s for label, s in seconds.items()}
         size = "x".join(map(str, rgb.shape[:2]))
         print(name, size, {k: round(v) for k, v in rows[name].items()}, flush=True)

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from _common import write_report
+from _common import interleaved_seconds, write_report
 
 from tvm_roialign.host import use_usable_cores
 from tvm_roialign.models import detection as det
@@ -69,19 +67,6 @@ def openvino_runners(model, rgb) -> dict:
             lambda r=request: r.infer([data])
         )
     return runners
-
-
-def interleaved(runners: dict, rounds: int) -> dict:
-    """Median seconds of each runner, taking turns round after round (one warm-up call each)."""
-    for run in runners.values():
-        run()
-    times = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            t0 = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def artifacts(args, model, workdir: Path) -> dict:
@@ -160,7 +145,7 @@ def main(argv=None) -> int:
             }
             report["photos"][name] = {
                 "size": list(rgb.shape[:2]),
-                "seconds": interleaved(runners, args.rounds),
+                "seconds": interleaved_seconds(runners, args.rounds),
                 "accuracy": {f"score {s:g}, IoU {i:g}": m[-1] for (s, i), m in matches.items()},
             }
     report["accuracy"] = {f"score {s:g}, IoU {i:g}": sum_matches(m) for (s, i), m in matches.items()}

@@ -147,18 +147,11 @@ def _peers(model, inputs, onnx_path: str, threads: int, args) -> tuple[dict, dic
 
 
 def timed_blocks(calls: dict, repeat: int, number: int) -> dict:
-    """Seconds per call of each runtime: ``bench_anyphoto.timed_in_turn`` over blocks of
+    """Seconds per call of each runtime: ``_common.interleaved_seconds`` over blocks of
     ``number`` calls (the runtimes take turns block by block), divided by ``number``."""
-    from bench_anyphoto import timed_in_turn
+    from _common import interleaved_seconds, repeated
 
-    def block(fn):
-        def run():
-            for _ in range(number):
-                fn()
-
-        return run
-
-    medians = timed_in_turn({name: block(fn) for name, fn in calls.items()}, repeat)
+    medians = interleaved_seconds({name: repeated(fn, number) for name, fn in calls.items()}, repeat)
     return {name: seconds / number for name, seconds in medians.items()}
 
 
@@ -217,9 +210,10 @@ def bench_classifier(name, model, x, args, threads, workdir) -> dict:
 
 def bench_detectors(detectors: dict, args, threads: int, workdir: str) -> dict:
     """The any-size artifact of each detector (``bench_anyphoto.compiled``) on three photos
-    against eager, ONNX Runtime and OpenVINO, interleaved (``bench_anyphoto.timed_in_turn``)."""
+    against eager, ONNX Runtime and OpenVINO, interleaved (``_common.interleaved_seconds``)."""
     import torch
-    from bench_anyphoto import compiled, photos, timed_in_turn
+    from _common import interleaved_seconds
+    from bench_anyphoto import compiled, photos
 
     from tvm_roialign.bench.onnxruntime_peer import OnnxRuntimeDetector
     from tvm_roialign.bench.openvino_peer import OpenVINOModel, detector_model
@@ -256,7 +250,7 @@ def bench_detectors(detectors: dict, args, threads: int, workdir: str) -> dict:
             rows[f"{name} {photo} {rgb.shape[0]}x{rgb.shape[1]}"] = {
                 **info,
                 "build": build,
-                "seconds": timed_in_turn(calls, args.repeat),
+                "seconds": interleaved_seconds(calls, args.repeat),
             }
     return rows
 

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import interleaved_blocks
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = ((1, 3, 224, 224), (1, 3, 320, 480), (1, 3, 237, 311), (2, 3, 224, 224))
@@ -92,25 +93,6 @@ def _tvm_runner(vm, data):
     return lambda: vm["main"](*args).numpy()
 
 
-def _block_time(fn, calls: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls
-
-
-def _time_interleaved(runners: dict, repeat: int) -> dict:
-    """Median seconds per call of each runner, the runners interleaved block by block."""
-    for fn in runners.values():
-        fn()  # warm-up
-    calls = {name: max(1, int(0.2 / max(_block_time(fn, 1), 1e-4))) for name, fn in runners.items()}
-    samples = {name: [] for name in runners}
-    for _ in range(repeat):
-        for name, fn in runners.items():
-            samples[name].append(_block_time(fn, calls[name]))
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
 def bench_model(name: str, shapes, target, threads: int, repeat: int, workdir: str) -> dict:
     import torch
 
@@ -141,7 +123,7 @@ def bench_model(name: str, shapes, target, threads: int, repeat: int, workdir: s
         }
         reference = eager()
         diff = float(np.abs(runners["symbolic"]() - reference).max())
-        times = _time_interleaved(runners, repeat)
+        times = interleaved_blocks(runners, repeat, block_s=0.2)
         rows.append(
             {
                 "shape": list(shape),
