@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -62,3 +63,47 @@ def test_the_pools_workers_are_not_pinned_unless_the_user_asks():
     threads, bind, masks = _run({"TVM_NUM_THREADS": "2", "TVM_BIND_THREADS": "1"}).split(" ", 2)
     pinned = len(ast.literal_eval(masks)) > 1
     assert bind == "1" and pinned, f"TVM pins its worker when the user asks: {masks}"
+
+
+_BUILD_CHECK = textwrap.dedent(
+    """
+    import os, sys
+    from tvm import relax
+    from tvm_roialign.host import usable_cores
+    from tvm_roialign.pipeline import build
+    from tvm_roialign.target import parse_target
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4, 8], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.add(x, x))
+        bb.emit_func_output(y)
+    build(bb.get(), parse_target(sys.argv[1]), layout=None)
+    print(os.environ.get("TVM_NUM_THREADS"), usable_cores())
+    """
+)
+
+
+#: a target of another architecture than this machine's
+_CROSS = "aarch64" if platform.machine().lower() in ("x86_64", "amd64") else "llvm -mtriple=x86_64-linux-gnu"
+
+
+@pytest.mark.parametrize(
+    "target, user, expected",
+    [
+        ("llvm", None, "usable"),  # this machine: every usable core, not TVM's half of x86's
+        ("llvm", "1", "1"),  # the user's TVM_NUM_THREADS kept
+        (_CROSS, None, "None"),
+    ],
+)
+def test_build_for_this_machine_sizes_the_pool(target, user, expected):
+    """``pipeline.build`` for a target of this machine's architecture sets ``TVM_NUM_THREADS`` to the
+    usable cores before its constant folding starts TVM's pool; not for a cross target."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "TVM_BIND_THREADS")}
+    if user is not None:
+        env["TVM_NUM_THREADS"] = user
+    proc = subprocess.run([sys.executable, "-c", _BUILD_CHECK, target], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    threads, usable = proc.stdout.split()[-2:]
+    assert threads == (usable if expected == "usable" else expected)

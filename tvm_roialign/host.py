@@ -8,7 +8,8 @@ TVM sizes its CPU thread pool once, when the first parallel kernel runs, from ``
 (else, on x86, half of the logical cores: it assumes SMT siblings). ``runtime.config_threadpool``
 cannot grow a pool past that first size, so the count has to be in the environment before the pool
 starts. Importing :mod:`tvm_roialign` does not touch the environment; the places that create a
-runtime for the user call :func:`use_usable_cores` (the CLI, :class:`tvm_roialign.runtime.Detector`,
+runtime for the user call :func:`use_usable_cores` (the CLI, :func:`tvm_roialign.pipeline.build` for
+a target of this machine's architecture, :class:`tvm_roialign.runtime.Detector`,
 :class:`tvm_roialign.models.maskrcnn.TVMMaskRCNN`, the benchmarks). A ``TVM_NUM_THREADS`` the user set
 is always kept.
 

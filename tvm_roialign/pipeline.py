@@ -44,7 +44,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from .host import request_amx
+from .host import request_amx, use_usable_cores
 from .passes.qdq_contractions import has_qdq
 from .pipeline_phases import (
     auto_precision,
@@ -293,8 +293,16 @@ def build(
     (:class:`~tvm_roialign.passes.BF16Contractions`), for int8 their positions in the graph's order
     of the contractions int8 takes (-1: the last). An ONNX QDQ model keeps its own quantization
     whatever ``precision`` (int8 kernels with its scales where ``target`` has them, else float as
-    imported, with a warning; see docs/int8.md, "QDQ models")."""
+    imported, with a warning; see docs/int8.md, "QDQ models").
+
+    For a target of this machine's architecture, TVM's CPU thread pool is sized first
+    (:func:`~tvm_roialign.host.use_usable_cores`: every core this process may use, unless
+    ``TVM_NUM_THREADS`` is set), so the executable run in this process uses them."""
     kind = target.kind.name
+    if kind == "llvm" and not is_cross(target):
+        # TVM's pool sized to the cores this process may use before the build's constant folding
+        # starts it (a TVM_NUM_THREADS the user set is kept): the executable usually runs here
+        use_usable_cores()
     precision = options.pop("precision", "fp32")
     if precision == "auto":
         precision = auto_precision(target)[0]
