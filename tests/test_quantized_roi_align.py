@@ -186,7 +186,7 @@ def _call(data_shape=(1, 4, 8, 8), dtype="uint8", rois_dtype="float32", **kwargs
     "kwargs, error, match",
     [
         ({"dtype": "float32"}, TypeError, r"data dtype must be one of \('uint8', 'int8'\)"),
-        ({"rois_dtype": "float16"}, TypeError, "rois dtype must be float32"),
+        ({"rois_dtype": "float16"}, TypeError, r"rois dtype \(float16\) must be float32 for data dtype"),
         ({"scale": 0.0}, ValueError, "scale must be a positive finite float"),
         ({"scale": float("nan")}, ValueError, "scale must be a positive finite float"),
         ({"zero_point": 256}, ValueError, r"zero_point must be an int in \[0, 255\]"),

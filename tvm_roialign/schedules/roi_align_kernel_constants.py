@@ -51,7 +51,7 @@ class KernelConstants:
     arithmetic in ``idx``, float arithmetic in ``acc``)."""
 
     dtype: str
-    rois_dtype: str  # the data's, or float32 for bfloat16 data (topi._args.ROIS_DTYPES)
+    rois_dtype: str  # the data's, or float32 for bfloat16 and quantized data (topi._args.ROIS_DTYPES)
     acc: str
     idx: str
     mode: str

@@ -14,7 +14,7 @@ FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: The rois dtypes each data dtype takes: the data's own, but float32 for bfloat16 data: bfloat16
 #: has 8 significant bits (a box edge near 700 px moves in 4 px steps), and on llvm TVM 0.27 gives a
 #: Let-bound ``a > x and b < y`` of widened bfloat16 loads as false (the sample validity: all zeros).
-ROIS_DTYPES = {"bfloat16": ("float32",)}
+ROIS_DTYPES = {"bfloat16": ("float32",), "uint8": ("float32",), "int8": ("float32",)}
 INT32_MAX = 2**31 - 1
 #: The row form of RoIAlign's ``[K, 5]`` rois, for error messages.
 BOX_ROW = "(batch_index, x1, y1, x2, y2)"
@@ -125,14 +125,19 @@ def check_data_and_rois(
 ) -> None:
     """``data`` 4-D in ``layout`` (already checked), ``rois`` ``[K, columns]``, a float data dtype
     and a rois dtype it takes (:func:`check_rois_dtype`); ValueError (shapes) / TypeError (dtypes)."""
-    if len(data_shape) != 4:
-        raise ValueError(
-            f"data must be 4-D {data_form(layout)} for layout {layout}, got shape {list(data_shape)}"
-        )
+    check_data_rank(data_shape, layout)
     check_rois_shape(rois_shape, columns, row_form)
     if str(data_dtype) not in FLOAT_DTYPES:
         raise TypeError(f"data dtype must be one of {FLOAT_DTYPES}, got {data_dtype}")
     check_rois_dtype(rois_dtype, data_dtype)
+
+
+def check_data_rank(data_shape, layout) -> None:
+    """ValueError unless ``data`` is 4-D (its form in ``layout`` named)."""
+    if len(data_shape) != 4:
+        raise ValueError(
+            f"data must be 4-D {data_form(layout)} for layout {layout}, got shape {list(data_shape)}"
+        )
 
 
 def rois_dtypes_for(data_dtype) -> tuple[str, ...]:

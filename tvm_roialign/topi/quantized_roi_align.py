@@ -22,11 +22,12 @@ from tvm import te, tirx
 
 from ._args import (
     by_layout,
+    check_data_rank,
     check_layout,
+    check_rois_dtype,
     check_rois_shape,
     check_spatial_scale,
     data_dims,
-    data_form,
     normalize_pooled_size,
     resolve_target,
 )
@@ -72,14 +73,10 @@ def check_quantized_roi_align_args(data_shape, data_dtype, rois_shape, rois_dtyp
     """ValueError / TypeError naming the argument; returns ``((PH, PW), scale, zero_point)``."""
     check_layout(layout)
     pooled = normalize_pooled_size(pooled_size)
-    if len(data_shape) != 4:
-        raise ValueError(
-            f"data must be 4-D {data_form(layout)} for layout {layout}, got shape {list(data_shape)}"
-        )
+    check_data_rank(data_shape, layout)
     check_rois_shape(rois_shape)
     scale, zero_point = check_quantization(data_dtype, scale, zero_point, out_dtype)
-    if str(rois_dtype) != "float32":
-        raise TypeError(f"rois dtype must be float32 for quantized data, got {rois_dtype}")
+    check_rois_dtype(rois_dtype, data_dtype)
     return pooled, scale, zero_point
 
 
