@@ -10,8 +10,8 @@ the micro-kernel (:mod:`.amx_int8_intrin`, :mod:`.vnni_intrin`, :mod:`.neon_int8
 ``kc`` reduction elements, with the loop order and the reduction chunks of the bf16 contraction
 (:func:`choose_blocking`, for operands of one byte).
 
-Targets with none of them are not served (the graph pass emits these functions only for targets with
-one).
+Targets with none of them are not served: the graph pass emits these functions only for targets with
+one, or under :func:`tvm_roialign.testing.generic_int8`, whose functions the generic rules schedule.
 """
 
 from __future__ import annotations
