@@ -38,10 +38,18 @@ from tvm_roialign.topi.int8_contraction import ActivationQuant, quantize_weight
 AMX_TARGET = parse_target("llvm -mcpu=sapphirerapids")
 #: AVX512-VNNI without AMX
 VNNI_TARGET = parse_target("llvm -mcpu=rocketlake")
-#: AVX2 without VNNI: int8 falls back to fp32, and the library runs on any x86-64 CPU with AVX2 (a
-#: target with AVX-512, say skylake-avx512, would die of SIGILL on an AMD Zen 3)
-AVX2_ONLY = parse_target("llvm -mcpu=haswell")
-UNITS = {"amx": (AMX_TARGET, "tdpbusd"), "vnni": (VNNI_TARGET, "vpdpbusd")}
+#: AVX2 without VNNI: vpmaddubsw kernels with 7-bit weights
+AVX2_TARGET = parse_target("llvm -mcpu=haswell")
+#: AVX without AVX2: no int8 kernels, int8 falls back to fp32, and the library runs on any x86-64 CPU
+#: with AVX (a target with AVX-512, say skylake-avx512, would die of SIGILL on an AMD Zen 3)
+NO_INT8 = parse_target("llvm -mcpu=sandybridge")
+UNITS = {
+    "amx": (AMX_TARGET, "tdpbusd"),
+    "vnni": (VNNI_TARGET, "vpdpbusd"),
+    "avx2": (AVX2_TARGET, "vpmaddubsw"),
+}
+#: the largest weight of each unit's kernels (AVX2's: 7 bits, exact in vpmaddubsw's int16 pairs)
+LIMITS = {"avx2": 63}
 #: AArch64 with I8MM (usdot), and with the dot product alone (sdot)
 AARCH64_UNITS = {
     "usdot": parse_target("llvm -mtriple=aarch64-linux-gnu -mattr=+neon,+dotprod,+i8mm"),
@@ -50,7 +58,10 @@ AARCH64_UNITS = {
 
 
 def _runnable_or_skip(unit: str) -> None:
-    if unit == "amx":
+    if unit == "avx2":
+        if "avx2" not in cpu_flags():
+            pytest.skip("this CPU has no AVX2 (avx2 in /proc/cpuinfo)")
+    elif unit == "amx":
         if "amx_int8" not in cpu_flags():
             pytest.skip("this CPU has no AMX-INT8 (amx_int8 in /proc/cpuinfo)")
         try:
@@ -78,13 +89,14 @@ def _integers(rng, shape, low: int) -> np.ndarray:
     return values
 
 
-def _weights(rng, shape, axis: int) -> np.ndarray:
-    """Integer weights in ``[-127, 127]`` with a +-127 in every slice along ``axis`` (scale 1)."""
-    w = rng.integers(-127, 128, size=shape)
+def _weights(rng, shape, axis: int, limit: int = 127) -> np.ndarray:
+    """Integer weights in ``[-limit, limit]`` with a +-limit in every slice along ``axis`` (scale 1
+    for kernels of that weight range)."""
+    w = rng.integers(-limit, limit + 1, size=shape)
     index = [0] * len(shape)
     for channel in range(shape[axis]):
         index[axis] = channel
-        w[tuple(index)] = 127 if channel % 2 else -127
+        w[tuple(index)] = limit if channel % 2 else -limit
     return w.astype(np.float32)
 
 
@@ -126,16 +138,15 @@ def _conv_reference(x: np.ndarray, w_ohwi: np.ndarray, stride: int) -> np.ndarra
     return out
 
 
-@pytest.fixture(scope="module")
-def exact_cases():
-    """(module, x, int64 reference) of a matmul and of convs: sizes off the kernels' blocks (rows
-    50, reduction 200, columns 70; a 3x3 stride-2 conv over 32 channels; a 3x3 stride-1 conv of
-    520 output pixels)."""
+def _exact_cases(limit: int) -> dict:
+    """(module, x, int64 reference) of a matmul and of convs, weights within ``[-limit, limit]``:
+    sizes off the kernels' blocks (rows 50, reduction 200, columns 70; a 3x3 stride-2 conv over 32
+    channels; a 3x3 stride-1 conv of 520 output pixels)."""
     rng = np.random.default_rng(0)
-    w = _weights(rng, (200, 70), axis=1)
+    w = _weights(rng, (200, 70), 1, limit)
     xm = _integers(rng, (50, 200), -100)
     matmul = (_matmul_module(200, 70, w, 50), xm, xm.astype(np.int64) @ w.astype(np.int64))
-    wc = _weights(rng, (48, 3, 3, 32), axis=0)
+    wc = _weights(rng, (48, 3, 3, 32), 0, limit)
     xc = _integers(rng, (1, 13, 11, 32), -40)
     conv = (_conv_module(xc.shape, wc, 2), xc, _conv_reference(xc, wc, 2))
     # enough 32-row blocks for the schedule that gathers each block's rows right before use
@@ -144,10 +155,16 @@ def exact_cases():
     return {"matmul": matmul, "conv": conv, "conv_many_rows": rows}
 
 
-@pytest.mark.parametrize("unit", ["amx", "vnni"])
+@pytest.fixture(scope="module")
+def exact_cases():
+    """:func:`_exact_cases` of 8-bit weights."""
+    return _exact_cases(127)
+
+
+@pytest.mark.parametrize("unit", ["amx", "vnni", "avx2"])
 @pytest.mark.parametrize("case", ["matmul", "conv", "conv_many_rows"])
 def test_int8_kernels_match_int64_exactly(exact_cases, unit, case):
-    mod, x, reference = exact_cases[case]
+    mod, x, reference = (exact_cases if unit not in LIMITS else _exact_cases(LIMITS[unit]))[case]
     target, instruction = UNITS[unit]
     executable = build(mod, target, layout=None, precision="int8", calibration=[[x]]).executable
     assert instruction in _asm(executable)
@@ -211,12 +228,13 @@ def test_small_resnet_int8_close_to_eager(small_resnet):
     contractions (``generic_int8``: the same integers)."""
     model, mod, x = small_resnet
     native = parse_target("native")
-    if int8_instructions(native) is None:
+    kind = int8_instructions(native)
+    if kind is None:
         with generic_int8():
             executable = build(mod, native, precision="int8").executable
     else:
         executable = build(mod, native, precision="int8").executable
-        _runnable_or_skip("amx" if "tdpbusd" in _asm(executable) else "vnni")
+        _runnable_or_skip({"avx512vnni": "vnni"}.get(kind, kind))
     actual = _run(executable, x.numpy()).ravel().astype(np.float64)
     with torch.no_grad():
         expected = model(x).numpy().ravel().astype(np.float64)
@@ -227,9 +245,9 @@ def test_small_resnet_int8_close_to_eager(small_resnet):
 def test_target_without_int8_units_builds_fp32_with_a_warning(exact_cases):
     mod, x, reference = exact_cases["matmul"]
     with pytest.warns(UserWarning, match="precision int8: .*building fp32"):
-        executable = build(mod, AVX2_ONLY, layout=None, precision="int8", calibration=[[x]]).executable
+        executable = build(mod, NO_INT8, layout=None, precision="int8", calibration=[[x]]).executable
     asm = _asm(executable)
-    assert "vpdpbusd" not in asm and "tdpbusd" not in asm
+    assert not any(i in asm for i in ("vpdpbusd", "tdpbusd", "vpmaddubsw"))
     np.testing.assert_allclose(_run(executable, x), reference, rtol=1e-5)
 
 
@@ -241,8 +259,8 @@ def test_generic_int8_matches_int64_exactly(exact_cases):
     for case in ("matmul", "conv"):
         mod, x, reference = exact_cases[case]
         with generic_int8():
-            executable = build(mod, AVX2_ONLY, layout=None, precision="int8", calibration=[[x]]).executable
-            assert precision_metadata("int8", AVX2_ONLY)["int8_kernels"] == "generic"
+            executable = build(mod, NO_INT8, layout=None, precision="int8", calibration=[[x]]).executable
+            assert precision_metadata("int8", NO_INT8)["int8_kernels"] == "generic"
         assert "int8_" in executable.mod.imports[0].inspect_source("ll")
         np.testing.assert_array_equal(_run(executable, x).astype(np.int64), reference)
 
@@ -261,8 +279,8 @@ def test_keep_fp32_takes_a_predicate_of_the_weight(exact_cases):
 
     options = dict(layout=None, winograd=0, precision="int8", calibration=[[x]])
     with generic_int8():
-        kept = prepare_pipeline(AVX2_ONLY, keep_fp32=keep, **options)(mod)
-        taken = prepare_pipeline(AVX2_ONLY, keep_fp32=lambda matrix: False, **options)(mod)
+        kept = prepare_pipeline(NO_INT8, keep_fp32=keep, **options)(mod)
+        taken = prepare_pipeline(NO_INT8, keep_fp32=lambda matrix: False, **options)(mod)
     assert picked == [(200, 70)]
     assert "int8_matmul" not in kept.script() and "int8_matmul" in taken.script()
 
@@ -316,7 +334,7 @@ def test_cli_compile_int8_and_its_errors(small_resnet, tmp_path, capsys):
     meta = json.loads((tmp_path / "small_int8.so.json").read_text())
     assert meta["precision"] in ("int8", "fp32")
     if meta["precision"] == "int8":
-        assert meta["int8_kernels"] in ("amx", "avx512vnni")
+        assert meta["int8_kernels"] in ("amx", "avx512vnni", "avx2")
     missing = str(tmp_path / "none")
     cases = [
         (["compile", str(pt2), "--calibrate", str(tmp_path), "-o", str(out)], ["--calibrate", "int8"]),

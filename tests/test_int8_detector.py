@@ -5,7 +5,7 @@ its convolutions and matmuls become int8 contractions except the layers kept in 
 predictor by default). The reference an int8 detector is held to is the same detector built with
 ``tvm_roialign.testing.generic_int8`` on this machine: the same calibration and the same int8
 contractions compiled by TVM's generic schedules, exact in int32. Where this CPU has int8 kernels
-(AMX-INT8, AVX512-VNNI) the test below runs them against it; the aarch64 ``usdot`` / ``sdot``
+(AMX-INT8, AVX512-VNNI, AVX2) the test below runs them against it; the aarch64 ``usdot`` / ``sdot``
 kernels are held to it on the board (tests/test_board.py). The assembly of a Sapphire Rapids build
 is checked on any x86 machine.
 """
@@ -37,10 +37,11 @@ def tiny_model():
     return tiny_rcnn(masks=True, seed=0, detections_per_img=20)
 
 
-def generic_int8_detections(model, rgb, tmp_path) -> dict:
+def generic_int8_detections(model, rgb, tmp_path, like=None) -> dict:
     """The detections of ``model``'s int8 artifact built for this machine's generic CPU under
-    ``generic_int8`` (the int8 contractions on TVM's generic schedules): the reference."""
-    with generic_int8():
+    ``generic_int8(like)`` (the int8 contractions on TVM's generic schedules, quantized as the
+    kernels of ``like`` are): the reference."""
+    with generic_int8(like):
         artifact = det.compile_detector(model, None, "llvm", precision="int8", fast=False)
     assert artifact.meta["int8_kernels"] == "generic"
     return Detector(artifact.export(tmp_path / "generic_int8.so"))(rgb)
@@ -103,12 +104,13 @@ def test_int8_detector_cli_errors(tmp_path, capsys):
 
 
 def test_int8_detector_on_this_cpu_equals_generic_int8(tmp_path):
-    """This CPU's int8 kernels (AMX-INT8 or AVX512-VNNI) in the whole detector against the generic
-    int8 reference: the same detections (labels, boxes within 1e-2 px, scores within 1e-4, masks)."""
+    """This CPU's int8 kernels (AMX-INT8, AVX512-VNNI or AVX2) in the whole detector against the
+    generic int8 reference quantized alike: the same detections (labels, boxes within 1e-2 px,
+    scores within 1e-4, masks)."""
     native = parse_target("native")
     kernels = int8_instructions(native)
     if kernels is None:
-        pytest.skip("this CPU has no int8 kernels (AMX-INT8, AVX512-VNNI): the board runs usdot / sdot")
+        pytest.skip("this CPU has no int8 kernels (AMX-INT8, AVX512-VNNI, AVX2): the board runs usdot / sdot")
     if kernels == "amx":
         from tvm_roialign.host import request_amx
 
@@ -120,4 +122,4 @@ def test_int8_detector_on_this_cpu_equals_generic_int8(tmp_path):
     artifact = det.compile_detector(model, None, native, precision="int8", fast=False)
     assert artifact.meta["int8_kernels"] == kernels
     ours = Detector(artifact.export(tmp_path / "int8.so"))(rgb)
-    assert_matches_eager(ours, generic_int8_detections(model, rgb, tmp_path), min_count=10)
+    assert_matches_eager(ours, generic_int8_detections(model, rgb, tmp_path, like=native), min_count=10)

@@ -83,7 +83,7 @@ def _graph_passes(
         # before the channel padding and Winograd, which would take the same convolutions
         passes.append(BF16Contractions(keep_fp32=keep_fp32))
     if precision == "int8" and not quantized and int8_supported(target):
-        passes.append(_int8_pass(target, calibration, keep_fp32 or ()))
+        passes.append(_int8_pass(target, calibration, keep_fp32 or (), winograd, reference_side))
     if pad_channels:
         passes.append(PadChannels(multiple=cpu_info(target).lanes()))
     if winograd:
@@ -118,30 +118,54 @@ def _qdq_passes(target: tvm.target.Target, precision: str, calibration, keep_fp3
 
 def qdq_note(target: tvm.target.Target) -> str | None:
     """Why an ONNX QDQ model's quantized layers run in float (fake-quant) on ``target``: it has no
-    int8 kernels (:func:`~.schedules.int8_contraction.int8_instructions`); None where it has."""
+    int8 kernels for its 8-bit weights (:func:`~.schedules.int8_contraction.int8_instructions`:
+    AVX2's take 7-bit weights); None where it has."""
     from .schedules.int8_contraction import int8_instructions
     from .target import describe
 
-    if target.kind.name == "llvm" and int8_instructions(target) is not None:
+    if target.kind.name == "llvm" and int8_instructions(target) not in (None, "avx2"):
         return None
     return (
-        f"quantized (ONNX QDQ) model: target {describe(target)} has no int8 kernels (AMX-INT8, "
-        "AVX512-VNNI, AArch64 dot product); its quantized layers run in float (fake-quant)"
+        f"quantized (ONNX QDQ) model: target {describe(target)} has no int8 kernels for 8-bit "
+        "weights (AMX-INT8, AVX512-VNNI, AArch64 dot product; AVX2's take 7 bits); its quantized "
+        "layers run in float (fake-quant)"
     )
 
 
-def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=()) -> tvm.transform.Pass:
+def int8_kind(target: tvm.target.Target) -> str | None:
+    """The int8 kernels of ``target`` (:func:`~.schedules.int8_contraction.int8_instructions`); under
+    :func:`tvm_roialign.testing.generic_int8`, where it has none, those whose quantization the
+    generic build copies (``like``'s), else None."""
+    from .schedules.int8_contraction import int8_instructions
+
+    kind = int8_instructions(target)
+    return GENERIC_INT8["like"] if kind is None and GENERIC_INT8["on"] else kind
+
+
+def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=(), winograd=0,
+               reference_side: int = 320) -> tvm.transform.Pass:
     """:class:`~tvm_roialign.passes.Int8Contractions` calibrated, when it runs, on ``calibration``
     (:func:`~tvm_roialign.models.calibration_photos.calibration_inputs`'s ``source``), the observed
     module built in fp32 for ``target`` (no Winograd, the layouts as they are by then) where this
     machine runs ``target``'s code, else for this machine's own CPU (:func:`_runs_here`: an AArch64
     board built on x86, or an AMX target built on a CPU without AMX, whose library would die of
-    SIGILL here)."""
+    SIGILL here). The weights' range and the convs left to Winograd (``winograd``, its tile) are
+    those of ``target``'s kernels (:func:`int8_kind`)."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
     from .models.calibration_photos import calibration_entry, calibration_inputs
     from .passes import Int8Contractions
+    from .passes.winograd import tile_set, winograd_plan
+    from .schedules.int8_contraction import int8_leaves_winograd_convs, int8_weight_limit
     from .target import parse_target
+
+    kind = int8_kind(target)
+    keep_call = None
+    if winograd and int8_leaves_winograd_convs(kind):
+        tiles = tile_set(winograd)
+
+        def keep_call(call):
+            return winograd_plan(call, tiles, reference_side) is not None
 
     observed = target if _runs_here(target) else parse_target("native")
 
@@ -159,7 +183,8 @@ def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=()) -> tvm.tran
         return lambda *arrays: entry(*(tvm.runtime.tensor(a) for a in arrays))
 
     return Int8Contractions(
-        inputs=lambda mod: calibration_inputs(mod, calibration), run=run, keep_fp32=keep_fp32
+        inputs=lambda mod: calibration_inputs(mod, calibration), run=run, keep_fp32=keep_fp32,
+        weight_limit=int8_weight_limit(kind), keep_call=keep_call,
     )
 
 
@@ -242,8 +267,9 @@ def bf16_supported(target: tvm.target.Target, note: bool = True) -> bool:
 
 
 #: set by :func:`tvm_roialign.testing.generic_int8`: int8 builds on every llvm target, the int8
-#: contractions left to TVM's generic schedules where the target has no int8 kernels (exact, slow)
-GENERIC_INT8 = {"on": False}
+#: contractions left to TVM's generic schedules where the target has no int8 kernels (exact, slow),
+#: quantized as the kernels ``like`` (a kind of :func:`int8_kind`; None: 8-bit weights) are
+GENERIC_INT8 = {"on": False, "like": None}
 
 
 def int8_supported(target: tvm.target.Target, note: bool = True) -> bool:
@@ -388,6 +414,7 @@ __all__ = [
     "check_precision",
     "chosen_precision",
     "cpu_schedule_pass",
+    "int8_kind",
     "int8_supported",
     "precision_metadata",
     "prepare_pipeline",

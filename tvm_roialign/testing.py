@@ -431,17 +431,19 @@ def op_calls(mod, name: str) -> list:
 
 
 @contextlib.contextmanager
-def generic_int8():
-    """Within it, ``precision="int8"`` builds int8 on any llvm target: where the target has no
-    int8 kernels (AMX-INT8, AVX512-VNNI, the AArch64 dot product), TVM's generic schedules compile
-    the same int8 contractions (the same calibration, weights and sums, exact in int32; many times
-    slower than the kernels). The reference an int8 build on a machine with the kernels, or on a
-    board, is held to; and an int8 model's accuracy, measured on any CPU."""
+def generic_int8(like=None):
+    """Within it, ``precision="int8"`` builds int8 on any llvm target: without int8 kernels there,
+    TVM's generic schedules compile the same int8 contractions (the same calibration, weights and
+    int32 sums; many times slower), quantized as ``like``'s kernels are (a target: AVX2's 7-bit
+    weights and fp32 Winograd convs; default 8-bit weights). The reference int8 kernels are held
+    to, and an int8 model's accuracy measured on any CPU."""
     from .pipeline_phases import GENERIC_INT8
+    from .schedules.int8_contraction import int8_instructions
+    from .target import parse_target
 
-    before = GENERIC_INT8["on"]
-    GENERIC_INT8["on"] = True
+    before = dict(GENERIC_INT8)
+    GENERIC_INT8.update(on=True, like=int8_instructions(parse_target(like)) if like is not None else None)
     try:
         yield
     finally:
-        GENERIC_INT8["on"] = before
+        GENERIC_INT8.update(before)

@@ -76,6 +76,8 @@ class _Int8Rewriter(FunctionRewriter):
 
     ranges: Sequence | None = None
     keep: Callable | None = None
+    keep_call: Callable | None = None
+    weight_limit: int = 127
 
     def __init__(self, mod):
         super().__init__(mod)
@@ -91,7 +93,7 @@ class _Int8Rewriter(FunctionRewriter):
         if spec is None:
             return call
         index, self.index = self.index, self.index + 1
-        if self.ranges is not None and (self.ranges[index] is None or self._kept(spec[0])):
+        if self.ranges is not None and (self.ranges[index] is None or self._kept(call, spec[0])):
             return call  # kept in fp32
         self.changed = True
         if self.ranges is None:
@@ -102,12 +104,14 @@ class _Int8Rewriter(FunctionRewriter):
             return relax.Call(call.op, [observed, *call.args[1:]], call.attrs, call.ty_args)
         return self._emit(call, spec, ActivationQuant.from_range(*self.ranges[index]))
 
-    def _kept(self, matrix) -> bool:
+    def _kept(self, call, matrix) -> bool:
+        if self.keep_call is not None and self.keep_call(call):
+            return True
         return self.keep is not None and bool(self.keep(matrix))
 
     def _emit(self, call, spec, act: ActivationQuant):
         matrix, rows, out_shape, geometry = spec
-        q, w_scale = quantize_weight(matrix)
+        q, w_scale = quantize_weight(matrix, self.weight_limit)
         return emit_int8_contraction(self.builder_, call.args[0], q, w_scale, act, rows, out_shape, geometry)
 
 
@@ -185,15 +189,21 @@ class Int8Contractions:  # pylint: disable=too-few-public-methods
     takes them, to calibrate when the pass runs. ``keep_fp32``: the contractions left in fp32, as
     positions (in that order; negative from the end), or as a predicate of a contraction's
     ``[K, N]`` weight (as :class:`~.bf16_contractions.BF16Contractions` takes it; a detector's
-    layers by name: :func:`~tvm_roialign.models.detector_precision.keeps_fp32`)."""
+    layers by name: :func:`~tvm_roialign.models.detector_precision.keeps_fp32`). ``weight_limit``:
+    the weights' range ``[-limit, limit]`` of the target's kernels; ``keep_call``: a predicate of a
+    contraction's call, true for those another rewrite runs faster in fp32 (Winograd's convs on
+    AVX2)."""
 
     def __init__(self, ranges: Sequence | None = None, inputs: Sequence = (), run: Callable | None = None,
-                 keep_fp32: Sequence[int] | Callable = ()):
+                 keep_fp32: Sequence[int] | Callable = (), weight_limit: int = 127,
+                 keep_call: Callable | None = None):
         self.ranges = ranges
         self.inputs = inputs
         self.run = run
         self.keep = keep_fp32 if callable(keep_fp32) else None
         self.keep_fp32 = () if callable(keep_fp32) else tuple(keep_fp32)
+        self.weight_limit = int(weight_limit)
+        self.keep_call = keep_call
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
         ranges = self.ranges
@@ -209,8 +219,10 @@ class Int8Contractions:  # pylint: disable=too-few-public-methods
             ranges[position] = None
         if not any(r is not None for r in ranges):
             return mod
-        keep = staticmethod(self.keep) if self.keep is not None else None  # a class attribute, unbound
-        return rewrite_module(_Int8Rewriter, mod, ranges=ranges, keep=keep)
+        # the predicates become class attributes: unbound
+        unbound = {k: staticmethod(v) if v is not None else None
+                   for k, v in (("keep", self.keep), ("keep_call", self.keep_call))}
+        return rewrite_module(_Int8Rewriter, mod, ranges=ranges, weight_limit=self.weight_limit, **unbound)
 
 
 __all__ = [

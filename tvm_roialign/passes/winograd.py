@@ -91,6 +91,53 @@ def choose_tile(tiles, n: int, h: int, w: int, pad) -> tuple[int, int, int]:
     return best[1:]
 
 
+def _at_side(dim, reference_side: int) -> int:
+    """``dim`` as an integer: its value, or its value at the reference image side."""
+    if isinstance(dim, tirx.IntImm):
+        return int(dim.value)
+    side = lambda _var: tirx.IntImm("int64", reference_side)
+    value = tvm.sym.Analyzer().simplify(tvm_ffi.structural_map(dim, (tirx.Var, side)))
+    return int(value.value) if isinstance(value, tirx.IntImm) else 0
+
+
+def winograd_plan(call, tiles=(4,), reference_side: int = 320, min_channels: int = 64, min_tiles: int = 32):
+    """``(hwio weight, input dims, padding, tile m)`` of a conv2d ``call`` that
+    :class:`WinogradConv2D` rewrites (with these parameters), else None."""
+    if not is_op_call(call, "relax.nn.conv2d"):
+        return None
+    weight = call.args[1]
+    attrs = call.attrs
+    dims = _shape_exprs(call.args[0])
+    if (
+        not isinstance(weight, tvm.ir.expr.Constant)
+        or dims is None
+        or not isinstance(dims[3], tirx.IntImm)
+        or str(attrs.data_layout) != "NHWC"
+        or str(attrs.out_layout or attrs.data_layout) != "NHWC"
+        or int(attrs.groups) != 1
+        or [int(v) for v in attrs.strides] != [1, 1]
+        or [int(v) for v in attrs.dilation] != [1, 1]
+        or str(call.ty.dtype) != "float32"
+        or str(weight.ty.dtype) != "float32"
+    ):
+        return None
+    layout = str(attrs.kernel_layout)
+    hwio = weight.value.numpy().transpose([layout.index(a) for a in "HWIO"])
+    if hwio.shape[:2] != (3, 3) or min(hwio.shape[2], hwio.shape[3]) < min_channels:
+        return None
+    pad = [int(v) for v in attrs.padding]  # top, left, bottom, right
+    # the decisions are taken at the layer's size for the reference image side when the
+    # size is symbolic (one library serves every size; the few-tile layers stay direct)
+    n_ref, h_ref, w_ref = (_at_side(d, reference_side) for d in dims[:3])
+    out_h, out_w = output_size(h_ref, w_ref, pad)
+    if out_h < 1 or out_w < 1:
+        return None
+    m, tiles_h, tiles_w = choose_tile(tiles, max(n_ref, 1), h_ref, w_ref, pad)
+    if n_ref * tiles_h * tiles_w < min_tiles:
+        return None
+    return hwio, dims, pad, m
+
+
 class _WinogradRewriter(FunctionRewriter):
     tiles = (4,)
     min_channels = 64
@@ -99,42 +146,10 @@ class _WinogradRewriter(FunctionRewriter):
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = self.visit_expr_post_order(call)
-        if not is_op_call(call, "relax.nn.conv2d"):
+        plan = winograd_plan(call, self.tiles, self.reference_side, self.min_channels, self.min_tiles)
+        if plan is None:
             return call
-        weight = call.args[1]
-        attrs = call.attrs
-        dims = _shape_exprs(call.args[0])
-        if (
-            not isinstance(weight, tvm.ir.expr.Constant)
-            or dims is None
-            or not isinstance(dims[3], tirx.IntImm)
-            or str(attrs.data_layout) != "NHWC"
-            or str(attrs.out_layout or attrs.data_layout) != "NHWC"
-            or int(attrs.groups) != 1
-            or [int(v) for v in attrs.strides] != [1, 1]
-            or [int(v) for v in attrs.dilation] != [1, 1]
-            or str(call.ty.dtype) != "float32"
-            or str(weight.ty.dtype) != "float32"
-        ):
-            return call
-        layout = str(attrs.kernel_layout)
-        value = weight.value.numpy()
-        hwio = value.transpose([layout.index(a) for a in "HWIO"])
-        if (
-            hwio.shape[:2] != (3, 3)
-            or min(hwio.shape[2], hwio.shape[3]) < self.min_channels
-        ):
-            return call
-        pad = [int(v) for v in attrs.padding]  # top, left, bottom, right
-        # the decisions are taken at the layer's size for the reference image side when the
-        # size is symbolic (one library serves every size; the few-tile layers stay direct)
-        n_ref, h_ref, w_ref = (self._reference(d) for d in dims[:3])
-        out_h, out_w = output_size(h_ref, w_ref, pad)
-        if out_h < 1 or out_w < 1:
-            return call
-        m, tiles_h, tiles_w = choose_tile(self.tiles, max(n_ref, 1), h_ref, w_ref, pad)
-        if n_ref * tiles_h * tiles_w < self.min_tiles:
-            return call
+        hwio, dims, pad, m = plan
         self.changed = True
         filters = hwio.shape[3]
         weight_u = relax.const(transform_weight(hwio, m))
@@ -202,14 +217,6 @@ class _WinogradRewriter(FunctionRewriter):
         gvar = bb.lookup_binding(out).args[0]
         bb.update_func(gvar, bb.get()[gvar].with_attr("op_pattern", _OUT_EWISE_FUSABLE))
         return out
-
-    def _reference(self, dim) -> int:
-        """``dim`` as an integer: its value, or its value at the reference image side."""
-        if isinstance(dim, tirx.IntImm):
-            return int(dim.value)
-        side = lambda _var: tirx.IntImm("int64", self.reference_side)
-        value = tvm.sym.Analyzer().simplify(tvm_ffi.structural_map(dim, (tirx.Var, side)))
-        return int(value.value) if isinstance(value, tirx.IntImm) else 0
 
     def _call(self, name, key, make, arg, out_shape):
         """``call_tir`` of the transform for ``key``, its PrimFunc made once per signature."""
@@ -283,4 +290,5 @@ __all__ = [
     "tile_set",
     "transform_weight",
     "winograd_matrices",
+    "winograd_plan",
 ]

@@ -72,13 +72,13 @@ class ActivationQuant:
         return np.clip(q, 0, 255).astype(np.uint8)
 
 
-def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def quantize_weight(weight: np.ndarray, limit: int = 127) -> tuple[np.ndarray, np.ndarray]:
     """``weight [K, N]`` (float) -> ``(int8 [K, N], fp32 scale [N])``: symmetric per column,
-    ``w ~ q * scale``, ``q`` in ``[-127, 127]``."""
+    ``w ~ q * scale``, ``q`` in ``[-limit, limit]`` (127; 63 for kernels that need 7-bit weights)."""
     weight = np.asarray(weight, np.float64)
     peak = np.abs(weight).max(axis=0)
-    scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
-    q = np.clip(np.rint(weight / scale.astype(np.float64)), -127, 127).astype(np.int8)
+    scale = np.where(peak > 0, peak / float(limit), 1.0).astype(np.float32)
+    q = np.clip(np.rint(weight / scale.astype(np.float64)), -limit, limit).astype(np.int8)
     return q, scale
 
 

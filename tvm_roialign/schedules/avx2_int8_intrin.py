@@ -1,0 +1,86 @@
+"""The AVX2 micro-kernel as a TensorIntrin: the AMX-INT8 kernel's 32 x 32 block on ``vpmaddubsw``.
+
+The description is the AMX kernel's (:mod:`.amx_int8_intrin`): ``C[i, j] += i32(A[i, k]) *
+i32(B[0, k // 4, j, k % 4])`` over a 32 x 32 block and ``kc`` reduction elements, ``A`` uint8, ``B``
+int8 in the quad layout. A CPU without VNNI has no instruction that sums u8 x s8 products into int32
+directly: ``vpmaddubsw`` multiplies the bytes and adds adjacent pairs into int16 with saturation,
+``vpmaddwd`` with ones adds adjacent int16 pairs into int32. Together they give each int32 lane
+``a0 b0 + a1 b1 + a2 b2 + a3 b3``, as ``vpdpbusd`` does, exactly where no pair overflows int16:
+``2 * 255 * 64 = 32640 <= 32767``, so the weights of these kernels are quantized to 7 bits
+(``[-64, 63]``; :data:`~tvm_roialign.topi.int8_contraction.WEIGHT_LIMITS`). The block runs as
+groups of 2 rows held in 8 vector accumulators (2 rows x 4 vectors of 8 int32): a step over one
+quad of reduction elements broadcasts each row's four activations and multiplies them with the
+quads of the 32 columns (four vectors of 32 int8, read from memory by the multiply itself).
+"""
+
+from __future__ import annotations
+
+from tvm import tirx
+from tvm.script import tirx as T
+
+from .amx_int8_intrin import STEP, block_desc
+from .block_intrin import register_block_intrin
+
+#: rows of a group (accumulators: rows x 4 vectors of 8 int32: 8 of the 16 ymm registers)
+_GROUP = 2
+
+
+def _quad(a, row, q):
+    """The four uint8 activations ``a[row, 4q:4q+4]`` as one 32-bit lane."""
+    return T.reinterpret(a.vload([row, 4 * q], "uint8x4"), dtype="int32")
+
+
+def _dot(acc, a_quads, b_quads):
+    """``acc + (a . b per quad)``: ``vpmaddubsw`` (u8 x s8 pairs -> int16), ``vpmaddwd`` with ones
+    (int16 pairs -> int32), ``vpaddd``."""
+    pairs = tirx.call_llvm_pure_intrin(
+        "int16x16", "llvm.x86.avx2.pmadd.ub.sw",
+        T.reinterpret(a_quads, dtype="int8x32"), b_quads,
+    )
+    quads = tirx.call_llvm_pure_intrin(
+        "int32x8", "llvm.x86.avx2.pmadd.wd", pairs, T.broadcast(T.int16(1), 16)
+    )
+    return acc + quads
+
+
+def _impl(kc: int, zero_init: bool):
+    quads = kc // 4
+
+    @T.prim_func(s_tir=True)
+    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        sa = T.int32()
+        sc = T.int32()
+        A = T.match_buffer(a, (32, kc), "uint8", offset_factor=1, strides=[sa, 1])
+        B = T.match_buffer(b, (1, quads, 32, 4), "int8", offset_factor=1)
+        C = T.match_buffer(c, (32, 32), "int32", offset_factor=1, strides=[sc, 1])
+        with T.sblock("root"):
+            T.reads(C[0:32, 0:32], A[0:32, 0:kc], B[0, 0:quads, 0:32, 0:4])
+            T.writes(C[0:32, 0:32])
+            acc = T.alloc_buffer((_GROUP, 32), "int32", scope="local")
+            for g in T.serial(32 // _GROUP):
+                for r, h in T.grid(_GROUP, 4):
+                    if zero_init:
+                        acc[r, T.ramp(h * 8, 1, 8)] = T.broadcast(T.int32(0), 8)
+                    else:
+                        acc[r, T.ramp(h * 8, 1, 8)] = C[g * _GROUP + r, T.ramp(h * 8, 1, 8)]
+                for q in range(quads):
+                    for r in T.unroll(_GROUP):
+                        for h in T.unroll(4):
+                            acc[r, T.ramp(h * 8, 1, 8)] = _dot(
+                                acc[r, T.ramp(h * 8, 1, 8)],
+                                T.broadcast(_quad(A, g * _GROUP + r, q), 8),
+                                B.vload([0, q, h * 8, 0], "int8x32"),
+                            )
+                for r, h in T.grid(_GROUP, 4):
+                    C[g * _GROUP + r, T.ramp(h * 8, 1, 8)] = acc[r, T.ramp(h * 8, 1, 8)]
+
+    return impl
+
+
+def avx2_int8_intrin(kc: int, zero_init: bool = False) -> str:
+    """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 64), registered
+    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`.amx_int8_intrin.amx_int8_intrin`."""
+    return register_block_intrin("tvm_roialign_avx2_int8", STEP, kc, zero_init, block_desc, _impl)
+
+
+__all__ = ["avx2_int8_intrin"]
