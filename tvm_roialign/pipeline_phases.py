@@ -284,7 +284,7 @@ def int8_supported(target: tvm.target.Target, note: bool = True) -> bool:
         from .target import describe
 
         warnings.warn(
-            f"precision int8: target {describe(target)} has neither AMX-INT8 nor AVX512-VNNI "
+            f"precision int8: target {describe(target)} has neither AMX-INT8, AVX512-VNNI nor AVX2 "
             "(nor the AArch64 dot product); building fp32",
             stacklevel=2,
         )
@@ -325,7 +325,7 @@ def _chosen_int8(target: tvm.target.Target) -> tuple[str, str | None]:
     if int8_supported(target, note=False):
         return "int8", None
     return "fp32", (
-        f"--precision int8: {describe(target)} has no AMX-INT8, AVX512-VNNI or AArch64 dot product; "
+        f"--precision int8: {describe(target)} has no AMX-INT8, AVX512-VNNI, AVX2 or AArch64 dot product; "
         "building fp32"
     )
 
@@ -367,7 +367,8 @@ def prepare_pipeline(
     and matmuls as bf16 contractions (:class:`~tvm_roialign.passes.BF16Contractions`) where the
     target has AMX bf16, else fp32 with a warning (:func:`bf16_supported`); ``precision="int8"``:
     as int8 contractions calibrated on ``calibration`` (:func:`_int8_pass`), where the target has
-    AMX-INT8 or AVX512-VNNI, else fp32 with a warning (:func:`int8_supported`). ``keep_fp32``: for
+    AMX-INT8, AVX512-VNNI, AVX2 or the AArch64 dot product, else fp32 with a warning
+    (:func:`int8_supported`). ``keep_fp32``: for
     bf16 a predicate of a layer's ``[K, N]`` weight that leaves it in fp32
     (``BF16Contractions(keep_fp32=...)``), for int8 the positions of the contractions left in fp32
     (:func:`check_keep_fp32`). An ONNX QDQ model (``relax.quantize`` in it) keeps its own

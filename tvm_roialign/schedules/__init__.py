@@ -17,7 +17,7 @@ runs on.
 rule                            what
 ==============================  ========================================================================
 :class:`BF16Contraction`       bf16 conv2d / matmul (``precision="bf16"``) on AMX tiles (TensorIntrin)
-:class:`Int8Contraction`       int8 conv2d / matmul (``precision="int8"``) on AMX-INT8 or AVX512-VNNI
+:class:`Int8Contraction`       int8 conv2d / matmul (``precision="int8"``): AMX, VNNI, AVX2, ARM dot
 :class:`Conv2DNHWC`             NHWC conv2d + epilogue: register tile, packed constant weights
 :class:`DepthwiseConv2DNHWC`    NHWC depthwise conv2d + epilogue: taps unrolled over a channel vector
 :class:`GroupedConv2DNHWC`      grouped NHWC conv2d + epilogue: a register tile per group, packed weights

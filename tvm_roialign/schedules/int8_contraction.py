@@ -97,7 +97,7 @@ def _schedule_gather(sch, gather, lanes: int) -> None:
 
 
 class Int8Contraction(CPURule):
-    """The int8 contraction's GEMM on AMX-INT8 or AVX512-VNNI, its gather and output as vector passes."""
+    """The int8 contraction's GEMM on the target's int8 kernels, its gather and output as vector passes."""
 
     def schedule(self, sch, func, target):
         gather, acc, out = (find_block(sch, n) for n in (GATHER_A, CONTRACTION, OUTPUT))
