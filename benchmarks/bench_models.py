@@ -57,6 +57,8 @@ from pathlib import Path
 import numpy as np
 from _roofline import matrix_peaks, model_gflop, precision_table
 
+from tvm_roialign.cli._common import first_line
+
 RESULTS = Path(__file__).resolve().parent / "results"
 DETECTORS = ("maskrcnn_resnet50_fpn", "fasterrcnn_resnet50_fpn", "keypointrcnn_resnet50_fpn")
 DETECTOR_PHOTOS = ("astronaut", "coffee", "portrait")
@@ -179,8 +181,9 @@ def bench_classifier(name, model, x, args, threads, workdir) -> dict:
     try:
         peers, info = _peers(model, (x,), os.path.join(workdir, f"{name}.onnx"), threads, args)
     except Exception as err:  # noqa: BLE001 - an exporter or peer that cannot take the model
-        _log(f"{name}: no ONNX Runtime / OpenVINO: {type(err).__name__}: {str(err).splitlines()[0]}")
-        peers, info = {}, {"peer_error": f"{type(err).__name__}: {str(err).splitlines()[0]}"}
+        why = f"{type(err).__name__}: {first_line(err)}"
+        _log(f"{name}: no ONNX Runtime / OpenVINO: {why}")
+        peers, info = {}, {"peer_error": why}
 
     def eager():
         with torch.no_grad():
