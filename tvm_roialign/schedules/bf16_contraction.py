@@ -37,6 +37,7 @@ from .base import CPURule, find_block, inline_epilogue, loop_extent, static_int,
 from .elementwise import schedule_injective_block, schedule_rest
 from .neon_bf16_intrin import neon_bf16_intrin
 from .target_info import cpu_info
+from .vector_math import ALL_OPS
 
 
 def choose_blocking(rows: int | None, columns: int, reduction: int, l2_bytes: int) -> tuple[int, bool]:
@@ -129,6 +130,9 @@ _INTRINSICS = {"amx": amx_bf16_intrin, "avx512bf16": avx512_bf16_intrin, "bfdot"
 
 class BF16Contraction(CPURule):
     """The bf16 contraction's GEMM on AMX tiles, its gather and output as vector passes."""
+
+    # the output stage carries the model's activations (SiLU, GELU): vectorized as the fp32 rules'
+    vector_ops = ALL_OPS
 
     def schedule(self, sch, func, target):
         acc, out = find_block(sch, CONTRACTION), find_block(sch, OUTPUT)

@@ -26,6 +26,7 @@ from .base import CPURule, find_block, inline_epilogue, static_int
 from .elementwise import schedule_injective_block, schedule_rest
 from .neon_int8_intrin import neon_int8_intrin
 from .target_info import cpu_info
+from .vector_math import ALL_OPS
 from .vnni_intrin import vnni_intrin
 
 #: the largest weight magnitude of each kind's kernels where it is not 127: AVX2's ``vpmaddubsw`` adds
@@ -98,6 +99,9 @@ def _schedule_gather(sch, gather, lanes: int) -> None:
 
 class Int8Contraction(CPURule):
     """The int8 contraction's GEMM on the target's int8 kernels, its gather and output as vector passes."""
+
+    # the output stage carries the model's activations (SiLU, GELU): vectorized as the fp32 rules'
+    vector_ops = ALL_OPS
 
     def schedule(self, sch, func, target):
         gather, acc, out = (find_block(sch, n) for n in (GATHER_A, CONTRACTION, OUTPUT))
