@@ -16,9 +16,18 @@ HELP_PRECISION = (
 )
 
 
-def add_precision_arguments(p, detector: bool = True) -> None:
-    """``--precision`` and (``detector``) ``--fp32-layers``."""
-    p.add_argument("--precision", default="fp32", metavar="{fp32,bf16,int8,auto}", help=HELP_PRECISION)
+#: ``--precision``'s help in ``maskrcnn``, which runs the detector in pieces that int8 does not calibrate
+HELP_PIECES_PRECISION = (
+    "fp32, bf16 (convolutions and matmuls in bf16 with fp32 accumulation, on AMX; a target without "
+    "AMX builds fp32, with a note saying why) or auto (bf16 where the target has AMX bf16, else fp32); "
+    "int8 detectors: tvm-roialign compile NAME --precision int8"
+)
+
+
+def add_precision_arguments(p, detector: bool = True, pieces: bool = False) -> None:
+    """``--precision`` and (``detector``) ``--fp32-layers``; ``pieces``: ``maskrcnn``'s help."""
+    p.add_argument("--precision", default="fp32", metavar="{fp32,bf16,int8,auto}",
+                   help=HELP_PIECES_PRECISION if pieces else HELP_PRECISION)
     if detector:
         from ..models.detector_precision import DEFAULT_FP32_LAYERS, FP32_LAYERS
 

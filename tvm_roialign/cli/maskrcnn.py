@@ -37,7 +37,7 @@ def register(subparsers, parents) -> None:
     )
     p.add_argument("--target", default="native", help=HELP_TARGET)
     add_model_arguments(p)
-    add_precision_arguments(p)
+    add_precision_arguments(p, pieces=True)
     add_records_argument(p)
     p.add_argument("--out", default="result.png", help="annotated picture (.png/.jpg)")
     p.add_argument("--report", default=None, help="JSON report (default: --out with .json)")

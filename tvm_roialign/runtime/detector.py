@@ -377,6 +377,7 @@ def detect_to_files(
         "padded_size": list(result["padded"]),
         "target": meta.get("target"),
         "mode": detector.mode,
+        "precision": meta.get("precision", "fp32"),
         "run_ms": result["run_s"] * 1e3,
         "total_ms": result["total_s"] * 1e3,
         "num_detections": len(result["boxes"]),
@@ -389,7 +390,8 @@ def detect_to_files(
         where = " ".join(str(target[k]) for k in ("kind", "mcpu") if target.get(k))
         caption = (
             f"{meta.get('model') or Path(library).name}: {summary['num_detections']} "
-            f"detections, {summary['run_ms']:.0f} ms ({where or '?'}, {detector.mode})"
+            f"detections, {summary['run_ms']:.0f} ms ({where or '?'}, {detector.mode}"
+            f"{'' if summary['precision'] == 'fp32' else ', ' + summary['precision']})"
         )
         draw_detections(
             rgb, result, detector.names, top, mask_threshold, caption, skeleton=detector.skeleton
