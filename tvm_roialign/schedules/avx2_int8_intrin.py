@@ -20,14 +20,10 @@ from tvm.script import tirx as T
 
 from .amx_int8_intrin import STEP, block_desc
 from .block_intrin import register_block_intrin
+from .vnni_intrin import broadcast_quad_impl
 
 #: rows of a group (accumulators: rows x 4 vectors of 8 int32: 8 of the 16 ymm registers)
 _GROUP = 2
-
-
-def _quad(a, row, q):
-    """The four uint8 activations ``a[row, 4q:4q+4]`` as one 32-bit lane."""
-    return T.reinterpret(a.vload([row, 4 * q], "uint8x4"), dtype="int32")
 
 
 def _dot(acc, a_quads, b_quads):
@@ -44,37 +40,7 @@ def _dot(acc, a_quads, b_quads):
 
 
 def _impl(kc: int, zero_init: bool):
-    quads = kc // 4
-
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa = T.int32()
-        sc = T.int32()
-        A = T.match_buffer(a, (32, kc), "uint8", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (1, quads, 32, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (32, 32), "int32", offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:32, 0:32], A[0:32, 0:kc], B[0, 0:quads, 0:32, 0:4])
-            T.writes(C[0:32, 0:32])
-            acc = T.alloc_buffer((_GROUP, 32), "int32", scope="local")
-            for g in T.serial(32 // _GROUP):
-                for r, h in T.grid(_GROUP, 4):
-                    if zero_init:
-                        acc[r, T.ramp(h * 8, 1, 8)] = T.broadcast(T.int32(0), 8)
-                    else:
-                        acc[r, T.ramp(h * 8, 1, 8)] = C[g * _GROUP + r, T.ramp(h * 8, 1, 8)]
-                for q in range(quads):
-                    for r in T.unroll(_GROUP):
-                        for h in T.unroll(4):
-                            acc[r, T.ramp(h * 8, 1, 8)] = _dot(
-                                acc[r, T.ramp(h * 8, 1, 8)],
-                                T.broadcast(_quad(A, g * _GROUP + r, q), 8),
-                                B.vload([0, q, h * 8, 0], "int8x32"),
-                            )
-                for r, h in T.grid(_GROUP, 4):
-                    C[g * _GROUP + r, T.ramp(h * 8, 1, 8)] = acc[r, T.ramp(h * 8, 1, 8)]
-
-    return impl
+    return broadcast_quad_impl(kc, zero_init, _GROUP, 8, _dot)
 
 
 def avx2_int8_intrin(kc: int, zero_init: bool = False) -> str:

@@ -39,8 +39,12 @@ def _dot(acc, a_quad, b_quads):
     )
 
 
-def _impl(kc: int, zero_init: bool):
-    quads = kc // 4
+def broadcast_quad_impl(kc: int, zero_init: bool, group: int, lanes: int, dot):
+    """The 32 x 32 block's implementation shared by the x86 int8 kernels: groups of ``group`` rows
+    held in ``32 / lanes`` vectors of ``lanes`` int32 accumulators each; a step over one quad of
+    reduction elements broadcasts each row's four activations (one 32-bit lane) and calls
+    ``dot(acc, broadcast quads, weight quads of lanes columns)`` per row and vector."""
+    quads, vectors, b_type = kc // 4, 32 // lanes, f"int8x{4 * lanes}"
 
     @T.prim_func(s_tir=True)
     def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
@@ -52,25 +56,29 @@ def _impl(kc: int, zero_init: bool):
         with T.sblock("root"):
             T.reads(C[0:32, 0:32], A[0:32, 0:kc], B[0, 0:quads, 0:32, 0:4])
             T.writes(C[0:32, 0:32])
-            acc = T.alloc_buffer((_GROUP, 32), "int32", scope="local")
-            for g in T.serial(32 // _GROUP):
-                for r, h in T.grid(_GROUP, 2):
+            acc = T.alloc_buffer((group, 32), "int32", scope="local")
+            for g in T.serial(32 // group):
+                for r, h in T.grid(group, vectors):
                     if zero_init:
-                        acc[r, T.ramp(h * 16, 1, 16)] = T.broadcast(T.int32(0), 16)
+                        acc[r, T.ramp(h * lanes, 1, lanes)] = T.broadcast(T.int32(0), lanes)
                     else:
-                        acc[r, T.ramp(h * 16, 1, 16)] = C[g * _GROUP + r, T.ramp(h * 16, 1, 16)]
+                        acc[r, T.ramp(h * lanes, 1, lanes)] = C[g * group + r, T.ramp(h * lanes, 1, lanes)]
                 for q in range(quads):
-                    for r in T.unroll(_GROUP):
-                        for h in T.unroll(2):
-                            acc[r, T.ramp(h * 16, 1, 16)] = _dot(
-                                acc[r, T.ramp(h * 16, 1, 16)],
-                                T.broadcast(_quad(A, g * _GROUP + r, q), 16),
-                                B.vload([0, q, h * 16, 0], "int8x64"),
+                    for r in T.unroll(group):
+                        for h in T.unroll(vectors):
+                            acc[r, T.ramp(h * lanes, 1, lanes)] = dot(
+                                acc[r, T.ramp(h * lanes, 1, lanes)],
+                                T.broadcast(_quad(A, g * group + r, q), lanes),
+                                B.vload([0, q, h * lanes, 0], b_type),
                             )
-                for r, h in T.grid(_GROUP, 2):
-                    C[g * _GROUP + r, T.ramp(h * 16, 1, 16)] = acc[r, T.ramp(h * 16, 1, 16)]
+                for r, h in T.grid(group, vectors):
+                    C[g * group + r, T.ramp(h * lanes, 1, lanes)] = acc[r, T.ramp(h * lanes, 1, lanes)]
 
     return impl
+
+
+def _impl(kc: int, zero_init: bool):
+    return broadcast_quad_impl(kc, zero_init, _GROUP, 16, _dot)
 
 
 def vnni_intrin(kc: int, zero_init: bool = False) -> str:
@@ -79,4 +87,4 @@ def vnni_intrin(kc: int, zero_init: bool = False) -> str:
     return register_block_intrin("tvm_roialign_vnni", STEP, kc, zero_init, block_desc, _impl)
 
 
-__all__ = ["vnni_intrin"]
+__all__ = ["broadcast_quad_impl", "vnni_intrin"]
