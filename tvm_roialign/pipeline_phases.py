@@ -120,10 +120,11 @@ def qdq_note(target: tvm.target.Target) -> str | None:
     """Why an ONNX QDQ model's quantized layers run in float (fake-quant) on ``target``: it has no
     int8 kernels for its 8-bit weights (:func:`~.schedules.int8_contraction.int8_instructions`:
     AVX2's take 7-bit weights); None where it has."""
-    from .schedules.int8_contraction import int8_instructions
+    from .schedules.int8_contraction import int8_instructions, int8_weight_limit
     from .target import describe
 
-    if target.kind.name == "llvm" and int8_instructions(target) not in (None, "avx2"):
+    kind = int8_instructions(target) if target.kind.name == "llvm" else None
+    if kind is not None and int8_weight_limit(kind) >= 127:  # the model's weights are 8-bit
         return None
     return (
         f"quantized (ONNX QDQ) model: target {describe(target)} has no int8 kernels for 8-bit "

@@ -136,12 +136,6 @@ def add_run_arguments(p) -> None:
     group.add_argument("--draw-top", type=int, default=8, help="detections drawn on the picture")
 
 
-def _precision_suffix(summary: dict) -> str:
-    """``", int8"`` / ``", bf16"`` for a reduced-precision artifact's line, nothing for fp32."""
-    precision = summary.get("precision", "fp32")
-    return "" if precision == "fp32" else f", {precision}"
-
-
 def is_detector(model: str) -> bool:
     """A detector name, or a .pt2 holding the static form's NMS op."""
     from ..models.detection import DETECTORS
@@ -251,6 +245,7 @@ def run_main(args, session=None) -> int:
     """``run --image``: the detector artifact on each photo (on a remote device: ``session``);
     ``run`` has checked the library."""
     from ..runtime import Detector, detect_to_files, read_metadata
+    from ..runtime.detector import precision_suffix
 
     if args.draw_top < 0:
         raise CLIError(f"--draw-top must be >= 0, got {args.draw_top}")
@@ -270,7 +265,7 @@ def run_main(args, session=None) -> int:
             paste = f" ({summary['total_ms']:.0f} ms with the mask paste)" if masks else ""
             print(
                 f"{summary['num_detections']} detections in {summary['run_ms']:.0f} ms{paste} "
-                f"({detector.mode} build{_precision_suffix(summary)}) -> {picture}, {json_path}"
+                f"({detector.mode} build{precision_suffix(summary)}) -> {picture}, {json_path}"
             )
         if args.print_time:
             _photos.print_detector_time(detector, photos, args.number, args.repeat)

@@ -56,6 +56,11 @@ def _directory_photos(directory) -> list[np.ndarray]:
     return [read_image(str(p)) for p in files]
 
 
+def _photos(source) -> list[np.ndarray]:
+    """The RGB photos of ``source``: None, the package's sample photos; else a directory's."""
+    return [sample_photo(n) for n in SAMPLE_PHOTOS] if source is None else _directory_photos(source)
+
+
 def prepare_photo(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
     """``[3, height, width]`` float32: ``rgb`` (``[H, W, 3]`` uint8) resized and normalized."""
     from PIL import Image
@@ -82,8 +87,7 @@ def calibration_inputs(mod: tvm.IRModule, source=None) -> list[list[np.ndarray]]
     if source is not None and not isinstance(source, (str, Path)):
         return [list(run) if isinstance(run, (list, tuple)) else [run] for run in source]
     if calibration_entry(mod) != "main":
-        photos = [sample_photo(n) for n in SAMPLE_PHOTOS] if source is None else _directory_photos(source)
-        return [[np.ascontiguousarray(p, dtype=np.uint8)] for p in photos]
+        return [[np.ascontiguousarray(p, dtype=np.uint8)] for p in _photos(source)]
     layout = _image_layout(mod)
     if layout is None:
         raise ValueError(
@@ -92,7 +96,7 @@ def calibration_inputs(mod: tvm.IRModule, source=None) -> list[list[np.ndarray]]
         )
     kind, dims = layout
     height, width = (dims[2], dims[3]) if kind == "NCHW" else (dims[1], dims[2])
-    photos = [sample_photo(n) for n in SAMPLE_PHOTOS] if source is None else _directory_photos(source)
+    photos = _photos(source)
     images = [prepare_photo(p, height, width) for p in photos]
     batch = dims[0]
     runs = []

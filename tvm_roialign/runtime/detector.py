@@ -41,6 +41,7 @@ __all__ = [
     "accepted_sizes",
     "detect_to_files",
     "is_detector",
+    "precision_suffix",
     "read_image",
     "read_metadata",
 ]
@@ -347,6 +348,13 @@ class Detector:
         return entry
 
 
+def precision_suffix(summary: dict) -> str:
+    """``", int8"`` / ``", bf16"`` after a reduced-precision artifact's build mode in a
+    :func:`detect_to_files` summary's caption and ``run``'s line; nothing for fp32."""
+    precision = summary.get("precision", "fp32")
+    return "" if precision == "fp32" else f", {precision}"
+
+
 def detect_to_files(
     library,
     image_path,
@@ -391,7 +399,7 @@ def detect_to_files(
         caption = (
             f"{meta.get('model') or Path(library).name}: {summary['num_detections']} "
             f"detections, {summary['run_ms']:.0f} ms ({where or '?'}, {detector.mode}"
-            f"{'' if summary['precision'] == 'fp32' else ', ' + summary['precision']})"
+            f"{precision_suffix(summary)})"
         )
         draw_detections(
             rgb, result, detector.names, top, mask_threshold, caption, skeleton=detector.skeleton
