@@ -1,6 +1,7 @@
 """The roofline's two numbers for a benchmark table: a model's operations per call, and this
 machine's matrix peak per precision measured in the same run (``torch.mm`` of 4096 x 4096 in fp32
-and bf16, ``torch._int_mm`` in int8: oneDNN's kernels, on the run's threads)."""
+and bf16, ``torch._int_mm`` in int8: oneDNN's kernels, on the run's threads; smaller where one
+product would take long)."""
 
 from __future__ import annotations
 
@@ -21,29 +22,41 @@ def model_gflop(model, inputs) -> float:
     return counter.get_total_flops() / 1e9
 
 
-def matrix_peaks(precisions=("fp32", "bf16", "int8"), seconds: float = 1.0) -> dict:
-    """``{precision: GFLOP/s (GOP/s for int8)}``: the best of repeated square matrix products
-    during about ``seconds`` each; a precision PyTorch cannot run here is left out."""
+def _product(precision: str, side: int):
+    """A ``side`` x ``side`` matrix product of ``precision`` as a function of no arguments."""
     import torch
 
-    side = PEAK_SIDE
+    if precision == "int8":
+        a = torch.randint(-128, 127, (side, side), dtype=torch.int8)
+        b = torch.randint(-128, 127, (side, side), dtype=torch.int8)
+        return lambda: torch._int_mm(a, b)
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    a, b = torch.randn(side, side, dtype=dtype), torch.randn(side, side, dtype=dtype)
+    return lambda: torch.mm(a, b)
+
+
+def _sized_product(precision: str, seconds: float):
+    """``(side, product)``: from 256, the side doubled up to :data:`PEAK_SIDE` while one product takes
+    under an eighth of ``seconds`` (a CPU without int8 kernels runs ``torch._int_mm`` of 4096 in
+    minutes); RuntimeError where PyTorch has no such kernel."""
+    side = 256
+    while True:
+        product = _product(precision, side)
+        start = time.perf_counter()
+        product()
+        if side >= PEAK_SIDE or (time.perf_counter() - start) * 8 > seconds:
+            return side, product
+        side *= 2
+
+
+def matrix_peaks(precisions=("fp32", "bf16", "int8"), seconds: float = 1.0) -> dict:
+    """``{precision: GFLOP/s (GOP/s for int8)}``: the best of repeated square matrix products
+    (:data:`PEAK_SIDE`, smaller where one takes long) during about ``seconds`` each; a precision
+    PyTorch cannot run here is left out."""
     peaks = {}
     for precision in precisions:
-        if precision == "int8":
-            a = torch.randint(-128, 127, (side, side), dtype=torch.int8)
-            b = torch.randint(-128, 127, (side, side), dtype=torch.int8)
-
-            def product(a=a, b=b):
-                return torch._int_mm(a, b)
-        else:
-            dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-            a, b = torch.randn(side, side, dtype=dtype), torch.randn(side, side, dtype=dtype)
-
-            def product(a=a, b=b):
-                return torch.mm(a, b)
-
         try:
-            product()
+            side, product = _sized_product(precision, seconds)
         except RuntimeError:  # no such kernel on this CPU / build
             continue
         best, end = float("inf"), time.perf_counter() + seconds

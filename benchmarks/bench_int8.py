@@ -6,7 +6,9 @@ Runners: ours fp32 and int8 (``pipeline.build(..., precision="int8")``, calibrat
 photos; and with layer1's ten convolutions kept in fp32, ``keep_fp32=range(10)``), ONNX Runtime
 fp32 on the ONNX export and ONNX Runtime int8
 (``onnxruntime.quantization.quantize_static`` of the same export: QDQ, per-channel weights,
-uint8 activations, int8 weights, calibrated on the same photos). The runners take turns in blocks of calls of
+uint8 activations, int8 weights, calibrated on the same photos), and ours on that QDQ model
+(its own scales; on a CPU whose kernels take weights within +-64, AVX2's, both on the
+``reduce_range=True`` model instead). The runners take turns in blocks of calls of
 about 0.25 s, round after round (``_common.interleaved_blocks``; OpenMP threads sleep between
 calls); the table has the median of the rounds. Accuracy: cosine similarity and largest relative
 error (of the largest logit) of each int8 runner's logits against its fp32's, on every sample photo.
@@ -34,7 +36,7 @@ from tvm_roialign.frontend import from_exported_program
 from tvm_roialign.host import request_amx, use_usable_cores
 from tvm_roialign.models.classifier_zoo import build_classifier, photo_batch
 from tvm_roialign.pipeline import build
-from tvm_roialign.schedules.int8_contraction import int8_instructions
+from tvm_roialign.schedules.int8_contraction import int8_instructions, int8_weight_limit
 from tvm_roialign.target import describe, parse_target
 
 
@@ -52,17 +54,32 @@ def _tvm_runner(model, x, target, precision, **options):
     return run
 
 
-def _ort_runners(model, x, photos, threads: int, folder: Path):
+def _ort_runners(model, x, photos, threads: int, folder: Path, reduce_range: bool):
+    """ONNX Runtime's runners of fp32 and int8 (``reduce_range``: the weights within +-64), and the
+    int8 model's path."""
     from tvm_roialign.bench.onnxruntime_peer import cpu_session, quantized_int8
 
     fp32, int8 = folder / "r50.onnx", folder / "r50_int8.onnx"
     torch.onnx.export(model, (x,), str(fp32), input_names=["x"], output_names=["y"], dynamo=False)
-    quantized_int8(str(fp32), str(int8), {"x": [p[None] for p in photos]})
+    quantized_int8(str(fp32), str(int8), {"x": [p[None] for p in photos]}, reduce_range=reduce_range)
     runners = {}
     for name, path in (("fp32", fp32), ("int8", int8)):
         session = cpu_session(str(path), threads)
         runners[name] = lambda a, s=session: s.run(None, {"x": a})[0]
-    return runners
+    return runners, int8
+
+
+def _qdq_runner(path: Path, target):
+    """Ours on ONNX Runtime's QDQ model: its quantized layers on our int8 kernels, its own scales."""
+    import onnx
+
+    from tvm_roialign.frontend.onnx import from_onnx
+
+    mod = from_onnx(onnx.load(str(path)), keep_params_in_input=False)
+    start = time.perf_counter()
+    vm = relax.VirtualMachine(build(mod, target).executable, tvm.cpu())
+    print(f"built ours on the QDQ model in {time.perf_counter() - start:.0f} s", flush=True)
+    return lambda array: vm["main"](tvm.runtime.tensor(array)).numpy()
 
 
 def _accuracy(int8, fp32, photos) -> tuple[float, float]:
@@ -97,7 +114,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        ort = _ort_runners(model, x, photos, args.threads, folder)
+        reduce_range = int8_weight_limit(int8_instructions(target)) < 127
+        ort, int8_path = _ort_runners(model, x, photos, args.threads, folder, reduce_range)
+        ort_name = "ONNX Runtime int8 (quantize_static, QDQ, per-channel{})".format(
+            ", reduce_range" if reduce_range else "")
         runners = {
             "tvm-roialign fp32": _tvm_runner(model, x, target, "fp32"),
             "tvm-roialign int8": _tvm_runner(model, x, target, "int8"),
@@ -105,22 +125,25 @@ def main() -> None:
             "tvm-roialign int8, layer1 in fp32": _tvm_runner(
                 model, x, target, "int8", keep_fp32=list(range(10))
             ),
+            "tvm-roialign on ONNX Runtime's int8 model": _qdq_runner(int8_path, target),
             "ONNX Runtime fp32": ort["fp32"],
-            "ONNX Runtime int8 (quantize_static, QDQ, per-channel)": ort["int8"],
+            ort_name: ort["int8"],
         }
         ours = _accuracy(runners["tvm-roialign int8"], runners["tvm-roialign fp32"], photos)
         kept = _accuracy(runners["tvm-roialign int8, layer1 in fp32"], runners["tvm-roialign fp32"], photos)
         theirs = _accuracy(ort["int8"], ort["fp32"], photos)
+        qdq = _accuracy(runners["tvm-roialign on ONNX Runtime's int8 model"], ort["fp32"], photos)
         medians = interleaved_blocks({n: (lambda r=r: r(x.numpy())) for n, r in runners.items()}, args.rounds)
     print(f"\nresnet50 1x3x224x224, median of {args.rounds} interleaved rounds")
     print("| runner | ms | vs ONNX Runtime int8 |\n|---|---|---|")
-    base = medians["ONNX Runtime int8 (quantize_static, QDQ, per-channel)"]
+    base = medians[ort_name]
     for name, seconds in medians.items():
         print(f"| {name} | {seconds * 1e3:.1f} | {base / seconds:.2f}x |")
     print(f"\nint8 against fp32 on {len(photos)} sample photos "
           "(lowest cosine, largest error / largest logit):")
     print(f"tvm-roialign: {ours[0]:.5f}, {ours[1]:.4f}; with layer1 in fp32: {kept[0]:.5f}, {kept[1]:.4f}; "
-          f"ONNX Runtime: {theirs[0]:.5f}, {theirs[1]:.4f}")
+          f"ONNX Runtime: {theirs[0]:.5f}, {theirs[1]:.4f}; ours on its model (against its fp32): "
+          f"{qdq[0]:.5f}, {qdq[1]:.4f}")
 
 
 if __name__ == "__main__":

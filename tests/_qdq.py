@@ -38,7 +38,7 @@ def _net():
 
 def qdq_model(folder, activations: str = "uint8", reduce_range: bool = False) -> str:
     """The net exported to ONNX (opset 17) and quantized by ONNX Runtime in ``folder``: its path.
-    ``reduce_range``: 7-bit weights (ONNX Runtime's option for CPUs without VNNI, whose u8 x s8
+    ``reduce_range``: weights within +-64 (ONNX Runtime's option for CPUs without VNNI, whose u8 x s8
     kernels add pairs of products in saturating int16)."""
     import torch
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static

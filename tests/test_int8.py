@@ -38,7 +38,7 @@ from tvm_roialign.topi.int8_contraction import ActivationQuant, quantize_weight
 AMX_TARGET = parse_target("llvm -mcpu=sapphirerapids")
 #: AVX512-VNNI without AMX
 VNNI_TARGET = parse_target("llvm -mcpu=rocketlake")
-#: AVX2 without VNNI: vpmaddubsw kernels with 7-bit weights
+#: AVX2 without VNNI: vpmaddubsw kernels with weights within +-64
 AVX2_TARGET = parse_target("llvm -mcpu=haswell")
 #: AVX without AVX2: no int8 kernels, int8 falls back to fp32, and the library runs on any x86-64 CPU
 #: with AVX (a target with AVX-512, say skylake-avx512, would die of SIGILL on an AMD Zen 3)
@@ -48,8 +48,8 @@ UNITS = {
     "vnni": (VNNI_TARGET, "vpdpbusd"),
     "avx2": (AVX2_TARGET, "vpmaddubsw"),
 }
-#: the largest weight of each unit's kernels (AVX2's: 7 bits, exact in vpmaddubsw's int16 pairs)
-LIMITS = {"avx2": 63}
+#: the largest weight of each unit's kernels (AVX2's: 64, exact in vpmaddubsw's int16 pairs)
+LIMITS = {"avx2": 64}
 #: AArch64 with I8MM (usdot), and with the dot product alone (sdot)
 AARCH64_UNITS = {
     "usdot": parse_target("llvm -mtriple=aarch64-linux-gnu -mattr=+neon,+dotprod,+i8mm"),
@@ -145,6 +145,9 @@ def _exact_cases(limit: int) -> dict:
     rng = np.random.default_rng(0)
     w = _weights(rng, (200, 70), 1, limit)
     xm = _integers(rng, (50, 200), -100)
+    # the largest products: row 1's first quad at the top of the activations' range times a quad
+    # of +-limit in every column (AVX2's int16 pairs at 2 * 255 * limit: saturated beyond 64)
+    w[1:4], xm[1, :4] = w[0], -100 + 255
     matmul = (_matmul_module(200, 70, w, 50), xm, xm.astype(np.int64) @ w.astype(np.int64))
     wc = _weights(rng, (48, 3, 3, 32), 0, limit)
     xc = _integers(rng, (1, 13, 11, 32), -40)

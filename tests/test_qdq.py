@@ -4,13 +4,14 @@ contractions with the model's own scales where the target has int8 kernels, else
 
 The net of tests/_qdq.py (an RGB stem, which stays fake-quant, a 1x1 conv, a 3x3 conv with a
 residual add, pooling, a linear layer) is quantized three ways: uint8 activations, int8 activations,
-and uint8 with ONNX Runtime's ``reduce_range`` (7-bit weights). References: the QDQ graph evaluated
-in float64 NumPy (tests/_qdq.py), ONNX Runtime's own evaluation of it as written (graph optimizations
-off: QuantizeLinear, DequantizeLinear and float Conv), and, for the ``reduce_range`` model, ONNX
-Runtime's int8 kernels (its default optimizations fuse QDQ into QLinearConv and friends). With full
-8-bit weights those kernels on a CPU without VNNI (this AVX2 Zen 3) add pairs of u8 x s8 products in
-saturating int16 (``vpmaddubsw``) and were measured up to 7 output quanta off the float64 graph;
-with 7-bit weights they equal it.
+and uint8 with ONNX Runtime's ``reduce_range`` (weights within +-64). References: the QDQ graph
+evaluated in float64 NumPy (tests/_qdq.py), ONNX Runtime's own evaluation of it as written (graph
+optimizations off: QuantizeLinear, DequantizeLinear and float Conv), and, for the ``reduce_range``
+model, ONNX Runtime's int8 kernels (its default optimizations fuse QDQ into QLinearConv and friends).
+With full 8-bit weights those kernels on a CPU without VNNI (this AVX2 Zen 3) add pairs of u8 x s8
+products in saturating int16 (``vpmaddubsw``) and were measured up to 7 output quanta off the
+float64 graph; with ``reduce_range`` weights they equal it, and so do ours, which take such a model
+on AVX2 (8-bit weights stay fake-quant there).
 
 Tolerance: :data:`QUANTA` steps of the output's quantization. The output is the last
 ``DequantizeLinear``'s, on a grid of its scale; every QuantizeLinear on the way rounds, and where a
@@ -37,20 +38,24 @@ from _cli import one_line_error, run_cli
 from _qdq import evaluate_float64, inputs, output_scale, qdq_model
 from tvm import relax
 
+import tvm_roialign
 from tvm_roialign import remote
 from tvm_roialign.frontend.onnx import from_onnx
 from tvm_roialign.linking import export_library
 from tvm_roialign.passes import ConvertLayoutWherePossible, QDQContractions, desired_layouts
 from tvm_roialign.passes._mutator import const_value
+from tvm_roialign.passes.qdq_contractions import qdq_weight_peak
 from tvm_roialign.pipeline import build
-from tvm_roialign.pipeline_phases import precision_metadata, prepare_pipeline
+from tvm_roialign.pipeline_phases import precision_metadata, prepare_pipeline, qdq_note
 from tvm_roialign.target import parse_target
 from tvm_roialign.topi.int8_contraction import TILE_N
 
 #: output quanta the builds may differ from the references by (module docstring)
 QUANTA = 2
-#: AVX2 without VNNI: the fallback, and a library this machine runs
+#: AVX2 without VNNI: int8 kernels for weights within +-64 only, and a library this machine runs
 AVX2_ONLY = parse_target("llvm -mcpu=haswell")
+#: AVX without AVX2: no int8 kernels (the fake-quant fallback), a library this machine runs
+NO_INT8 = parse_target("llvm -mcpu=sandybridge")
 INT8_TARGETS = {
     "amx": "llvm -mcpu=sapphirerapids",
     "avx512vnni": "llvm -mcpu=cascadelake",
@@ -100,10 +105,10 @@ def _run(executable, xs) -> list[np.ndarray]:
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_fake_quant_build_matches_the_qdq_graph(models, variant):
     """A target without int8 kernels: the model as imported, with a warning; against float64,
-    ONNX Runtime's evaluation of the graph and (7-bit weights) ONNX Runtime's int8 kernels."""
+    ONNX Runtime's evaluation of the graph and (``reduce_range``) ONNX Runtime's int8 kernels."""
     path, mod, xs, reference, quantum = models[variant]
     with pytest.warns(UserWarning, match=r"quantized \(ONNX QDQ\) model: .* no int8 kernels"):
-        actual = _run(build(mod, AVX2_ONLY).executable, xs)
+        actual = _run(build(mod, NO_INT8).executable, xs)
     _assert_within_quanta(actual, reference, quantum, "float64")
     _assert_within_quanta(actual, _ort(path, xs, kernels=False), quantum, "onnxruntime (graph)")
     if variant == "u8_reduce_range":
@@ -170,6 +175,61 @@ def test_rewrite_takes_the_model_int8_weights_and_scales(models, variant):
     assert text.count("R.dequantize(metadata") == 1 + 4  # the stem's weight, the four biases
 
 
+def _qdq_operand_shapes(mod: tvm.IRModule) -> tuple[list, list]:
+    """The 4-D data shapes of ``main``'s quantize / dequantize calls: of activations, of constants."""
+    activations, constants = [], []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") in ("relax.quantize",
+                                                                              "relax.dequantize"):
+            data = expr.args[0]
+            shape = [int(v) for v in data.ty.shape.values]
+            if len(shape) == 4:
+                (constants if isinstance(data, tvm.ir.expr.Constant) else activations).append(shape)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return activations, constants
+
+
+def test_activations_are_quantized_channels_last(models):
+    """The layout rule of per-tensor ``relax.quantize`` / ``relax.dequantize``
+    (:mod:`tvm_roialign.passes.layout_qdq`; stock TVM has none, so each pair read its feature map
+    transposed back to NCHW and again to NHWC after it: resnet50 quantized by ONNX Runtime ran at
+    twice the time): after the conversion to NHWC each activation's pair reads the conv's NHWC
+    output (the model's input stays as given); the weights' per-channel dequantize keeps OIHW.
+    Results: the builds of the other tests (float64, ONNX Runtime)."""
+    from tvm_roialign import _registry
+    from tvm_roialign.passes import layout_qdq
+
+    _, mod, *_ = models["u8"]
+    converted = ConvertLayoutWherePossible(desired_layouts("NHWC"))(mod)
+    activations, weights = _qdq_operand_shapes(converted)
+    assert activations == [[1, 3, 32, 32]] * 2 + [[1, 16, 16, 32]] * 8, activations
+    assert weights == [[32, 3, 3, 3], [32, 32, 1, 1], [32, 32, 3, 3]], weights
+    with tvm_roialign.stock_tvm():
+        assert all(_registry.get_op_attr(op, "FRelaxInferLayout") is None for op in layout_qdq.QDQ_OPS)
+    assert all(_registry.get_op_attr(op, "FRelaxInferLayout") is not None for op in layout_qdq.QDQ_OPS)
+
+
+def test_a_kept_conv_stays_as_imported(models):
+    """``keep_conv`` (AVX2's: the convs fp32 Winograd takes) sees each conv's int8 weight in HWIO,
+    as the ONNX file has it, and the conv it is true for stays as imported."""
+    path, mod, *_ = models["u8"]
+    converted = ConvertLayoutWherePossible(desired_layouts("NHWC"))(mod)
+    seen = []
+
+    def keep(call, hwio):
+        seen.append(hwio)
+        return hwio.shape[:2] == (3, 3)
+
+    calls = _int8_calls(QDQContractions(keep_conv=keep)(converted))
+    assert [name.rstrip("0123456789") for name, *_ in calls] == ["int8_conv2d", "int8_matmul"]
+    expected = _expected_layers(path)
+    assert [w.shape for w in seen] == [(1, 1, 32, 32), (3, 3, 32, 32)]
+    for hwio, name in zip(seen, ("a.weight", "b.weight")):
+        np.testing.assert_array_equal(hwio.reshape(-1, hwio.shape[3]), expected[name][0])
+
+
 @pytest.mark.parametrize("unit", list(INT8_TARGETS))
 def test_targets_with_int8_kernels_take_the_qdq_layers(models, unit):
     """Phases 1-3 for each kind of int8 kernel (no run, no warning): three int8 contractions."""
@@ -180,9 +240,44 @@ def test_targets_with_int8_kernels_take_the_qdq_layers(models, unit):
         prepared = prepare_pipeline(target)(mod)
     kernels = [gv for gv, f in prepared.functions_items() if "int8_contraction" in f.script()]
     assert len(kernels) == 3, [gv.name_hint for gv in kernels]
-    assert precision_metadata("fp32", target, quantized=True) == {
+    assert precision_metadata("fp32", target, qdq_weights=127) == {
         "precision": "int8", "int8_kernels": unit, "quantization": "qdq"
     }
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_weight_peak_is_the_onnx_weights(models, variant):
+    """The largest int8 weight magnitude the pipeline reads off the imported model is the ONNX
+    file's: 127 for the 8-bit models, 64 for ``reduce_range``."""
+    path, mod, *_ = models[variant]
+    model = onnx.load(path)
+    values = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    dequantized = [values.get(n.input[0]) for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    expected = max(int(np.abs(v.astype(np.int32)).max()) for v in dequantized
+                   if v is not None and v.dtype == np.int8)
+    assert qdq_weight_peak(mod) == expected == (64 if variant == "u8_reduce_range" else 127)
+
+
+def test_avx2_kernels_take_a_reduce_range_model(models):
+    """On AVX2 (``vpmaddubsw``, exact for weights within +-64) a ``reduce_range`` model's three
+    layers run on the int8 kernels, no warning: within :data:`QUANTA` of the float64 graph, of ONNX
+    Runtime's evaluation of it and of ONNX Runtime's int8 kernels; 8-bit weights stay fake-quant
+    there, with a note naming the limit and ``reduce_range``."""
+    path, mod, xs, reference, quantum = models["u8_reduce_range"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prepared = prepare_pipeline(AVX2_ONLY)(mod)
+        built = build(mod, AVX2_ONLY)
+    assert sum("int8_contraction" in f.script() for _, f in prepared.functions_items()) == 3
+    assert "vpmaddubsw" in built.executable.mod.imports[0].inspect_source("asm")
+    actual = _run(built.executable, xs)
+    _assert_within_quanta(actual, reference, quantum, "float64")
+    _assert_within_quanta(actual, _ort(path, xs, kernels=False), quantum, "onnxruntime (graph)")
+    _assert_within_quanta(actual, _ort(path, xs, kernels=True), quantum, "onnxruntime (int8)")
+    assert precision_metadata("fp32", AVX2_ONLY, qdq_weights=64)["int8_kernels"] == "avx2"
+    assert precision_metadata("fp32", AVX2_ONLY, qdq_weights=127)["int8_kernels"] is None
+    note = qdq_note(AVX2_ONLY, 127)
+    assert "reach 127" in note and "up to 64" in note and "reduce_range=True" in note
 
 
 def test_precision_options_on_a_qdq_model(models):
@@ -223,15 +318,15 @@ def test_int8_kernels_on_the_board(models, board, tmp_path, unit, variant):
 
 
 def test_cli_compile_and_run_a_qdq_model(models, tmp_path, capsys):
-    """``compile x_qdq.onnx`` here (AVX2: a note, fake-quant float) and ``run``; ``--calibrate`` on it
-    is a one-line error."""
+    """``compile x_qdq.onnx`` (8-bit weights) for AVX2 (a note, fake-quant float) and ``run``;
+    ``--calibrate`` on it is a one-line error."""
     path, _, xs, reference, quantum = models["u8"]
     out = tmp_path / "m.so"
     code, stdout, err = run_cli(["compile", path, "--target", "llvm -mcpu=haswell", "-o", str(out)], capsys,
                                 quiet=False)
     assert code == 0, err
     notes = [line for line in err.splitlines() if "ONNX QDQ" in line]
-    assert len(notes) == 1 and notes[0].startswith("note: ") and "no int8 kernels" in notes[0], err
+    assert len(notes) == 1 and notes[0].startswith("note: ") and "up to 64" in notes[0], err
     assert "quantized ONNX QDQ" in stdout
     meta = json.loads((tmp_path / "m.so.json").read_text())
     assert (meta["precision"], meta["int8_kernels"], meta["quantization"]) == ("fp32", None, "qdq")

@@ -5,7 +5,8 @@ Importing the package registers, idempotently and above TVM's own level:
 * ``FInferType`` and ``FLegalize`` for ``relax.vision.roi_align``: the output keeps the data dtype,
   and legalization picks the strategy of the current target (x86, ARM, CUDA, Metal, generic llvm),
   returning already-scheduled TIR;
-* ``FRelaxInferLayout`` for ``relax.vision.roi_align`` (layout inference for ``ConvertLayout``);
+* ``FRelaxInferLayout`` for ``relax.vision.roi_align`` (layout inference for ``ConvertLayout``), and
+  for ``relax.clip`` and per-tensor ``relax.quantize`` / ``relax.dequantize``, which have none;
 * the fused op ``relax.vision.multiscale_roi_align`` (FPN level chosen inside the kernel);
 * the RoI family ``relax.vision.roi_align_rotated`` (detectron2 / mmcv / OpenVINO rotated RoIAlign)
   and ``relax.vision.ps_roi_align`` (torchvision's position-sensitive RoIAlign), with the same
@@ -51,6 +52,7 @@ from .ops.roi_align import make_roi_align as roi_align
 from .ops.roi_align_rotated import make_roi_align_rotated as roi_align_rotated
 from .passes import layout as _layout_pass
 from .passes import layout_clip as _layout_clip
+from .passes import layout_qdq as _layout_qdq
 
 _REGISTER_HOOKS = [
     _roi_align_op.register,
@@ -60,6 +62,7 @@ _REGISTER_HOOKS = [
     _quantized_roi_align_op.register,
     _layout_pass.register,
     _layout_clip.register,
+    _layout_qdq.register,
     _nms_op.register,
     _pipeline.register,
 ]

@@ -14,6 +14,7 @@ import warnings
 import tvm
 from tvm import relax
 
+from .qdq_phase import qdq_note, qdq_passes, winograd_keeps
 from .schedules import default_rules
 
 
@@ -35,7 +36,7 @@ def _graph_passes(
     precision: str = "fp32",
     calibration=None,
     keep_fp32=None,
-    quantized: bool = False,
+    qdq_weights: int | None = None,
 ) -> list:
     from .passes import (
         BF16Contractions,
@@ -56,9 +57,10 @@ def _graph_passes(
         # the convolutions, and RoIAlign so that no transpose sits between them; where the
         # conversion fails, that region keeps its layout (a warning says so)
         passes.append(ConvertLayoutWherePossible(desired_layouts(layout)))
-    if quantized:
+    if qdq_weights is not None:
         # an ONNX QDQ model's own quantization, before constant folding makes its int8 weights fp32
-        passes += _qdq_passes(target, precision, calibration, keep_fp32)
+        passes += qdq_passes(target, precision, calibration, keep_fp32, qdq_weights,
+                             winograd=winograd, reference_side=reference_side)
     # weights in a converted layout (permute_dims of a constant) become constants: NumPy folds
     # layout and arithmetic ops on constants without compiling them, FoldConstant the rest
     # gathers of constant in-bounds indices, before and after constant folding computes them
@@ -79,58 +81,16 @@ def _graph_passes(
         # a transformer MLP's GELU next to its matmul's bias add, so that they fuse
         HoistActivations(),
     ]
-    if precision == "bf16" and not quantized and bf16_supported(target):
+    if precision == "bf16" and qdq_weights is None and bf16_supported(target):
         # before the channel padding and Winograd, which would take the same convolutions
         passes.append(BF16Contractions(keep_fp32=keep_fp32))
-    if precision == "int8" and not quantized and int8_supported(target):
+    if precision == "int8" and qdq_weights is None and int8_supported(target):
         passes.append(_int8_pass(target, calibration, keep_fp32 or (), winograd, reference_side))
     if pad_channels:
         passes.append(PadChannels(multiple=cpu_info(target).lanes()))
     if winograd:
         passes.append(WinogradConv2D(tile=winograd, reference_side=reference_side))
     return passes
-
-
-def _qdq_passes(target: tvm.target.Target, precision: str, calibration, keep_fp32) -> list:
-    """:class:`~tvm_roialign.passes.QDQContractions` where ``target`` has int8 kernels, else nothing
-    (the model runs as imported, fake-quant float), with a warning; a warning too where ``precision``
-    is bf16 (a QDQ model keeps its own quantization), a ValueError for a calibration or kept
-    layers (nothing is calibrated)."""
-    from .passes import QDQContractions
-
-    if calibration is not None or keep_fp32:
-        raise ValueError(
-            "calibration and keep_fp32 apply to fp32 models: this model is already quantized (ONNX QDQ) "
-            "and keeps its own scales"
-        )
-    if precision == "bf16":
-        warnings.warn(
-            "precision bf16: the model is already quantized (ONNX QDQ): it keeps its own int8 "
-            "quantization, not bf16",
-            stacklevel=3,
-        )
-    note = qdq_note(target)
-    if note is not None:
-        warnings.warn(note, stacklevel=3)
-        return []
-    return [QDQContractions()]
-
-
-def qdq_note(target: tvm.target.Target) -> str | None:
-    """Why an ONNX QDQ model's quantized layers run in float (fake-quant) on ``target``: it has no
-    int8 kernels for its 8-bit weights (:func:`~.schedules.int8_contraction.int8_instructions`:
-    AVX2's take 7-bit weights); None where it has."""
-    from .schedules.int8_contraction import int8_instructions, int8_weight_limit
-    from .target import describe
-
-    kind = int8_instructions(target) if target.kind.name == "llvm" else None
-    if kind is not None and int8_weight_limit(kind) >= 127:  # the model's weights are 8-bit
-        return None
-    return (
-        f"quantized (ONNX QDQ) model: target {describe(target)} has no int8 kernels for 8-bit "
-        "weights (AMX-INT8, AVX512-VNNI, AArch64 dot product; AVX2's take 7 bits); its quantized "
-        "layers run in float (fake-quant)"
-    )
 
 
 def int8_kind(target: tvm.target.Target) -> str | None:
@@ -156,18 +116,11 @@ def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=(), winograd=0,
 
     from .models.calibration_photos import calibration_entry, calibration_inputs
     from .passes import Int8Contractions
-    from .passes.winograd import tile_set, winograd_plan
-    from .schedules.int8_contraction import int8_leaves_winograd_convs, int8_weight_limit
+    from .schedules.int8_contraction import int8_weight_limit
     from .target import parse_target
 
     kind = int8_kind(target)
-    keep_call = None
-    if winograd and int8_leaves_winograd_convs(kind):
-        tiles = tile_set(winograd)
-
-        def keep_call(call):
-            return winograd_plan(call, tiles, reference_side) is not None
-
+    keep_call = winograd_keeps(kind, winograd, reference_side)
     observed = target if _runs_here(target) else parse_target("native")
 
     def run(mod: tvm.IRModule):
@@ -331,17 +284,18 @@ def _chosen_int8(target: tvm.target.Target) -> tuple[str, str | None]:
     )
 
 
-def precision_metadata(precision: str, target: tvm.target.Target, quantized: bool = False) -> dict:
+def precision_metadata(precision: str, target: tvm.target.Target, qdq_weights: int | None = None) -> dict:
     """An artifact's metadata ``precision``, and the kernels' instructions: for bf16 ``amx``,
     ``avx512bf16`` or ``bfdot`` (whether running the library needs the AMX tile state), for int8
-    :func:`~.schedules.int8_contraction.int8_instructions`'s. ``quantized``: an ONNX QDQ model
-    (``"quantization": "qdq"``): ``precision`` int8 where ``target`` has int8 kernels, else fp32
+    :func:`~.schedules.int8_contraction.int8_instructions`'s. ``qdq_weights`` (not None): an ONNX
+    QDQ model (``"quantization": "qdq"``) whose int8 weights reach it in magnitude: ``precision``
+    int8 where ``target`` has int8 kernels that take them (:func:`qdq_note`), else fp32
     (fake-quant float, ``"int8_kernels": null``), whatever was asked."""
     from .schedules.bf16_contraction import bf16_instructions
     from .schedules.int8_contraction import int8_instructions
 
-    if quantized:
-        kernels = int8_instructions(target) if qdq_note(target) is None else None
+    if qdq_weights is not None:
+        kernels = int8_instructions(target) if qdq_note(target, qdq_weights) is None else None
         return {"precision": "int8" if kernels else "fp32", "int8_kernels": kernels, "quantization": "qdq"}
     if precision == "int8":
         # "generic": TVM's own schedules (tvm_roialign.testing.generic_int8)
@@ -373,12 +327,13 @@ def prepare_pipeline(
     bf16 a predicate of a layer's ``[K, N]`` weight that leaves it in fp32
     (``BF16Contractions(keep_fp32=...)``), for int8 the positions of the contractions left in fp32
     (:func:`check_keep_fp32`). An ONNX QDQ model (``relax.quantize`` in it) keeps its own
-    quantization whatever ``precision`` (:func:`_qdq_passes`): int8 kernels with its scales where
-    the target has them, else float as imported (fake-quant), with a warning; nothing calibrated."""
+    quantization whatever ``precision`` (:func:`~.qdq_phase.qdq_passes`): int8 kernels with its scales where
+    the target has kernels for its weights, else float as imported (fake-quant), with a warning;
+    nothing calibrated."""
     check_precision(precision)
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    from .passes.qdq_contractions import has_qdq
+    from .passes.qdq_contractions import has_qdq, qdq_weight_peak
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.CPUPrepare")
     def prepare(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -395,7 +350,7 @@ def prepare_pipeline(
                     precision=precision,
                     calibration=calibration,
                     keep_fp32=keep_fp32,
-                    quantized=has_qdq(mod),
+                    qdq_weights=qdq_weight_peak(mod) if has_qdq(mod) else None,
                 ),
                 # 2. legalize and fuse
                 *cpu_generic.library_dispatch_passes(target),

@@ -434,7 +434,7 @@ def op_calls(mod, name: str) -> list:
 def generic_int8(like=None):
     """Within it, ``precision="int8"`` builds int8 on any llvm target: without int8 kernels there,
     TVM's generic schedules compile the same int8 contractions (the same calibration, weights and
-    int32 sums; many times slower), quantized as ``like``'s kernels are (a target: AVX2's 7-bit
+    int32 sums; many times slower), quantized as ``like``'s kernels are (a target: AVX2's +-64
     weights and fp32 Winograd convs; default 8-bit weights). The reference int8 kernels are held
     to, and an int8 model's accuracy measured on any CPU."""
     from .pipeline_phases import GENERIC_INT8

@@ -39,11 +39,13 @@ def cpu_session(path: str, threads: int):
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def quantized_int8(path: str, out: str, calibration: dict[str, list[np.ndarray]]) -> str:
+def quantized_int8(path: str, out: str, calibration: dict[str, list[np.ndarray]],
+                   reduce_range: bool = False) -> str:
     """ONNX Runtime's own int8 model of the ONNX file ``path``, written to ``out``:
     ``quantize_static`` after its pre-processing (skipped where its symbolic shape inference fails,
     as on vit_b_16's reshapes: ONNX Runtime calls it optional), QDQ, per-channel int8 weights, uint8
-    activations, calibrated on ``calibration`` (input name -> one array per calibration call)."""
+    activations, calibrated on ``calibration`` (input name -> one array per calibration call).
+    ``reduce_range``: weights within +-64 (ONNX Runtime's option for CPUs without VNNI)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -61,7 +63,8 @@ def quantized_int8(path: str, out: str, calibration: dict[str, list[np.ndarray]]
     except Exception:  # noqa: BLE001 - ONNX Runtime's shape inference: the file as it is
         prepared = path
     quantize_static(prepared, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                    reduce_range=reduce_range, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8)
     if prepared != path:
         os.remove(prepared)
     return out

@@ -87,16 +87,17 @@ def print_precision_line(args) -> None:
         print(line)
 
 
-def model_precision(args, target, imported, progress) -> tuple[str, bool]:
-    """``(precision, quantized)`` of a model file: :func:`resolve_precision`'s, or for an ONNX QDQ
-    model its own quantization whatever ``--precision`` (int8 where the target has int8 kernels,
-    else fp32: fake-quant float, with a note), a one-line error for ``--calibrate`` and
-    ``--keep-fp32``, which have nothing to calibrate or keep."""
-    from ..passes.qdq_contractions import has_qdq
+def model_precision(args, target, imported, progress) -> tuple[str, int | None]:
+    """``(precision, qdq_weights)`` of a model file: :func:`resolve_precision`'s and None, or for an
+    ONNX QDQ model its own quantization whatever ``--precision`` (int8 where the target has int8
+    kernels for its weights, else fp32: fake-quant float, with a note) and its weights' largest
+    magnitude; a one-line error for ``--calibrate`` and ``--keep-fp32``, which have nothing to
+    calibrate or keep."""
+    from ..passes.qdq_contractions import has_qdq, qdq_weight_peak
     from ..pipeline_phases import qdq_note
 
     if not has_qdq(imported):
-        return resolve_precision(args, target), False
+        return resolve_precision(args, target), None
     if args.calibrate is not None or args.keep_fp32:
         raise CLIError(
             f"--calibrate and --keep-fp32 apply to fp32 models: {args.model!r} is already quantized "
@@ -106,10 +107,11 @@ def model_precision(args, target, imported, progress) -> tuple[str, bool]:
     if args.precision == "bf16":
         progress.note("note: --precision bf16: the model is already quantized (ONNX QDQ): it keeps "
                       "its own int8 quantization")
-    note = qdq_note(target)
+    weights = qdq_weight_peak(imported)
+    note = qdq_note(target, weights)
     if note is not None:
         progress.note(f"note: {note}")
-    return ("fp32" if note else "int8"), True
+    return ("fp32" if note else "int8"), weights
 
 
 def precision_label(meta: dict) -> str:

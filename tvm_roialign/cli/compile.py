@@ -387,13 +387,13 @@ def main(args) -> int:
     with progress_session(args.quiet) as progress:
         records = open_records(args.tuning_records, target, report=_printed_by_main)
         imported, mod, layout_name = _import_and_convert(args, options, progress, times)
-        precision, quantized = model_precision(args, target, imported, progress)
+        precision, qdq_weights = model_precision(args, target, imported, progress)
         progress(f"build for {describe(target)}")
         t0 = time.perf_counter()
         # the built module also gives the kernels' signatures, for run --rpc --profile
         built, tir_mod, mod = _build_keeping_layouts(
-            imported, mod, options[0], target, records, progress, "fp32" if quantized else precision,
-            _int8_options(args),
+            imported, mod, options[0], target, records, progress,
+            "fp32" if qdq_weights is not None else precision, _int8_options(args),
         )
         times["build_s"] = time.perf_counter() - t0
         executable = built.executable
@@ -408,7 +408,7 @@ def main(args) -> int:
     meta = {
         "target": target_config(target),
         "layout": layout_name,
-        **precision_metadata(precision, target, quantized),
+        **precision_metadata(precision, target, qdq_weights),
         "inputs": signature(mod),
         "times": times,
         "kernels": kernel_signatures(tir_mod) if tir_mod is not None else [],

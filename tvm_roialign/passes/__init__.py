@@ -1,9 +1,10 @@
 """Relax passes of tvm-roialign, one per file.
 
 * :mod:`.layout`: ``FRelaxInferLayout`` for ``relax.vision.roi_align`` (and RoIAlign-like ops,
-  :func:`~.layout.infer_layout_roi_align_like`), and :mod:`.layout_clip`: the same for
-  ``relax.clip`` (ReLU6, hardswish), which stock TVM leaves without one; registered on import of
-  the package;
+  :func:`~.layout.infer_layout_roi_align_like`), :mod:`.layout_clip`: the same for
+  ``relax.clip`` (ReLU6, hardswish), and :mod:`.layout_qdq`: for per-tensor ``relax.quantize`` /
+  ``relax.dequantize`` (an ONNX QDQ model's activations), which stock TVM leaves without one;
+  registered on import of the package;
 * :class:`ConvertLayout` (:mod:`.convert_layout`): Relay-style ``ConvertLayout`` (Relay op names,
   ``"default"``, no conversion to layouts without legalization) after
   :class:`NormalizeSqueezeAxes` (:mod:`.normalize_squeeze_axes`) and followed by the two folds;
@@ -29,7 +30,7 @@
   in NHWC (or NCHW).
 """
 
-from . import layout, layout_clip
+from . import layout, layout_clip, layout_qdq
 from .bf16_contractions import BF16Contractions
 from .bound_constant_takes import BoundConstantTakes
 from .convert_layout import ConvertLayout
@@ -74,5 +75,6 @@ __all__ = [
     "desired_layouts",
     "layout",
     "layout_clip",
+    "layout_qdq",
     "register",
 ]

@@ -20,7 +20,8 @@ True)``); int8 activations become uint8 exactly (``q + 128``, zero point ``z + 1
 products are exact, so the result is the QDQ graph's float value up to fp32 rounding of the sum.
 
 Everything else stays as imported (fake-quant float): other consumers of the same ``dequantize``
-(a residual add), the Q/DQ pairs around adds and pooling, weights with a nonzero zero point, grouped
+(a residual add), the Q/DQ pairs around adds and pooling, weights with a nonzero zero point or beyond
+the kernels' ``weight_limit`` (AVX2's: 64, which ONNX Runtime's ``reduce_range`` keeps to), grouped
 and depthwise convs, a conv over few channels (an RGB stem). It must run before constant folding,
 which would turn ``dequantize(int8 constant)`` into an fp32 weight.
 """
@@ -30,7 +31,6 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import mutator
 
 from ..topi.int8_contraction import ActivationQuant
 from ._contraction_spec import conv_geometry, conv_weight, dims, is_f32, matmul_weight
@@ -64,9 +64,27 @@ def _permuted_axis(axis: int, axes: list[int]) -> int:
     return axes.index(axis)
 
 
-@mutator
+def _quantized_weight(weight: np.ndarray, scale: np.ndarray, axis: int) -> np.ndarray:
+    """``QuantizeLinear`` of a float constant weight to int8 (zero point 0), as NNCF's graphs compute
+    it: ``weight / scale`` in fp32, half to even, clipped."""
+    shape = [1] * weight.ndim
+    if scale.size > 1:
+        shape[axis % weight.ndim] = -1
+    per = scale.astype(np.float32).reshape(shape)
+    return np.clip(np.rint(weight.astype(np.float32) / per), -128, 127).astype(np.int8)
+
+
+def _peak(values: np.ndarray) -> int:
+    return int(np.abs(values.astype(np.int32)).max(initial=0))
+
+
 class _QDQRewriter(FunctionRewriter):
-    """Each conv2d / matmul of the pattern (module docstring) as an int8 contraction."""
+    """Each conv2d / matmul of the pattern (module docstring) as an int8 contraction; a layer whose
+    int8 weights exceed ``weight_limit`` in magnitude stays as imported."""
+
+    weight_limit = 127
+    #: a predicate of a conv call and its HWIO int8 weight: the conv stays as imported (float)
+    keep_conv = None
 
     def _bound(self, expr):
         value = self.lookup(expr)
@@ -89,12 +107,8 @@ class _QDQRewriter(FunctionRewriter):
                 return None
             if not (np.array_equal(q_scale, scale) and int(q.attrs.axis) == int(dq.attrs.axis)):
                 return None
-            shape = [1] * weight.ndim
-            if scale.size > 1:
-                shape[int(q.attrs.axis) % weight.ndim] = -1
-            per = scale.astype(np.float32).reshape(shape)
-            data = np.clip(np.rint(weight.astype(np.float32) / per), -128, 127).astype(np.int8)
-        if data.dtype != np.int8:
+            data = _quantized_weight(weight, scale, int(q.attrs.axis))
+        if data.dtype != np.int8 or _peak(data) > self.weight_limit:
             return None
         return data, scale, int(dq.attrs.axis) % data.ndim
 
@@ -149,13 +163,21 @@ class _QDQRewriter(FunctionRewriter):
         if weight is None or activation is None:
             return call
         spec = _conv_spec(call, *weight) if conv else _matmul_spec(call, *weight)
-        if spec is None:
+        if spec is None or (conv and self._kept(call, weight[0])):
             return call
         chain, y, act = activation
         for layout_call in reversed(chain):  # the layout ops, now on the unquantized input
             y = self.builder_.emit(relax.Call(layout_call.op, [y, *layout_call.args[1:]], layout_call.attrs))
         self.changed = True
         return self._emit(y, spec, act)
+
+    def _kept(self, call, data: np.ndarray) -> bool:
+        """Whether ``keep_conv`` leaves the conv ``call`` (its int8 weight ``data`` in the call's
+        kernel layout) as imported."""
+        if self.keep_conv is None:
+            return False
+        layout = str(call.attrs.kernel_layout)
+        return bool(self.keep_conv(call, data.transpose([layout.index(a) for a in "HWIO"])))
 
     def _emit(self, x, spec, act: ActivationQuant):
         q, w_scale, rows, out_shape, geometry = spec
@@ -201,14 +223,46 @@ def has_qdq(mod: tvm.IRModule) -> bool:
     return bool(found)
 
 
+def qdq_weight_peak(mod: tvm.IRModule) -> int:
+    """The largest magnitude of an ONNX QDQ model's int8 weights: its int8 constants under
+    ``dequantize`` and NNCF's ``quantize`` of float constants to int8 (0 where it has none). 127 or
+    128 for 8-bit weights, 64 for ONNX Runtime's ``reduce_range`` (AVX2's kernels take those)."""
+    peaks = [0]
+
+    def visit(expr):
+        if is_op_call(expr, "relax.dequantize"):
+            data = const_value(expr.args[0])
+            if data is not None and data.dtype == np.int8:
+                peaks.append(_peak(data))
+        elif is_op_call(expr, "relax.quantize") and str(expr.attrs.out_dtype) == "int8":
+            weight, scale = const_value(expr.args[0]), const_value(expr.args[1])
+            if weight is not None and scale is not None:
+                peaks.append(_peak(_quantized_weight(weight, scale, int(expr.attrs.axis))))
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return max(peaks)
+
+
 @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.QDQContractions")
 class QDQContractions:  # pylint: disable=too-few-public-methods
     """A QDQ model's quantized conv2d (NHWC) and matmul as int8 contractions (module docstring);
-    the ``permute_dims`` pairs the rewrite leaves (NCHW Q/DQ between NHWC convs) folded."""
+    the ``permute_dims`` pairs the rewrite leaves (NCHW Q/DQ between NHWC convs) folded.
+    ``weight_limit``: the largest weight magnitude the target's kernels take exactly
+    (:func:`~tvm_roialign.schedules.int8_contraction.int8_weight_limit`); a layer beyond it stays
+    as imported, and so does a conv for which ``keep_conv(call, hwio int8 weight)`` is true (AVX2:
+    those fp32 Winograd runs faster than its int8 kernels)."""
+
+    def __init__(self, weight_limit: int = 127, keep_conv=None):
+        self.weight_limit = weight_limit
+        self.keep_conv = keep_conv
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        new = rewrite_module(_QDQRewriter, mod)
+        # the predicate becomes a class attribute: unbound
+        keep = staticmethod(self.keep_conv) if self.keep_conv is not None else None
+        new = rewrite_module(_QDQRewriter, mod, weight_limit=self.weight_limit, keep_conv=keep)
         return new if new is mod else FoldPermuteDims()(new)
 
 
-__all__ = ["QDQContractions", "has_qdq"]
+__all__ = ["QDQContractions", "has_qdq", "qdq_weight_peak"]

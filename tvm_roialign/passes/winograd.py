@@ -100,16 +100,20 @@ def _at_side(dim, reference_side: int) -> int:
     return int(value.value) if isinstance(value, tirx.IntImm) else 0
 
 
-def winograd_plan(call, tiles=(4,), reference_side: int = 320, min_channels: int = 64, min_tiles: int = 32):
+def winograd_plan(call, tiles=(4,), reference_side: int = 320, min_channels: int = 64, min_tiles: int = 32,
+                  hwio=None):
     """``(hwio weight, input dims, padding, tile m)`` of a conv2d ``call`` that
-    :class:`WinogradConv2D` rewrites (with these parameters), else None."""
+    :class:`WinogradConv2D` rewrites (with these parameters), else None. ``hwio``: the weight (HWIO)
+    of a call whose weight is not yet a constant (an ONNX QDQ model's ``dequantize``): the plan
+    the conv would get once constant folding has made it one."""
     if not is_op_call(call, "relax.nn.conv2d"):
         return None
     weight = call.args[1]
     attrs = call.attrs
     dims = _shape_exprs(call.args[0])
+    constant = isinstance(weight, tvm.ir.expr.Constant) and str(weight.ty.dtype) == "float32"
     if (
-        not isinstance(weight, tvm.ir.expr.Constant)
+        not (constant or hwio is not None)
         or dims is None
         or not isinstance(dims[3], tirx.IntImm)
         or str(attrs.data_layout) != "NHWC"
@@ -118,11 +122,11 @@ def winograd_plan(call, tiles=(4,), reference_side: int = 320, min_channels: int
         or [int(v) for v in attrs.strides] != [1, 1]
         or [int(v) for v in attrs.dilation] != [1, 1]
         or str(call.ty.dtype) != "float32"
-        or str(weight.ty.dtype) != "float32"
     ):
         return None
-    layout = str(attrs.kernel_layout)
-    hwio = weight.value.numpy().transpose([layout.index(a) for a in "HWIO"])
+    if hwio is None:
+        layout = str(attrs.kernel_layout)
+        hwio = weight.value.numpy().transpose([layout.index(a) for a in "HWIO"])
     if hwio.shape[:2] != (3, 3) or min(hwio.shape[2], hwio.shape[3]) < min_channels:
         return None
     pad = [int(v) for v in attrs.padding]  # top, left, bottom, right

@@ -6,8 +6,8 @@ int8 in the quad layout. A CPU without VNNI has no instruction that sums u8 x s8
 directly: ``vpmaddubsw`` multiplies the bytes and adds adjacent pairs into int16 with saturation,
 ``vpmaddwd`` with ones adds adjacent int16 pairs into int32. Together they give each int32 lane
 ``a0 b0 + a1 b1 + a2 b2 + a3 b3``, as ``vpdpbusd`` does, exactly where no pair overflows int16:
-``2 * 255 * 64 = 32640 <= 32767``, so the weights of these kernels are quantized to 7 bits
-(``[-63, 63]``; :data:`~.int8_contraction.WEIGHT_LIMITS`). The block runs as
+``2 * 255 * 64 = 32640 <= 32767``, so the weights of these kernels are quantized to ``[-64, 64]``
+(:data:`~.int8_contraction.WEIGHT_LIMITS`; ONNX Runtime's ``reduce_range``). The block runs as
 groups of 2 rows held in 8 vector accumulators (2 rows x 4 vectors of 8 int32): a step over one
 quad of reduction elements broadcasts each row's four activations and multiplies them with the
 quads of the 32 columns (four vectors of 32 int8, read from memory by the multiply itself).

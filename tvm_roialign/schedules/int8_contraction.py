@@ -1,6 +1,6 @@
 """Rule: the int8 contraction (:mod:`tvm_roialign.topi.int8_contraction`) on AMX-INT8 tiles
 (``tdpbusd``), or on AVX512-VNNI (``vpdpbusd``) where the target has no AMX-INT8, else on AVX2
-(``vpmaddubsw``, 7-bit weights); on AArch64 on ``usdot`` (I8MM) or ``sdot`` (the dot product alone).
+(``vpmaddubsw``, weights within +-64); on AArch64 on ``usdot`` (I8MM) or ``sdot`` (the dot product alone).
 
 The function has three stages, ``int8_gather_a`` (activations quantized to uint8, im2col'd for a
 conv), ``int8_contraction`` (the GEMM, int32 accumulation) and ``int8_output`` (dequantized to fp32
@@ -31,7 +31,7 @@ from .vnni_intrin import vnni_intrin
 
 #: the largest weight magnitude of each kind's kernels where it is not 127: AVX2's ``vpmaddubsw`` adds
 #: two u8 x s8 products in int16, exact only while ``2 * 255 * |w| <= 32767``
-WEIGHT_LIMITS = {"avx2": 63}
+WEIGHT_LIMITS = {"avx2": 64}
 
 
 def int8_weight_limit(kind: str | None) -> int:
@@ -49,7 +49,7 @@ def int8_leaves_winograd_convs(kind: str | None) -> bool:
 
 def int8_instructions(target) -> str | None:
     """``"amx"`` (AMX-INT8), ``"avx512vnni"``, ``"usdot"`` (AArch64 I8MM), ``"sdot"`` (AArch64
-    dot product without I8MM), ``"avx2"`` (x86 with AVX2: 7-bit weights, :data:`WEIGHT_LIMITS`), or
+    dot product without I8MM), ``"avx2"`` (x86 with AVX2: weights within +-64, :data:`WEIGHT_LIMITS`), or
     None: the int8 kernels ``target`` runs."""
     info = cpu_info(target)
     if info.has_amx_int8:

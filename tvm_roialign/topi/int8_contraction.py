@@ -74,7 +74,7 @@ class ActivationQuant:
 
 def quantize_weight(weight: np.ndarray, limit: int = 127) -> tuple[np.ndarray, np.ndarray]:
     """``weight [K, N]`` (float) -> ``(int8 [K, N], fp32 scale [N])``: symmetric per column,
-    ``w ~ q * scale``, ``q`` in ``[-limit, limit]`` (127; 63 for kernels that need 7-bit weights)."""
+    ``w ~ q * scale``, ``q`` in ``[-limit, limit]`` (127; 64 for AVX2's kernels, exact in int16 pairs)."""
     weight = np.asarray(weight, np.float64)
     peak = np.abs(weight).max(axis=0)
     scale = np.where(peak > 0, peak / float(limit), 1.0).astype(np.float32)

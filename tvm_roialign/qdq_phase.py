@@ -1,0 +1,95 @@
+"""The graph phase of an ONNX QDQ model (:func:`qdq_passes`, a part of phase 1 of
+:func:`~tvm_roialign.pipeline_phases.prepare_pipeline`): its quantized layers on the target's int8
+kernels with its own scales (:class:`~tvm_roialign.passes.QDQContractions`) where the kernels take
+its weights, else as imported (fake-quant float) with a note saying why (:func:`qdq_note`); and the
+choice, shared with a calibrated int8 build, of the convs left to fp32 Winograd
+(:func:`winograd_keeps`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import tvm
+
+
+def qdq_passes(target: tvm.target.Target, precision: str, calibration, keep_fp32, weights: int,
+               winograd: int = 0, reference_side: int = 320) -> list:
+    """:class:`~tvm_roialign.passes.QDQContractions` where ``target`` has int8 kernels that take the
+    model's weights (``weights``: their largest magnitude, :func:`qdq_note`), else nothing (the model
+    runs as imported, fake-quant float), with a warning; a warning too where ``precision`` is bf16
+    (a QDQ model keeps its own quantization), a ValueError for a calibration or kept layers
+    (nothing is calibrated). The convs Winograd (``winograd``, its tile) would take stay as
+    imported where the kernels leave them to it (AVX2's), as with a calibrated int8 build."""
+    from .passes import QDQContractions
+    from .schedules.int8_contraction import int8_weight_limit
+
+    if calibration is not None or keep_fp32:
+        raise ValueError(
+            "calibration and keep_fp32 apply to fp32 models: this model is already quantized (ONNX QDQ) "
+            "and keeps its own scales"
+        )
+    if precision == "bf16":
+        warnings.warn(
+            "precision bf16: the model is already quantized (ONNX QDQ): it keeps its own int8 "
+            "quantization, not bf16",
+            stacklevel=3,
+        )
+    note = qdq_note(target, weights)
+    if note is not None:
+        warnings.warn(note, stacklevel=3)
+        return []
+    kind = llvm_int8_kind(target)
+    keep_conv = winograd_keeps(kind, winograd, reference_side)
+    return [QDQContractions(weight_limit=int8_weight_limit(kind), keep_conv=keep_conv)]
+
+
+def winograd_keeps(kind: str | None, winograd: int, reference_side: int):
+    """A predicate of a conv call (and, where its weight is not yet a constant, its HWIO weight)
+    true for the convs Winograd takes, where the int8 kernels ``kind`` leave those to it
+    (:func:`~.schedules.int8_contraction.int8_leaves_winograd_convs`); None elsewhere."""
+    from .passes.winograd import tile_set, winograd_plan
+    from .schedules.int8_contraction import int8_leaves_winograd_convs
+
+    if not winograd or not int8_leaves_winograd_convs(kind):
+        return None
+    tiles = tile_set(winograd)
+
+    def keep(call, hwio=None):
+        return winograd_plan(call, tiles, reference_side, hwio=hwio) is not None
+
+    return keep
+
+
+def llvm_int8_kind(target: tvm.target.Target) -> str | None:
+    """:func:`~.schedules.int8_contraction.int8_instructions` of an llvm ``target``, None for others."""
+    from .schedules.int8_contraction import int8_instructions
+
+    return int8_instructions(target) if target.kind.name == "llvm" else None
+
+
+def qdq_note(target: tvm.target.Target, weights: int = 127) -> str | None:
+    """Why an ONNX QDQ model whose int8 weights reach ``weights`` in magnitude
+    (:func:`~.passes.qdq_contractions.qdq_weight_peak`) runs its quantized layers in float
+    (fake-quant) on ``target``: it has no int8 kernels, or AVX2's, which take weights up to 64
+    (ONNX Runtime's ``reduce_range``); None where its kernels take them."""
+    from .schedules.int8_contraction import int8_weight_limit
+    from .target import describe
+
+    kind = llvm_int8_kind(target)
+    if kind is None:
+        return (
+            f"quantized (ONNX QDQ) model: target {describe(target)} has no int8 kernels (AMX-INT8, "
+            "AVX512-VNNI, AVX2, AArch64 dot product); its quantized layers run in float (fake-quant)"
+        )
+    limit = int8_weight_limit(kind)
+    if weights <= limit:
+        return None
+    return (
+        f"quantized (ONNX QDQ) model: its int8 weights reach {weights}, and the int8 kernels of target "
+        f"{describe(target)} ({kind}) take up to {limit} (ONNX Runtime's quantize_static(..., "
+        "reduce_range=True) keeps to it); its quantized layers run in float (fake-quant)"
+    )
+
+
+__all__ = ["llvm_int8_kind", "qdq_note", "qdq_passes", "winograd_keeps"]
