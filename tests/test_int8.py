@@ -38,6 +38,8 @@ from tvm_roialign.topi.int8_contraction import ActivationQuant, quantize_weight
 AMX_TARGET = parse_target("llvm -mcpu=sapphirerapids")
 #: AVX512-VNNI without AMX
 VNNI_TARGET = parse_target("llvm -mcpu=rocketlake")
+#: AVX-VNNI (256-bit, VEX) without AVX-512: an Intel client core
+AVX_VNNI_TARGET = parse_target("llvm -mcpu=alderlake")
 #: AVX2 without VNNI: vpmaddubsw kernels with weights within +-64
 AVX2_TARGET = parse_target("llvm -mcpu=haswell")
 #: AVX without AVX2: no int8 kernels, int8 falls back to fp32, and the library runs on any x86-64 CPU
@@ -46,6 +48,7 @@ NO_INT8 = parse_target("llvm -mcpu=sandybridge")
 UNITS = {
     "amx": (AMX_TARGET, "tdpbusd"),
     "vnni": (VNNI_TARGET, "vpdpbusd"),
+    "avxvnni": (AVX_VNNI_TARGET, "{vex}\tvpdpbusd\t%ymm"),
     "avx2": (AVX2_TARGET, "vpmaddubsw"),
 }
 #: the largest weight of each unit's kernels (AVX2's: 64, exact in vpmaddubsw's int16 pairs)
@@ -68,6 +71,9 @@ def _runnable_or_skip(unit: str) -> None:
             request_amx(required=True)
         except RuntimeError as err:
             pytest.skip(str(err))
+    elif unit == "avxvnni":
+        if "avx_vnni" not in cpu_flags():
+            pytest.skip("this CPU has no AVX-VNNI (avx_vnni in /proc/cpuinfo)")
     elif "avx512_vnni" not in cpu_flags():
         pytest.skip("this CPU has no AVX512-VNNI (avx512_vnni in /proc/cpuinfo)")
 
@@ -164,7 +170,7 @@ def exact_cases():
     return _exact_cases(127)
 
 
-@pytest.mark.parametrize("unit", ["amx", "vnni", "avx2"])
+@pytest.mark.parametrize("unit", ["amx", "vnni", "avxvnni", "avx2"])
 @pytest.mark.parametrize("case", ["matmul", "conv", "conv_many_rows"])
 def test_int8_kernels_match_int64_exactly(exact_cases, unit, case):
     mod, x, reference = (exact_cases if unit not in LIMITS else _exact_cases(LIMITS[unit]))[case]
@@ -337,7 +343,7 @@ def test_cli_compile_int8_and_its_errors(small_resnet, tmp_path, capsys):
     meta = json.loads((tmp_path / "small_int8.so.json").read_text())
     assert meta["precision"] in ("int8", "fp32")
     if meta["precision"] == "int8":
-        assert meta["int8_kernels"] in ("amx", "avx512vnni", "avx2")
+        assert meta["int8_kernels"] in ("amx", "avx512vnni", "avxvnni", "avx2")
     missing = str(tmp_path / "none")
     cases = [
         (["compile", str(pt2), "--calibrate", str(tmp_path), "-o", str(out)], ["--calibrate", "int8"]),

@@ -59,6 +59,7 @@ NO_INT8 = parse_target("llvm -mcpu=sandybridge")
 INT8_TARGETS = {
     "amx": "llvm -mcpu=sapphirerapids",
     "avx512vnni": "llvm -mcpu=cascadelake",
+    "avxvnni": "llvm -mcpu=alderlake",
     "usdot": "llvm -mtriple=aarch64-linux-gnu -mattr=+neon,+dotprod,+i8mm",
     "sdot": "llvm -mtriple=aarch64-linux-gnu -mattr=+neon,+dotprod",
 }

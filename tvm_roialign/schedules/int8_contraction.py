@@ -1,5 +1,6 @@
 """Rule: the int8 contraction (:mod:`tvm_roialign.topi.int8_contraction`) on AMX-INT8 tiles
-(``tdpbusd``), or on AVX512-VNNI (``vpdpbusd``) where the target has no AMX-INT8, else on AVX2
+(``tdpbusd``), or on AVX512-VNNI (``vpdpbusd``) where the target has no AMX-INT8, or on AVX-VNNI
+(``vpdpbusd`` on ymm) where it has neither, else on AVX2
 (``vpmaddubsw``, weights within +-64); on AArch64 on ``usdot`` (I8MM) or ``sdot`` (the dot product alone).
 
 The function has three stages, ``int8_gather_a`` (activations quantized to uint8, im2col'd for a
@@ -27,7 +28,7 @@ from .elementwise import schedule_injective_block, schedule_rest
 from .neon_int8_intrin import neon_int8_intrin
 from .target_info import cpu_info
 from .vector_math import ALL_OPS
-from .vnni_intrin import vnni_intrin
+from .vnni_intrin import avx_vnni_intrin, vnni_intrin
 
 #: the largest weight magnitude of each kind's kernels where it is not 127: AVX2's ``vpmaddubsw`` adds
 #: two u8 x s8 products in int16, exact only while ``2 * 255 * |w| <= 32767``
@@ -49,8 +50,9 @@ def int8_leaves_winograd_convs(kind: str | None) -> bool:
 
 def int8_instructions(target) -> str | None:
     """``"amx"`` (AMX-INT8), ``"avx512vnni"``, ``"usdot"`` (AArch64 I8MM), ``"sdot"`` (AArch64
-    dot product without I8MM), ``"avx2"`` (x86 with AVX2: weights within +-64, :data:`WEIGHT_LIMITS`), or
-    None: the int8 kernels ``target`` runs."""
+    dot product without I8MM), ``"avxvnni"`` (x86 with the 256-bit AVX-VNNI and no AVX512-VNNI: Intel
+    client cores since Alder Lake, Sierra Forest), ``"avx2"`` (x86 with AVX2: weights within +-64,
+    :data:`WEIGHT_LIMITS`), or None: the int8 kernels ``target`` runs."""
     info = cpu_info(target)
     if info.has_amx_int8:
         return "amx"
@@ -60,6 +62,8 @@ def int8_instructions(target) -> str | None:
         return "usdot"
     if info.has_dotprod:
         return "sdot"
+    if info.arch == "x86" and "avxvnni" in info.features:
+        return "avxvnni"
     if info.arch == "x86" and "avx2" in info.features:
         return "avx2"
     return None
@@ -110,7 +114,8 @@ class Int8Contraction(CPURule):
         kind = int8_instructions(target)
         if kind is None:
             return None
-        intrin = {"amx": amx_int8_intrin, "avx512vnni": vnni_intrin, "avx2": avx2_int8_intrin}.get(kind)
+        intrin = {"amx": amx_int8_intrin, "avx512vnni": vnni_intrin, "avxvnni": avx_vnni_intrin,
+                  "avx2": avx2_int8_intrin}.get(kind)
         if intrin is None:
             intrin = functools.partial(neon_int8_intrin, signed=kind == "sdot")
         if kind == "amx":

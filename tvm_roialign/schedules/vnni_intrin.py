@@ -1,12 +1,19 @@
-"""The AVX512-VNNI micro-kernel as a TensorIntrin: the AMX-INT8 kernel's 32 x 32 block on ``vpdpbusd``.
+"""The VNNI micro-kernels as TensorIntrins: the AMX-INT8 kernel's 32 x 32 block on ``vpdpbusd``.
 
 The description is the AMX kernel's (:mod:`.amx_int8_intrin`): ``C[i, j] += i32(A[i, k]) *
 i32(B[0, k // 4, j, k % 4])`` over a 32 x 32 block and ``kc`` reduction elements, ``A`` uint8, ``B``
-int8 in the quad layout. The implementation runs the block as four groups of 8 rows, each held in
-16 vector accumulators (8 rows x 2 vectors of 16 int32); a step over one quad of reduction elements
-loads the quads of the 32 columns (two vectors of 64 int8), broadcasts each row's four activations
-and issues 16 ``vpdpbusd`` (each lane: ``acc += a0 b0 + a1 b1 + a2 b2 + a3 b3``, exact, no
-saturation).
+int8 in the quad layout. ``vpdpbusd`` gives each int32 lane ``acc += a0 b0 + a1 b1 + a2 b2 + a3 b3``,
+exact, no saturation.
+
+* AVX512-VNNI (:func:`vnni_intrin`): the block as four groups of 8 rows, each held in 16 zmm
+  accumulators (8 rows x 2 vectors of 16 int32); a step over one quad of reduction elements
+  broadcasts each row's four activations and issues 16 ``vpdpbusd`` against the quads of the 32
+  columns (two vectors of 64 int8).
+* AVX-VNNI (:func:`avx_vnni_intrin`; Intel Alder Lake and later client cores, Sierra Forest: no
+  AVX-512): the same instruction on ymm registers, VEX-encoded, as the AVX2 kernel's groups of 2 rows
+  x 4 vectors of 8 int32 (:mod:`.avx2_int8_intrin`), one ``vpdpbusd`` where AVX2 needs two
+  multiply-adds and 8-bit weights where AVX2's must stay within +-64. LLVM selects the VEX form of
+  the same intrinsic where the target has ``avxvnni`` and not AVX512-VL.
 """
 
 from __future__ import annotations
@@ -21,11 +28,12 @@ from .block_intrin import register_block_intrin
 #: rows of a group (accumulators: rows x 2 vectors)
 _GROUP = 8
 
-def _operand(vector):
-    """A 64-byte operand as the LLVM intrinsic takes it (bytes since LLVM 21, 32-bit lanes before)."""
+def _operand(vector, lanes: int = 16):
+    """An operand of ``lanes`` 32-bit lanes as the LLVM intrinsic takes it (bytes since LLVM 21,
+    32-bit lanes before)."""
     if codegen.llvm_version_major() >= 21:
-        return T.reinterpret(vector, dtype="int8x64")
-    return T.reinterpret(vector, dtype="int32x16")
+        return T.reinterpret(vector, dtype=f"int8x{4 * lanes}")
+    return T.reinterpret(vector, dtype=f"int32x{lanes}")
 
 
 def _quad(a, row, q):
@@ -36,6 +44,13 @@ def _quad(a, row, q):
 def _dot(acc, a_quad, b_quads):
     return tirx.call_llvm_pure_intrin(
         "int32x16", "llvm.x86.avx512.vpdpbusd.512", acc, _operand(a_quad), _operand(b_quads)
+    )
+
+
+def _dot_ymm(acc, a_quad, b_quads):
+    """``vpdpbusd`` on 8 int32 lanes (``{vex} vpdpbusd`` with AVX-VNNI)."""
+    return tirx.call_llvm_pure_intrin(
+        "int32x8", "llvm.x86.avx512.vpdpbusd.256", acc, _operand(a_quad, 8), _operand(b_quads, 8)
     )
 
 
@@ -82,9 +97,24 @@ def _impl(kc: int, zero_init: bool):
 
 
 def vnni_intrin(kc: int, zero_init: bool = False) -> str:
-    """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 64), registered
-    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`.amx_int8_intrin.amx_int8_intrin`."""
+    """The name of the AVX512-VNNI micro-kernel over ``kc`` reduction elements (a multiple of 64),
+    registered with ``TensorIntrin`` on first use; ``zero_init`` as
+    :func:`.amx_int8_intrin.amx_int8_intrin`."""
     return register_block_intrin("tvm_roialign_vnni", STEP, kc, zero_init, block_desc, _impl)
 
 
-__all__ = ["broadcast_quad_impl", "vnni_intrin"]
+#: rows of an AVX-VNNI group (accumulators: rows x 4 ymm vectors: 8 of the 16 ymm registers)
+_YMM_GROUP = 2
+
+
+def _impl_ymm(kc: int, zero_init: bool):
+    return broadcast_quad_impl(kc, zero_init, _YMM_GROUP, 8, _dot_ymm)
+
+
+def avx_vnni_intrin(kc: int, zero_init: bool = False) -> str:
+    """The name of the AVX-VNNI (256-bit) micro-kernel over ``kc`` reduction elements, as
+    :func:`vnni_intrin`."""
+    return register_block_intrin("tvm_roialign_avxvnni", STEP, kc, zero_init, block_desc, _impl_ymm)
+
+
+__all__ = ["avx_vnni_intrin", "broadcast_quad_impl", "vnni_intrin"]
