@@ -30,7 +30,7 @@ from tvm_roialign.host import cpu_flags, request_amx
 from tvm_roialign.models.calibration_photos import calibration_inputs
 from tvm_roialign.passes.int8_contractions import clipped_range
 from tvm_roialign.pipeline import build
-from tvm_roialign.schedules.int8_contraction import int8_instructions
+from tvm_roialign.schedules.int8_contraction import int8_instructions, int8_pays
 from tvm_roialign.target import parse_target
 from tvm_roialign.testing import generic_int8
 from tvm_roialign.topi.int8_contraction import ActivationQuant, quantize_weight
@@ -272,6 +272,22 @@ def test_generic_int8_matches_int64_exactly(exact_cases):
             assert precision_metadata("int8", NO_INT8)["int8_kernels"] == "generic"
         assert "int8_" in executable.mod.imports[0].inspect_source("ll")
         np.testing.assert_array_equal(_run(executable, x).astype(np.int64), reference)
+
+
+def test_a_short_reduction_stays_fp32_where_int8_does_not_pay():
+    """The kernels pad the reduction to 64: over 16 elements that is 4x the products, more than
+    AVX2's 2x rate over fp32 (the matmul stays fp32) and within VNNI's 4x (int8); 32 pay on AVX2."""
+    from tvm_roialign.pipeline_phases import prepare_pipeline
+
+    assert [int8_pays("avx2", k) for k in (16, 24, 32, 48, 72)] == [False, False, True, True, True]
+    assert int8_pays("avx512vnni", 16) and not int8_pays("avx512vnni", 8)
+    rng = np.random.default_rng(0)
+    x = _integers(rng, (50, 16), -100)
+    mod = _matmul_module(16, 70, _weights(rng, (16, 70), 1), 50)
+    options = dict(layout=None, winograd=0, precision="int8", calibration=[[x]])
+    avx2 = prepare_pipeline(AVX2_TARGET, **options)(mod).script()
+    vnni = prepare_pipeline(VNNI_TARGET, **options)(mod).script()
+    assert "int8_matmul" not in avx2 and "int8_matmul" in vnni
 
 
 def test_keep_fp32_takes_a_predicate_of_the_weight(exact_cases):

@@ -14,7 +14,7 @@ import warnings
 import tvm
 from tvm import relax
 
-from .qdq_phase import qdq_note, qdq_passes, winograd_keeps
+from .qdq_phase import int8_keeps, qdq_note, qdq_passes
 from .schedules import default_rules
 
 
@@ -120,7 +120,7 @@ def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=(), winograd=0,
     from .target import parse_target
 
     kind = int8_kind(target)
-    keep_call = winograd_keeps(kind, winograd, reference_side)
+    keep_call = int8_keeps(kind, winograd, reference_side)
     observed = target if _runs_here(target) else parse_target("native")
 
     def run(mod: tvm.IRModule):

@@ -3,7 +3,7 @@
 kernels with its own scales (:class:`~tvm_roialign.passes.QDQContractions`) where the kernels take
 its weights, else as imported (fake-quant float) with a note saying why (:func:`qdq_note`); and the
 choice, shared with a calibrated int8 build, of the convs left to fp32 Winograd
-(:func:`winograd_keeps`).
+(:func:`int8_keeps`).
 """
 
 from __future__ import annotations
@@ -40,25 +40,43 @@ def qdq_passes(target: tvm.target.Target, precision: str, calibration, keep_fp32
         warnings.warn(note, stacklevel=3)
         return []
     kind = llvm_int8_kind(target)
-    keep_conv = winograd_keeps(kind, winograd, reference_side)
-    return [QDQContractions(weight_limit=int8_weight_limit(kind), keep_conv=keep_conv)]
+    keep = int8_keeps(kind, winograd, reference_side)
+    return [QDQContractions(weight_limit=int8_weight_limit(kind), keep_layer=keep)]
 
 
-def winograd_keeps(kind: str | None, winograd: int, reference_side: int):
-    """A predicate of a conv call (and, where its weight is not yet a constant, its HWIO weight)
-    true for the convs Winograd takes, where the int8 kernels ``kind`` leave those to it
-    (:func:`~.schedules.int8_contraction.int8_leaves_winograd_convs`); None elsewhere."""
+def int8_keeps(kind: str | None, winograd: int, reference_side: int):
+    """A predicate of a conv or matmul call (and, where a conv's weight is not yet a constant, its
+    HWIO weight) true for the contractions the int8 kernels ``kind`` should leave in fp32: those whose
+    reduction is too short for them to pay (:func:`~.schedules.int8_contraction.int8_pays`), and,
+    where the kernels leave them to it, the convs Winograd takes
+    (:func:`~.schedules.int8_contraction.int8_leaves_winograd_convs`)."""
     from .passes.winograd import tile_set, winograd_plan
-    from .schedules.int8_contraction import int8_leaves_winograd_convs
+    from .schedules.int8_contraction import int8_leaves_winograd_convs, int8_pays
 
-    if not winograd or not int8_leaves_winograd_convs(kind):
-        return None
-    tiles = tile_set(winograd)
+    tiles = tile_set(winograd) if winograd and int8_leaves_winograd_convs(kind) else None
 
     def keep(call, hwio=None):
-        return winograd_plan(call, tiles, reference_side, hwio=hwio) is not None
+        reduction = _reduction(call)
+        if reduction is not None and not int8_pays(kind, reduction):
+            return True
+        return tiles is not None and winograd_plan(call, tiles, reference_side, hwio=hwio) is not None
 
     return keep
+
+
+def _reduction(call) -> int | None:
+    """The reduction length of a conv2d (taps x input channels) or matmul ``call``, when static."""
+    if call.op.name == "relax.nn.conv2d":
+        shape, layout = call.args[1].ty.shape, str(call.attrs.kernel_layout)
+        dims = [shape.values[layout.index(a)] for a in "HWI"] if hasattr(shape, "values") else []
+    else:
+        dims = [call.args[0].ty.shape.values[-1]] if hasattr(call.args[0].ty.shape, "values") else []
+    if not dims or not all(hasattr(d, "value") for d in dims):
+        return None
+    product = 1
+    for d in dims:
+        product *= int(d.value)
+    return product
 
 
 def llvm_int8_kind(target: tvm.target.Target) -> str | None:
@@ -92,4 +110,4 @@ def qdq_note(target: tvm.target.Target, weights: int = 127) -> str | None:
     )
 
 
-__all__ = ["llvm_int8_kind", "qdq_note", "qdq_passes", "winograd_keeps"]
+__all__ = ["int8_keeps", "llvm_int8_kind", "qdq_note", "qdq_passes"]

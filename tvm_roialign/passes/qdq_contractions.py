@@ -83,8 +83,9 @@ class _QDQRewriter(FunctionRewriter):
     int8 weights exceed ``weight_limit`` in magnitude stays as imported."""
 
     weight_limit = 127
-    #: a predicate of a conv call and its HWIO int8 weight: the conv stays as imported (float)
-    keep_conv = None
+    #: a predicate of a conv call and its HWIO int8 weight, or of a matmul call: the layer stays as
+    #: imported (float)
+    keep_layer = None
 
     def _bound(self, expr):
         value = self.lookup(expr)
@@ -163,7 +164,7 @@ class _QDQRewriter(FunctionRewriter):
         if weight is None or activation is None:
             return call
         spec = _conv_spec(call, *weight) if conv else _matmul_spec(call, *weight)
-        if spec is None or (conv and self._kept(call, weight[0])):
+        if spec is None or self._kept(call, weight[0] if conv else None):
             return call
         chain, y, act = activation
         for layout_call in reversed(chain):  # the layout ops, now on the unquantized input
@@ -171,13 +172,15 @@ class _QDQRewriter(FunctionRewriter):
         self.changed = True
         return self._emit(y, spec, act)
 
-    def _kept(self, call, data: np.ndarray) -> bool:
-        """Whether ``keep_conv`` leaves the conv ``call`` (its int8 weight ``data`` in the call's
-        kernel layout) as imported."""
-        if self.keep_conv is None:
+    def _kept(self, call, data: np.ndarray | None) -> bool:
+        """Whether ``keep_layer`` leaves the conv or matmul ``call`` (a conv's int8 weight ``data``
+        in the call's kernel layout) as imported."""
+        if self.keep_layer is None:
             return False
+        if data is None:
+            return bool(self.keep_layer(call))
         layout = str(call.attrs.kernel_layout)
-        return bool(self.keep_conv(call, data.transpose([layout.index(a) for a in "HWIO"])))
+        return bool(self.keep_layer(call, data.transpose([layout.index(a) for a in "HWIO"])))
 
     def _emit(self, x, spec, act: ActivationQuant):
         q, w_scale, rows, out_shape, geometry = spec
@@ -251,17 +254,17 @@ class QDQContractions:  # pylint: disable=too-few-public-methods
     the ``permute_dims`` pairs the rewrite leaves (NCHW Q/DQ between NHWC convs) folded.
     ``weight_limit``: the largest weight magnitude the target's kernels take exactly
     (:func:`~tvm_roialign.schedules.int8_contraction.int8_weight_limit`); a layer beyond it stays
-    as imported, and so does a conv for which ``keep_conv(call, hwio int8 weight)`` is true (AVX2:
-    those fp32 Winograd runs faster than its int8 kernels)."""
+    as imported, and so does a layer for which ``keep_layer(call[, hwio int8 weight of a conv])`` is
+    true (those fp32 runs faster: a short reduction, on AVX2 the convs Winograd takes)."""
 
-    def __init__(self, weight_limit: int = 127, keep_conv=None):
+    def __init__(self, weight_limit: int = 127, keep_layer=None):
         self.weight_limit = weight_limit
-        self.keep_conv = keep_conv
+        self.keep_layer = keep_layer
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
         # the predicate becomes a class attribute: unbound
-        keep = staticmethod(self.keep_conv) if self.keep_conv is not None else None
-        new = rewrite_module(_QDQRewriter, mod, weight_limit=self.weight_limit, keep_conv=keep)
+        keep = staticmethod(self.keep_layer) if self.keep_layer is not None else None
+        new = rewrite_module(_QDQRewriter, mod, weight_limit=self.weight_limit, keep_layer=keep)
         return new if new is mod else FoldPermuteDims()(new)
 
 
