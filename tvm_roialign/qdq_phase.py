@@ -2,8 +2,8 @@
 :func:`~tvm_roialign.pipeline_phases.prepare_pipeline`): its quantized layers on the target's int8
 kernels with its own scales (:class:`~tvm_roialign.passes.QDQContractions`) where the kernels take
 its weights, else as imported (fake-quant float) with a note saying why (:func:`qdq_note`); and the
-choice, shared with a calibrated int8 build, of the convs left to fp32 Winograd
-(:func:`int8_keeps`).
+choice, shared with a calibrated int8 build, of the contractions fp32 runs faster (:func:`int8_keeps`:
+a reduction too short for the kernels, on AVX2 the convs Winograd takes).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ def qdq_passes(target: tvm.target.Target, precision: str, calibration, keep_fp32
     model's weights (``weights``: their largest magnitude, :func:`qdq_note`), else nothing (the model
     runs as imported, fake-quant float), with a warning; a warning too where ``precision`` is bf16
     (a QDQ model keeps its own quantization), a ValueError for a calibration or kept layers
-    (nothing is calibrated). The convs Winograd (``winograd``, its tile) would take stay as
-    imported where the kernels leave them to it (AVX2's), as with a calibrated int8 build."""
+    (nothing is calibrated). The layers :func:`int8_keeps` picks (``winograd``: Winograd's tile)
+    stay as imported, as they stay fp32 in a calibrated int8 build."""
     from .passes import QDQContractions
     from .schedules.int8_contraction import int8_weight_limit
 
