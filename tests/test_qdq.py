@@ -43,7 +43,7 @@ from tvm_roialign import remote
 from tvm_roialign.frontend.onnx import from_onnx
 from tvm_roialign.linking import export_library
 from tvm_roialign.passes import ConvertLayoutWherePossible, QDQContractions, desired_layouts
-from tvm_roialign.passes._mutator import const_value
+from tvm_roialign.passes._mutator import const_value, tensor_shape
 from tvm_roialign.passes.qdq_contractions import qdq_weight_peak
 from tvm_roialign.pipeline import build
 from tvm_roialign.pipeline_phases import precision_metadata, prepare_pipeline, qdq_note
@@ -213,24 +213,55 @@ def test_activations_are_quantized_channels_last(models):
 
 
 def test_a_kept_conv_stays_as_imported(models):
-    """``keep_layer`` (the layers fp32 runs faster) sees each conv's int8 weight in HWIO, as the
-    ONNX file has it (a matmul's call alone), and the layer it is true for stays as imported."""
-    path, mod, *_ = models["u8"]
+    """``keep_layer`` (the layers fp32 runs faster) is asked of each conv and matmul the pass would
+    take, by its call (a conv's weight still a ``dequantize``, its shape in the call's type), and
+    the layer it is true for stays as imported."""
+    _, mod, *_ = models["u8"]
     converted = ConvertLayoutWherePossible(desired_layouts("NHWC"))(mod)
     seen = []
 
-    def keep(call, hwio=None):
-        if hwio is None:
-            return False
-        seen.append(hwio)
-        return hwio.shape[:2] == (3, 3)
+    def keep(call):
+        kernel = None
+        if call.op.name == "relax.nn.conv2d":
+            shape, layout = tensor_shape(call.args[1]), str(call.attrs.kernel_layout)
+            kernel = tuple(shape[layout.index(a)] for a in "HWIO")
+        seen.append((call.op.name, kernel))
+        return kernel is not None and kernel[:2] == (3, 3)
 
     calls = _int8_calls(QDQContractions(keep_layer=keep)(converted))
     assert [name.rstrip("0123456789") for name, *_ in calls] == ["int8_conv2d", "int8_matmul"]
-    expected = _expected_layers(path)
-    assert [w.shape for w in seen] == [(1, 1, 32, 32), (3, 3, 32, 32)]
-    for hwio, name in zip(seen, ("a.weight", "b.weight")):
-        np.testing.assert_array_equal(hwio.reshape(-1, hwio.shape[3]), expected[name][0])
+    assert seen == [("relax.nn.conv2d", (1, 1, 32, 32)), ("relax.nn.conv2d", (3, 3, 32, 32)),
+                    ("relax.matmul", None)]
+
+
+def _nhwc_conv_call(weight) -> relax.Call:
+    """A 3x3 stride-1 conv over 64 channels at 56 x 56 (NHWC data, OIHW kernel) of ``weight``."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 56, 56, 64], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            w = weight if isinstance(weight, tvm.ir.expr.Constant) else bb.emit(weight)
+            y = bb.emit_output(relax.op.nn.conv2d(x, w, padding=1, data_layout="NHWC", kernel_layout="OIHW"))
+        bb.emit_func_output(y)
+    return next(b.value for b in bb.get()["main"].body.blocks[0].bindings if b.var.same_as(y))
+
+
+def test_winograd_convs_stay_as_imported_on_avx2_only():
+    """The convs Winograd takes, judged from the types (a QDQ weight is a ``dequantize`` until
+    constant folding): left to fp32 Winograd by AVX2's int8 kernels (2x fp32's rate), taken by VNNI's
+    (4x); the same geometry as :func:`winograd_plan` gives the conv of the folded constant weight."""
+    from tvm_roialign.passes.winograd import winograd_geometry, winograd_plan
+    from tvm_roialign.qdq_phase import int8_keeps
+
+    q = np.random.default_rng(0).integers(-64, 65, (64, 64, 3, 3)).astype(np.int8)
+    scale = relax.const(np.full(64, 0.01, np.float32))
+    dequantized = _nhwc_conv_call(relax.op.dequantize(relax.const(q), scale, relax.const(0, "int8"), axis=0))
+    folded = _nhwc_conv_call(relax.const(q.astype(np.float32) * np.float32(0.01)))
+    assert int8_keeps("avx2", 4, 320)(dequantized) and int8_keeps("avx2", 4, 320)(folded)
+    assert not int8_keeps("avx512vnni", 4, 320)(dequantized)
+    assert winograd_plan(dequantized) is None  # no constant weight to transform yet
+    _, *plan = winograd_plan(folded)
+    assert plan == list(winograd_geometry(dequantized)) == list(winograd_geometry(folded))
 
 
 @pytest.mark.parametrize("unit", list(INT8_TARGETS))

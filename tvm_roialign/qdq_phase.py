@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import tvm
 
 
@@ -45,38 +46,36 @@ def qdq_passes(target: tvm.target.Target, precision: str, calibration, keep_fp32
 
 
 def int8_keeps(kind: str | None, winograd: int, reference_side: int):
-    """A predicate of a conv or matmul call (and, where a conv's weight is not yet a constant, its
-    HWIO weight) true for the contractions the int8 kernels ``kind`` should leave in fp32: those whose
-    reduction is too short for them to pay (:func:`~.schedules.int8_contraction.int8_pays`), and,
-    where the kernels leave them to it, the convs Winograd takes
-    (:func:`~.schedules.int8_contraction.int8_leaves_winograd_convs`)."""
-    from .passes.winograd import tile_set, winograd_plan
+    """A predicate of a conv or matmul call true for the contractions the int8 kernels ``kind``
+    should leave in fp32, judged from the call's types (a QDQ model's weights are not constants
+    yet): those whose reduction is too short for the kernels to pay
+    (:func:`~.schedules.int8_contraction.int8_pays`), and, where the kernels leave them to it, the
+    convs Winograd takes (:func:`~.schedules.int8_contraction.int8_leaves_winograd_convs`)."""
+    from .passes.winograd import tile_set, winograd_geometry
     from .schedules.int8_contraction import int8_leaves_winograd_convs, int8_pays
 
     tiles = tile_set(winograd) if winograd and int8_leaves_winograd_convs(kind) else None
 
-    def keep(call, hwio=None):
+    def keep(call):
         reduction = _reduction(call)
         if reduction is not None and not int8_pays(kind, reduction):
             return True
-        return tiles is not None and winograd_plan(call, tiles, reference_side, hwio=hwio) is not None
+        return tiles is not None and winograd_geometry(call, tiles, reference_side) is not None
 
     return keep
 
 
 def _reduction(call) -> int | None:
     """The reduction length of a conv2d (taps x input channels) or matmul ``call``, when static."""
+    from .passes._mutator import tensor_shape
+
     if call.op.name == "relax.nn.conv2d":
-        shape, layout = call.args[1].ty.shape, str(call.attrs.kernel_layout)
-        dims = [shape.values[layout.index(a)] for a in "HWI"] if hasattr(shape, "values") else []
+        shape, layout = tensor_shape(call.args[1]), str(call.attrs.kernel_layout)
+        lengths = [shape[layout.index(a)] for a in "HWI"] if shape is not None else [None]
     else:
-        dims = [call.args[0].ty.shape.values[-1]] if hasattr(call.args[0].ty.shape, "values") else []
-    if not dims or not all(hasattr(d, "value") for d in dims):
-        return None
-    product = 1
-    for d in dims:
-        product *= int(d.value)
-    return product
+        shape = tensor_shape(call.args[0])
+        lengths = shape[-1:] if shape else [None]
+    return None if None in lengths else int(np.prod(lengths))
 
 
 def llvm_int8_kind(target: tvm.target.Target) -> str | None:

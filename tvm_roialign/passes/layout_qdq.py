@@ -17,9 +17,12 @@ package (:func:`register`), reversible through :func:`tvm_roialign.unregister`.
 
 from __future__ import annotations
 
+import math
+
 from tvm import relax
 
 from .. import _registry
+from ._mutator import tensor_shape
 from .layout import infer_layout_output, initial_layout, layout_decision
 
 #: The ops this module gives a layout rule.
@@ -33,15 +36,8 @@ def _ndim(expr) -> int:
 
 def _one_element(expr) -> bool:
     """Whether ``expr`` (a scale or zero point) is a tensor of one element, of static shape."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return False
-    size = 1
-    for dim in ty.shape.values:
-        if not hasattr(dim, "value"):
-            return False
-        size *= int(dim.value)
-    return size == 1
+    shape = tensor_shape(expr)
+    return shape is not None and None not in shape and math.prod(shape) == 1
 
 
 def infer_layout_qdq(call, desired_layouts, var_layout_map):

@@ -83,8 +83,7 @@ class _QDQRewriter(FunctionRewriter):
     int8 weights exceed ``weight_limit`` in magnitude stays as imported."""
 
     weight_limit = 127
-    #: a predicate of a conv call and its HWIO int8 weight, or of a matmul call: the layer stays as
-    #: imported (float)
+    #: a predicate of a conv or matmul call: the layer stays as imported (float)
     keep_layer = None
 
     def _bound(self, expr):
@@ -164,23 +163,13 @@ class _QDQRewriter(FunctionRewriter):
         if weight is None or activation is None:
             return call
         spec = _conv_spec(call, *weight) if conv else _matmul_spec(call, *weight)
-        if spec is None or self._kept(call, weight[0] if conv else None):
+        if spec is None or (self.keep_layer is not None and self.keep_layer(call)):
             return call
         chain, y, act = activation
         for layout_call in reversed(chain):  # the layout ops, now on the unquantized input
             y = self.builder_.emit(relax.Call(layout_call.op, [y, *layout_call.args[1:]], layout_call.attrs))
         self.changed = True
         return self._emit(y, spec, act)
-
-    def _kept(self, call, data: np.ndarray | None) -> bool:
-        """Whether ``keep_layer`` leaves the conv or matmul ``call`` (a conv's int8 weight ``data``
-        in the call's kernel layout) as imported."""
-        if self.keep_layer is None:
-            return False
-        if data is None:
-            return bool(self.keep_layer(call))
-        layout = str(call.attrs.kernel_layout)
-        return bool(self.keep_layer(call, data.transpose([layout.index(a) for a in "HWIO"])))
 
     def _emit(self, x, spec, act: ActivationQuant):
         q, w_scale, rows, out_shape, geometry = spec
@@ -254,8 +243,8 @@ class QDQContractions:  # pylint: disable=too-few-public-methods
     the ``permute_dims`` pairs the rewrite leaves (NCHW Q/DQ between NHWC convs) folded.
     ``weight_limit``: the largest weight magnitude the target's kernels take exactly
     (:func:`~tvm_roialign.schedules.int8_contraction.int8_weight_limit`); a layer beyond it stays
-    as imported, and so does a layer for which ``keep_layer(call[, hwio int8 weight of a conv])`` is
-    true (those fp32 runs faster: a short reduction, on AVX2 the convs Winograd takes)."""
+    as imported, and so does a conv or matmul for which ``keep_layer(call)`` is true (those fp32 runs
+    faster: a short reduction, on AVX2 the convs Winograd takes)."""
 
     def __init__(self, weight_limit: int = 127, keep_layer=None):
         self.weight_limit = weight_limit

@@ -49,7 +49,7 @@ from ..topi.winograd import (
     transform_weight,
     winograd_matrices,
 )
-from ._mutator import FunctionRewriter, is_op_call, rewrite_module
+from ._mutator import FunctionRewriter, is_op_call, rewrite_module, tensor_shape
 
 
 def _shape_exprs(expr):
@@ -100,21 +100,21 @@ def _at_side(dim, reference_side: int) -> int:
     return int(value.value) if isinstance(value, tirx.IntImm) else 0
 
 
-def winograd_plan(call, tiles=(4,), reference_side: int = 320, min_channels: int = 64, min_tiles: int = 32,
-                  hwio=None):
-    """``(hwio weight, input dims, padding, tile m)`` of a conv2d ``call`` that
-    :class:`WinogradConv2D` rewrites (with these parameters), else None. ``hwio``: the weight (HWIO)
-    of a call whose weight is not yet a constant (an ONNX QDQ model's ``dequantize``): the plan
-    the conv would get once constant folding has made it one."""
+def winograd_geometry(call, tiles=(4,), reference_side: int = 320, min_channels: int = 64,
+                      min_tiles: int = 32):
+    """``(input dims, padding, tile m)`` of a float32 conv2d ``call`` that :class:`WinogradConv2D`
+    rewrites once its weight is a constant (with these parameters), judged from the types alone
+    (the weight's shape), else None: also the decision for a weight still to be folded (an ONNX QDQ
+    model's ``dequantize``)."""
     if not is_op_call(call, "relax.nn.conv2d"):
         return None
     weight = call.args[1]
     attrs = call.attrs
     dims = _shape_exprs(call.args[0])
-    constant = isinstance(weight, tvm.ir.expr.Constant) and str(weight.ty.dtype) == "float32"
+    kernel = tensor_shape(weight)
     if (
-        not (constant or hwio is not None)
-        or dims is None
+        dims is None
+        or kernel is None
         or not isinstance(dims[3], tirx.IntImm)
         or str(attrs.data_layout) != "NHWC"
         or str(attrs.out_layout or attrs.data_layout) != "NHWC"
@@ -122,12 +122,12 @@ def winograd_plan(call, tiles=(4,), reference_side: int = 320, min_channels: int
         or [int(v) for v in attrs.strides] != [1, 1]
         or [int(v) for v in attrs.dilation] != [1, 1]
         or str(call.ty.dtype) != "float32"
+        or str(weight.ty.dtype) != "float32"
     ):
         return None
-    if hwio is None:
-        layout = str(attrs.kernel_layout)
-        hwio = weight.value.numpy().transpose([layout.index(a) for a in "HWIO"])
-    if hwio.shape[:2] != (3, 3) or min(hwio.shape[2], hwio.shape[3]) < min_channels:
+    layout = str(attrs.kernel_layout)
+    kh, kw, channels, filters = (kernel[layout.index(a)] for a in "HWIO")
+    if (kh, kw) != (3, 3) or None in (channels, filters) or min(channels, filters) < min_channels:
         return None
     pad = [int(v) for v in attrs.padding]  # top, left, bottom, right
     # the decisions are taken at the layer's size for the reference image side when the
@@ -139,7 +139,18 @@ def winograd_plan(call, tiles=(4,), reference_side: int = 320, min_channels: int
     m, tiles_h, tiles_w = choose_tile(tiles, max(n_ref, 1), h_ref, w_ref, pad)
     if n_ref * tiles_h * tiles_w < min_tiles:
         return None
-    return hwio, dims, pad, m
+    return dims, pad, m
+
+
+def winograd_plan(call, tiles=(4,), reference_side: int = 320, min_channels: int = 64, min_tiles: int = 32):
+    """``(hwio weight, input dims, padding, tile m)`` of a conv2d ``call`` with a constant weight that
+    :class:`WinogradConv2D` rewrites (with these parameters, :func:`winograd_geometry`), else None."""
+    geometry = winograd_geometry(call, tiles, reference_side, min_channels, min_tiles)
+    if geometry is None or not isinstance(call.args[1], tvm.ir.expr.Constant):
+        return None
+    layout = str(call.attrs.kernel_layout)
+    hwio = call.args[1].value.numpy().transpose([layout.index(a) for a in "HWIO"])
+    return (hwio, *geometry)
 
 
 class _WinogradRewriter(FunctionRewriter):
@@ -293,6 +304,7 @@ __all__ = [
     "output_transform",
     "tile_set",
     "transform_weight",
+    "winograd_geometry",
     "winograd_matrices",
     "winograd_plan",
 ]

@@ -40,12 +40,18 @@ def int8_weight_limit(kind: str | None) -> int:
     return WEIGHT_LIMITS.get(kind, 127)
 
 
+#: how many times fewer products fp32 Winograd F(4x4, 3x3) needs than a direct 3x3 conv, as
+#: :func:`int8_leaves_winograd_convs` counts it
+WINOGRAD_SAVING = 2.25
+
+
 def int8_leaves_winograd_convs(kind: str | None) -> bool:
-    """Whether the convolutions Winograd takes stay fp32 with the kernels ``kind``: AVX2's int8
-    multiply-adds (two instructions per 32 products, exactness in int16) run at most twice its fp32
-    FMA rate, and F(4x4, 3x3) needs 2.25x fewer products (a 3x3 stride-1 conv over 64 channels:
-    fp32 Winograd 0.59 ms, int8 1.14 ms on an AMD Zen 3); every other kind's rate is 4x or more."""
-    return kind == "avx2"
+    """Whether the convolutions Winograd takes stay fp32 with the kernels ``kind``: where their rate
+    over fp32 (:data:`INT8_RATES`) is below Winograd's saving in products. AVX2's int8 multiply-adds
+    (two instructions per 32 products, exactness in int16) run at most twice its fp32 FMA rate, and
+    F(4x4, 3x3) needs 2.25x fewer products (a 3x3 stride-1 conv over 64 channels: fp32 Winograd
+    0.59 ms, int8 1.14 ms on an AMD Zen 3); every other kind's rate is 4x or more."""
+    return INT8_RATES.get(kind, 4) < WINOGRAD_SAVING
 
 
 #: how many times fp32's rate of products each kind's kernels run at (per core, at best): AVX2's
@@ -165,6 +171,7 @@ class Int8Contraction(CPURule):
 __all__ = [
     "INT8_RATES",
     "WEIGHT_LIMITS",
+    "WINOGRAD_SAVING",
     "Int8Contraction",
     "choose_blocking",
     "int8_instructions",
