@@ -121,7 +121,11 @@ def test_run_by_order_only_when_asked(pt2_lib, pt2_model, cli_workdir, capsys):
     code, _, err = run_cli(["run", str(pt2_lib), "--inputs", str(unnamed)], capsys)
     assert code == 1
     one_line_error(
-        err, "lacks x, rois", "the model takes x, rois", "the file has arr_0, arr_1", "--inputs-by-order"
+        err,
+        f"--inputs {str(unnamed)!r} lacks x, rois",  # the file's path, as given
+        "the model takes x, rois",
+        "the file has arr_0, arr_1",
+        "--inputs-by-order",
     )
     outputs = cli_workdir / "unnamed_out.npz"
     argv = ["run", str(pt2_lib), "--inputs", str(unnamed), "--inputs-by-order", "--outputs", str(outputs)]
@@ -224,7 +228,7 @@ def test_run_errors(pt2_lib, pt2_model, cli_workdir, capsys):
         (["run", lib, "--inputs", str(npy_file)], ["--inputs", "a .npy array"]),
         (
             ["run", lib, "--inputs", str(only_y)],
-            ["lacks x, rois", "the model takes x, rois", "the file has y"],
+            [f"--inputs {str(only_y)!r} lacks x, rois", "the model takes x, rois", "the file has y"],
         ),
         (
             ["run", lib, "--inputs", str(wrong_shape)],

@@ -150,9 +150,9 @@ def _match(arrays: dict, specs: list | None, by_order: bool, source: str):
     # an input also found under the model file's own name (an ONNX name TVM renamed)
     arrays = dict(arrays)
     for spec in specs:
-        source = spec.get("source_name")
-        if source in arrays and spec["name"] not in arrays:
-            arrays[spec["name"]] = arrays.pop(source)
+        own_name = spec.get("source_name")
+        if own_name in arrays and spec["name"] not in arrays:
+            arrays[spec["name"]] = arrays.pop(own_name)
     missing = [n for n in names if n not in arrays]
     if missing:
         hint = " (add --inputs-by-order to match by position)" if len(arrays) >= len(names) else ""
