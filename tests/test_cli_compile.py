@@ -288,3 +288,38 @@ def test_missing_optional_dependency_is_one_line(pt2_model, cli_workdir, capsys,
     code, _, err = run_cli(["compile", str(model), "-o", str(cli_workdir / "never.so")], capsys)
     assert code == 1
     one_line_error(err, "needs the Python package 'torch'", "pip install")
+
+
+def test_int8_of_a_dynamic_batch_model_names_input_shapes_before_the_build(cli_workdir, capsys):
+    """int8 calibrates on photos, which needs a static image input: a dynamic-batch ONNX model is
+    refused before the build, with the --input-shapes that makes it work; that one then builds and
+    runs as onnxruntime does, within int8's error."""
+    ort = pytest.importorskip("onnxruntime")
+    weight = np.random.default_rng(3).standard_normal((8, 3, 3, 3)).astype("float32")
+    path = write_onnx_model(
+        cli_workdir / "dyn_batch_conv.onnx",
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 16, 16])],
+        [helper.make_tensor("w", TensorProto.FLOAT, weight.shape, weight.ravel())],
+    )
+    lib = cli_workdir / "dyn_batch_int8.so"
+    code, out, err = run_cli(["compile", str(path), "--precision", "int8", "-o", str(lib)], capsys)
+    assert code == 1, err
+    one_line_error(err, "--precision int8", "x float32 [batch, 3, 16, 16]",
+                   '--input-shapes "x:[1,3,16,16]"')
+    assert not lib.exists() and "compiled" not in out
+    code, _, err = run_cli(
+        ["compile", str(path), "--precision", "int8", "--input-shapes", "x:[1,3,16,16]", "-o", str(lib)],
+        capsys,
+    )
+    assert code == 0, err
+    x = np.random.default_rng(4).standard_normal((1, 3, 16, 16)).astype("float32")
+    inputs, outputs = cli_workdir / "dyn_batch_in.npz", cli_workdir / "dyn_batch_out.npz"
+    np.savez(inputs, x=x)
+    code, _, err = run_cli(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
+    assert code == 0, err
+    expected = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
+    with np.load(outputs) as got:
+        # int8: within a few quantization steps of the output's range
+        np.testing.assert_allclose(got["output_0"], expected, atol=0.05 * np.abs(expected).max())

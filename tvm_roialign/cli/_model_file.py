@@ -208,6 +208,29 @@ def symbolic_inputs_note(path: Path, mod) -> str | None:
     )
 
 
+def check_int8_calibration(path: Path, mod) -> None:
+    """Before the build: ``--precision int8`` of a model file calibrates on photos, which needs
+    ``main`` to take one float32 image batch of static size; a one-line error otherwise, naming
+    ``--input-shapes`` where static shapes would do (an ONNX model's dynamic batch or size)."""
+    from ..models.calibration_photos import _image_layout
+
+    if _image_layout(mod) is not None:
+        return
+    inputs = signature(mod)
+    takes = ", ".join(
+        f"{s['name']} {s['dtype']} [{', '.join(str(d) for d in s['shape'] or ['?'])}]" for s in inputs
+    )
+    needs = (
+        f"--precision int8 calibrates on photos, which needs a model of one float32 image input "
+        f"[N, 3, H, W] or [N, H, W, 3] of static size; {path.name} takes {takes}"
+    )
+    shape = inputs[0]["shape"] if len(inputs) == 1 else None
+    if shape and len(shape) == 4 and any(isinstance(d, str) for d in shape):
+        example = f"{inputs[0]['name']}:[{','.join(str(_example_dim(i, d)) for i, d in enumerate(shape))}]"
+        needs += f': give it a static shape, e.g. --input-shapes "{example}"'
+    raise CLIError(needs)
+
+
 def _example_dim(index: int, dim) -> int:
     if isinstance(dim, int):
         return dim

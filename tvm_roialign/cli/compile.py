@@ -25,6 +25,7 @@ from ._common import (
 )
 from ._model_file import (
     LIBRARY_SUFFIXES,
+    check_int8_calibration,
     check_model_file,
     load_model,
     parse_input_shapes,
@@ -388,6 +389,8 @@ def main(args) -> int:
         records = open_records(args.tuning_records, target, report=_printed_by_main)
         imported, mod, layout_name = _import_and_convert(args, options, progress, times)
         precision, qdq_weights = model_precision(args, target, imported, progress)
+        if precision == "int8" and qdq_weights is None:
+            check_int8_calibration(Path(args.model), imported)
         progress(f"build for {describe(target)}")
         t0 = time.perf_counter()
         # the built module also gives the kernels' signatures, for run --rpc --profile
