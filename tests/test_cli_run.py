@@ -274,3 +274,34 @@ def test_run_takes_an_onnx_models_own_input_names(cli_workdir, capsys):
         assert code == 0, (key, err)
         with np.load(outputs) as result:
             np.testing.assert_allclose(result["output_0"], model(x).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_run_checks_a_symbolic_librarys_inputs(onnx_model, cli_workdir, capsys):
+    """A library of symbolic shapes (the roi count ``N`` of rois [N, 4] and batch_indices [N]):
+    ``run`` checks the rank, every static dimension and that ``N`` is one value across the inputs,
+    in one line each (not TVM's match_cast text); inputs that fit run as onnxruntime does."""
+    model, inputs, expected = onnx_model
+    lib = cli_workdir / "tiny_symbolic.so"
+    code, _, err = run_cli(["compile", str(model), "-o", str(lib)], capsys)
+    assert code == 0, err
+    with np.load(inputs) as npz:
+        feeds = dict(npz)
+    cases = {
+        "rank": ({"rois": feeds["rois"][None]}, ["input 'rois' has shape [1, 6, 4] (rank 3)",
+                                                 "expects [N, 4] (rank 2)"]),
+        "static": ({"rois": feeds["rois"][:, :3]}, ["input 'rois' has shape [6, 3]", "[N, 4]"]),
+        "bound": ({"batch_indices": feeds["batch_indices"][:4]},
+                  ["input 'batch_indices' has N = 4", "input 'rois' axis 0 has N = 6"]),
+    }
+    for case, (changed, words) in cases.items():
+        path = cli_workdir / f"symbolic_{case}.npz"
+        np.savez(path, **{**feeds, **changed})
+        code, _, err = run_cli(["run", str(lib), "--inputs", str(path)], capsys)
+        assert code == 1, (case, err)
+        one_line_error(err, "--inputs:", *words)
+        assert "match_cast" not in err
+    outputs = cli_workdir / "tiny_symbolic_out.npz"
+    code, _, err = run_cli(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
+    assert code == 0, err
+    with np.load(outputs) as result:
+        np.testing.assert_allclose(result["output_0"], expected, rtol=1e-4, atol=1e-4)

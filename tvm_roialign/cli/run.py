@@ -164,19 +164,38 @@ def _match(arrays: dict, specs: list | None, by_order: bool, source: str):
 
 
 def _check(specs, arrays) -> None:
-    """The arrays of ``--inputs`` against the shapes and dtypes ``compile`` recorded."""
+    """The arrays of ``--inputs`` against the shapes and dtypes ``compile`` recorded: the rank,
+    every static dimension, and each symbolic dimension (a name such as ``N``) one value across
+    the inputs, as the library's ``match_cast`` needs (one line instead of TVM's check text)."""
+    bound: dict = {}  # symbolic dimension -> (its value, the input and axis that set it)
     for spec, array in zip(specs or [], arrays):
-        shape = spec.get("shape")
-        if shape and all(isinstance(d, int) for d in shape) and list(array.shape) != shape:
-            raise CLIError(
-                f"--inputs: input {spec['name']!r} has shape {list(array.shape)}, the model "
-                f"expects {shape}"
-            )
+        if spec.get("shape") is not None:
+            _check_shape(spec["name"], spec["shape"], list(array.shape), bound)
         if spec.get("dtype") and str(array.dtype) != spec["dtype"]:
             raise CLIError(
                 f"--inputs: input {spec['name']!r} has dtype {array.dtype}, the model expects "
                 f"{spec['dtype']}"
             )
+
+
+def _check_shape(name: str, expected: list, shape: list, bound: dict) -> None:
+    """``shape`` of input ``name`` against ``expected`` (ints and symbolic names, as recorded)."""
+    wanted = f"[{', '.join(str(d) for d in expected)}]"
+    if len(shape) != len(expected):
+        raise CLIError(
+            f"--inputs: input {name!r} has shape {shape} (rank {len(shape)}), the model expects "
+            f"{wanted} (rank {len(expected)})"
+        )
+    for axis, (dim, size) in enumerate(zip(expected, shape)):
+        if isinstance(dim, int) and size != dim:
+            raise CLIError(f"--inputs: input {name!r} has shape {shape}, the model expects {wanted}")
+        if isinstance(dim, str) and dim.isidentifier():
+            value, where = bound.setdefault(dim, (size, f"input {name!r} axis {axis}"))
+            if value != size:
+                raise CLIError(
+                    f"--inputs: input {name!r} has {dim} = {size} (axis {axis}, shape {shape}), but "
+                    f"{where} has {dim} = {value}: the model expects {wanted}, one {dim} for all"
+                )
 
 
 def _fill(specs, mode: str, library: str) -> list:
