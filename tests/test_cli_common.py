@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +21,9 @@ def test_version(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert re.match(r"tvm-roialign \d+\.\d+\.\d+ \(Apache TVM .+\)", out), out
+    import tvm  # the version read from TVM's distribution is the one imported
+
+    assert f"(Apache TVM {tvm.__version__})" in out, out
 
 
 @pytest.mark.parametrize(
@@ -71,3 +76,26 @@ def test_python_m_entry_point():
     assert proc.returncode == 0, proc.stderr
     for command in ("compile", "run", "maskrcnn"):
         assert command in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, code",
+    [(["--help"], 0), (["--version"], 0), (["compile", "--help"], 0), (["compile"], 2),
+     (["run", "x.so", "--fill-mode", "twos"], 2)],
+)
+@pytest.mark.parametrize("entry", ["-m", "script"])
+def test_help_version_and_usage_errors_import_neither_tvm_nor_torch(argv, code, entry):
+    """Importing TVM takes seconds: ``--help``, ``--version`` and usage errors import neither TVM
+    nor torch (``-X importtime`` lists every module the process imported), through ``python -m`` and
+    through a ``tvm-roialign`` script like the one pip writes."""
+    if entry == "-m":
+        command = [sys.executable, "-X", "importtime", "-m", "tvm_roialign", *argv]
+    else:
+        script = Path(tempfile.mkdtemp()) / "tvm-roialign"
+        script.write_text("import sys\nfrom tvm_roialign.cli import main\nsys.exit(main())\n")
+        command = [sys.executable, "-X", "importtime", str(script), *argv]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == code, proc.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    assert "tvm_roialign.cli" in imported
+    assert not {"tvm", "torch"} & imported, sorted({"tvm", "torch"} & imported)

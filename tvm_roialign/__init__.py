@@ -19,6 +19,10 @@ Importing the package registers, idempotently and above TVM's own level:
 :func:`unregister` restores stock TVM exactly; :func:`register` registers again; ``with
 stock_tvm():`` runs a block with stock TVM.
 
+The command line (``tvm-roialign``, ``python -m tvm_roialign``) is the one exception: its process
+imports TVM and registers after parsing its arguments (:func:`tvm_roialign.cli.main`), so that
+``--help``, ``--version`` and syntax errors take no TVM import (seconds).
+
 Importing changes nothing else: not the process environment, not TVM's thread pool (the CLI, the
 detector runtime and the benchmarks size the pool to the usable cores where they create a runtime:
 :mod:`tvm_roialign.host`).
@@ -26,97 +30,35 @@ detector runtime and the benchmarks size the pool to the usable cores where they
 
 from __future__ import annotations
 
-import contextlib
+import importlib
+import sys
+from pathlib import Path
 
-from . import (
-    _registry,
-    frontend,
-    passes,
-    strategies,
-    topi,
-)
-from . import pipeline as _pipeline
+from ._names import PUBLIC_NAMES
 from ._version import __version__
-from .ops import multiscale_roi_align as _multiscale_roi_align_op
-from .ops import nms as _nms_op
-from .ops import ps_roi_align as _ps_roi_align_op
-from .ops import quantized_roi_align as _quantized_roi_align_op
-from .ops import roi_align as _roi_align_op
-from .ops import roi_align_rotated as _roi_align_rotated_op
-from .ops.multiscale_roi_align import (
-    make_multiscale_roi_align as multiscale_roi_align,
-)
-from .ops.ps_roi_align import make_ps_roi_align as ps_roi_align
-from .ops.quantized_roi_align import make_quantized_roi_align as quantized_roi_align
-from .ops.roi_align import make_roi_align as roi_align
-from .ops.roi_align_rotated import make_roi_align_rotated as roi_align_rotated
-from .passes import layout as _layout_pass
-from .passes import layout_clip as _layout_clip
-from .passes import layout_qdq as _layout_qdq
 
-_REGISTER_HOOKS = [
-    _roi_align_op.register,
-    _multiscale_roi_align_op.register,
-    _ps_roi_align_op.register,
-    _roi_align_rotated_op.register,
-    _quantized_roi_align_op.register,
-    _layout_pass.register,
-    _layout_clip.register,
-    _layout_qdq.register,
-    _nms_op.register,
-    _pipeline.register,
-]
+__all__ = list(PUBLIC_NAMES)
 
 
-def register() -> None:
-    """Register every op attribute of tvm-roialign (idempotent; done on import)."""
-    for hook in _REGISTER_HOOKS:
-        hook()
+def _command_line_process() -> bool:
+    """Whether this process is the command line: the ``tvm-roialign`` script or ``python -m
+    tvm_roialign`` (told by the process's own arguments, read before the script runs)."""
+    if not sys.argv:
+        return False
+    if sys.argv[0] == "-m":  # runpy finds the module of ``python -m`` (this package's import)
+        args = sys.orig_argv
+        return f"-m{__name__}" in args or any(
+            a == "-m" and b == __name__ for a, b in zip(args, args[1:])
+        )
+    return Path(sys.argv[0]).name.startswith("tvm-roialign")
 
 
-def unregister() -> None:
-    """Restore every op attribute that :func:`register` changed, leaving stock TVM exactly."""
-    _registry.restore_all()
+def __getattr__(name: str):
+    """The package's names where the command line has not loaded them yet."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}._api"), name)
 
 
-def is_registered() -> bool:
-    return _registry.is_set(_roi_align_op.OP_NAME, "FLegalize")
-
-
-@contextlib.contextmanager
-def stock_tvm():
-    """Run the block with stock TVM: every attribute tvm-roialign registered is restored for its
-    duration and registered again afterwards (if it was registered before), also when it raises.
-
-    Example::
-
-        with tvm_roialign.stock_tvm():
-            executable = tvm.compile(mod, target="llvm")  # stock TVM's roi_align
-    """
-    was_registered = is_registered()
-    unregister()
-    try:
-        yield
-    finally:
-        if was_registered:
-            register()
-
-
-register()
-
-__all__ = [
-    "__version__",
-    "frontend",
-    "is_registered",
-    "multiscale_roi_align",
-    "passes",
-    "ps_roi_align",
-    "quantized_roi_align",
-    "register",
-    "roi_align",
-    "roi_align_rotated",
-    "stock_tvm",
-    "strategies",
-    "topi",
-    "unregister",
-]
+if not _command_line_process():
+    from ._api import *  # noqa: E402, F403 - registers

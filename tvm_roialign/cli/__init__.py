@@ -70,11 +70,20 @@ def _global_options(suppress_defaults: bool) -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    import tvm
+    """The versions, TVM's from its installed distribution's metadata (importing TVM takes seconds;
+    a TVM built from source, with no distribution, is imported)."""
+    from importlib import metadata
 
     from .._version import __version__
 
-    return f"tvm-roialign {__version__} (Apache TVM {tvm.__version__})"
+    distributions = metadata.packages_distributions().get("tvm") or []
+    try:
+        tvm_version = metadata.version(distributions[0])
+    except (IndexError, metadata.PackageNotFoundError):
+        import tvm
+
+        tvm_version = tvm.__version__
+    return f"tvm-roialign {__version__} (Apache TVM {tvm_version})"
 
 
 #: Python module -> (pip package, the tvm-roialign extra that installs it or None).
@@ -126,6 +135,7 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.startup_s = startup_s
+    from .. import _api  # noqa: F401 - TVM and the registration, once the arguments parse
     try:
         use_usable_cores()  # before the first TVM kernel (a compile's constant folding runs some)
         return args.func(args)

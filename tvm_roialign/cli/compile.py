@@ -13,7 +13,6 @@ import time
 import warnings
 from pathlib import Path
 
-from ..runtime.artifact_check import RECORD_KEY, library_record
 from . import _detector
 from ._common import (
     CLIError,
@@ -371,6 +370,7 @@ def main(args) -> int:
     from ..linking import choose_library
     from ..pipeline_phases import precision_metadata
     from ..profiling import kernel_signatures
+    from ..runtime.artifact_check import RECORD_KEY, library_record
     from ..target import describe, target_config
 
     t_start = time.perf_counter()
