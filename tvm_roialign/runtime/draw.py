@@ -24,6 +24,7 @@ __all__ = [
     "mask_outlines",
     "mask_regions",
     "paint_masks",
+    "picture_scale",
     "place_labels",
 ]
 
@@ -159,22 +160,46 @@ def _label_spot(x, size, tops, placed, width, height):
     return None
 
 
+#: The smallest side a photo is drawn at (a smaller one is scaled up, pixels as blocks) and the
+#: width of the caption strip at least (a 1x1 photo's picture was a 1-pixel strip of caption).
+MIN_PICTURE_SIDE = 320
+#: A photo is not scaled up past this side (a 10x4000 strip stays as it is: its caption fits).
+MAX_SCALED_SIDE = 4096
+
+
+def picture_scale(height: int, width: int) -> int:
+    """The whole factor a ``height x width`` photo is drawn at: 1, or for a photo with a side under
+    :data:`MIN_PICTURE_SIDE` the least factor that brings it there, as long as its longer side
+    stays within :data:`MAX_SCALED_SIDE`."""
+    short, long = min(height, width), max(height, width)
+    wanted = -(-MIN_PICTURE_SIDE // max(1, short))
+    return max(1, min(wanted, MAX_SCALED_SIDE // max(1, long)))
+
+
 def draw_labels_and_caption(picture: np.ndarray, boxes, texts, caption: str | None = None):
     """A ``PIL.Image`` of ``picture [H, W, 3]`` uint8 (masks and boxes drawn already) with one
     filled tag per ``texts[i]`` in ``PALETTE[i]`` near ``boxes[i]`` (tags do not overlap) and
-    ``caption`` in a strip below."""
+    ``caption`` in a strip below. A small photo is scaled up (:func:`picture_scale`) and the strip
+    is at least :data:`MIN_PICTURE_SIDE` wide, so that the tags and caption stay readable."""
     from PIL import Image, ImageDraw
 
-    height, width = picture.shape[:2]
+    factor = picture_scale(*picture.shape[:2])
+    photo = Image.fromarray(picture)
+    if factor > 1:
+        photo = photo.resize((photo.width * factor, photo.height * factor), Image.NEAREST)
+        boxes = [[float(v) * factor for v in b] for b in boxes]
+    width, height = photo.size
     font_px = max(12, round(min(height, width) / 32))
     pad = max(2, font_px // 6)
     font = _font(font_px)
-    lines = _wrap(ImageDraw.Draw(Image.new("RGB", (1, 1))), caption, font, width - 4 * pad)
+    strip = max(width, MIN_PICTURE_SIDE)
+    lines = _wrap(ImageDraw.Draw(Image.new("RGB", (1, 1))), caption, font, strip - 4 * pad)
     line_h = font_px + pad
     canvas = Image.new(
-        "RGB", (width, height + len(lines) * line_h + 2 * pad if lines else height), (24, 24, 24)
+        "RGB", (strip if lines else width, height + len(lines) * line_h + 2 * pad if lines else height),
+        (24, 24, 24),
     )
-    canvas.paste(Image.fromarray(picture), (0, 0))
+    canvas.paste(photo, (0, 0))
     draw = ImageDraw.Draw(canvas)
     sizes = []
     for text in texts:
