@@ -204,12 +204,30 @@ def test_cpp_program_keypoints_equal_the_python_runner(
 
 
 def test_cpp_program_refuses_a_photo_out_of_bounds(cpp_program, tiny_any_detector, tmp_path):
-    """100x600 is padded to 64x224, under the function's 96-pixel side: an error, no result."""
-    library, _ = tiny_any_detector
+    """50x200 is padded to 64x224, under the function's 96-pixel side: an error naming the sizes
+    served, no result, and no rebuild hint this program could follow (a build of one size has no
+    detect_photo). 100x600 and a 10x2000 strip resize to heights where torchvision's poolers infer
+    other scales (33 rows in 64, 1 in 32): refused as no build serves them, with the widest photo
+    served; the sizes are those torchvision's transform gives, the text the Python runner's."""
+    library, model = tiny_any_detector
     photo = tmp_path / "wide.ppm"
-    Image.fromarray(np.zeros((100, 600, 3), np.uint8)).save(photo)
+    Image.fromarray(np.zeros((50, 200, 3), np.uint8)).save(photo)
     line = _refusal(cpp_program, library, photo)
-    assert "photo 100x600" in line and "--input-size 100x600" in line, line
+    assert "photo 50x200" in line and "padded to 64x224" in line and "from 96 to 4096" in line, line
+    assert "runs under tvm-roialign run --image, not here" in line, line
+    detector = Detector(library)
+    for height, width in ((100, 600), (10, 2000)):
+        Image.fromarray(np.zeros((height, width, 3), np.uint8)).save(photo)
+        line = _refusal(cpp_program, library, photo)
+        with torch.no_grad():
+            images, _ = model.eval().transform([torch.zeros(3, height, width)])
+        resized = "x".join(str(s) for s in images.image_sizes[0])
+        assert f"resizes it to {resized}, padded to" in line and "no build serves it" in line, line
+        assert "--input-size" not in line, line
+        with pytest.raises(ValueError) as info:
+            detector(np.zeros((height, width, 3), np.uint8))
+        python = str(info.value).split(f"to {resized}, ", 1)[1]
+        assert line.endswith(python), (line, python)
 
 
 def _refusal(program, library, photo: Path, *out: str) -> str:

@@ -272,9 +272,14 @@ def test_runner_errors(artifact, tmp_path):
         detector([np.zeros((10, 10, 4), np.uint8)])
     with pytest.raises(ValueError, match=r"^images is an empty list"):
         detector([])
-    with pytest.raises(ValueError, match=r"^a photo of 100x600 is padded to 64x224 .* accepts padded "
-                       r"sizes 160x160, 160x224, 224x160 \(compile with --input-size 100x600"):
+    with pytest.raises(ValueError, match=r"^a photo of 50x200 is padded to 64x224 .* accepts padded "
+                       r"sizes 160x160, 160x224, 224x160 \(compile with --input-size 50x200"):
+        detector(np.zeros((50, 200, 3), np.uint8))
+    # resized to 33 rows in 64: no build serves it (a build of its size would refuse it too)
+    with pytest.raises(ValueError, match=r"^a photo of 100x600 is resized .* to \d+x\d+, padded to "
+                       r"64x224: .* at least 46 there\); no build serves it") as info:
         detector(np.zeros((100, 600, 3), np.uint8))
+    assert "--input-size" not in str(info.value)
     (tmp_path / "plain.so").write_bytes(b"")
     with pytest.raises(ValueError, match="has no metadata file"):
         Detector(tmp_path / "plain.so")
@@ -529,15 +534,35 @@ def test_any_size_artifact_batch_of_three(any_artifact):
 
 
 def test_any_size_artifact_refuses_what_it_cannot_serve(any_artifact):
-    """A padded side below the function's bound, and a photo whose resized height makes
-    torchvision's poolers infer other scales (130x400: 65 rows in 96, where the stride-8 map of
-    12 rows gives 1/4, not 1/8): each refused with the reason, never run."""
-    library, _ = any_artifact
+    """A padded side below the function's bound (a build of the photo's size would serve it), and
+    photos whose resized height makes torchvision's poolers infer other scales (130x400: 65 rows in
+    96, where the stride-8 map of 12 rows gives 1/4, not 1/8; a 10x2000 strip: 1 row in 32), which
+    no build serves: each refused with the reason, never run, the resized size torchvision's
+    transform gives, and no rebuild hint that cannot work."""
+    import torch
+
+    library, model = any_artifact
     detector = Detector(library)
-    with pytest.raises(ValueError, match=r"^a photo of 130x400 is resized to a height of 65 in "
-                       r"96x224, where torchvision's poolers infer other scales"):
-        detector(np.zeros((130, 400, 3), np.uint8))
-    with pytest.raises(ValueError, match=r"^a photo of 100x600 is padded to 64x224 .* accepts any "
+
+    def resized(height, width):  # torchvision's GeneralizedRCNNTransform, in eval
+        with torch.no_grad():
+            images, _ = model.eval().transform([torch.zeros(3, height, width)])
+        return "x".join(str(s) for s in images.image_sizes[0])
+
+    limit = 200 / 68  # the widest photo served: a resized height of 68 or more
+    for (height, width), rows in (((130, 400), 96), ((10, 2000), 32), ((100, 600), 64)):
+        with pytest.raises(ValueError) as info:
+            detector(np.zeros((height, width, 3), np.uint8))
+        message = str(info.value)
+        assert message.startswith(f"a photo of {height}x{width} is resized by torchvision's transform "
+                                  f"(min_size 160, max_size 200) to {resized(height, width)}, "
+                                  f"padded to {rows}x"), message
+        assert f"in {rows} rows, torchvision's poolers infer other scales" in message, message
+        assert f"photos at most {limit:.1f} times as wide as high" in message, message
+        assert "--input-size" not in message
+    with pytest.raises(ValueError, match=r"^a photo of 50x200 is padded to 64x224 .* accepts any "
                        r"padded size from 96 to 4096 pixels a side \(compile with --input-size "
-                       r"100x600 for a build of that size\)"):
-        detector(np.zeros((100, 600, 3), np.uint8))
+                       r"50x200 for a build of that size\)"):
+        detector(np.zeros((50, 200, 3), np.uint8))
+    with pytest.raises(ValueError, match="no build serves it"):  # torchvision resizes it to 0 rows
+        detector(np.zeros((10, 4000, 3), np.uint8))

@@ -13,7 +13,10 @@
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -206,19 +209,101 @@ long long JsonInteger(const std::string& json, const std::string& key) {
   return std::strtoll(json.c_str() + json.find(':', at) + 1, nullptr, 10);
 }
 
+// The integer lists of the first `"key": [[a, b], [c]]` in `json` (empty where there is none).
+std::vector<std::vector<long long>> JsonIntegerRows(const std::string& json, const std::string& key) {
+  std::vector<std::vector<long long>> rows;
+  size_t at = json.find("\"" + key + "\"");
+  if (at == std::string::npos || (at = json.find('[', at)) == std::string::npos) return rows;
+  int depth = 0;
+  for (size_t i = at; i < json.size(); ++i) {
+    const char c = json[i];
+    if (c == '[' && ++depth == 2) rows.emplace_back();
+    if (c == ']' && --depth == 0) break;
+    if (depth == 2 && std::isdigit(static_cast<unsigned char>(c)) && !std::isdigit(static_cast<unsigned char>(json[i - 1]))) {
+      rows.back().push_back(std::strtoll(json.c_str() + i, nullptr, 10));
+    }
+  }
+  return rows;
+}
+
+// torchvision's MultiScaleRoIAlign scales (its _infer_scale, from heights only) of feature maps of
+// `strides` for a batch padded to `padded` rows whose largest resized height is `height`.
+std::vector<float> PoolerScales(const std::vector<long long>& strides, long long padded, long long height) {
+  std::vector<float> scales;
+  for (long long stride : strides) {
+    const long long feature = (padded + stride - 1) / stride;
+    scales.push_back(std::exp2(std::nearbyint(std::log2(static_cast<float>(double(feature) / double(height))))));
+  }
+  return scales;
+}
+
+// The smallest resized height in a batch padded to `padded` rows for which every pooler infers the
+// scales it infers at `padded` (as tvm_roialign.runtime.transform.min_height_at).
+long long MinHeightAt(const std::vector<std::vector<long long>>& rows, long long padded, long long divisor) {
+  long long lowest = padded;
+  for (long long height = padded; height > std::max(padded - divisor, 0LL); --height) {
+    for (const auto& strides : rows) {
+      if (PoolerScales(strides, padded, height) != PoolerScales(strides, padded, padded)) return lowest;
+    }
+    lowest = height;
+  }
+  return lowest;
+}
+
+// The resized height from which every height is served (tvm_roialign.runtime.transform.served_height).
+long long ServedHeight(const std::vector<std::vector<long long>>& rows, long long divisor) {
+  long long lowest = 1;
+  for (long long padded = divisor; padded <= 64 * divisor; padded += divisor) {
+    const long long need = MinHeightAt(rows, padded, divisor);
+    if (need <= padded - divisor + 1) break;
+    lowest = need;
+  }
+  return lowest;
+}
+
 // One line for an error of the detect_photo call: a photo whose resized size the library does not
-// serve fails the function's size check (a match_cast of the VM); other errors keep their first line.
+// serve fails the function's size check (a match_cast of the VM), said here with the reason, as
+// torchvision's transform resizes the photo; other errors keep their first line.
 std::string CallError(const std::string& what, const Photo& photo, const std::string& path) {
   if (what.find("match_cast") == std::string::npos) return what.substr(0, what.find('\n'));
   std::ifstream meta(path + ".json");
-  std::stringstream text;
-  text << meta.rdbuf();
-  const long long low = JsonInteger(text.str(), "min_side"), high = JsonInteger(text.str(), "max_side");
+  std::stringstream buffer;
+  buffer << meta.rdbuf();
+  const std::string text = buffer.str();
+  const long long low = JsonInteger(text, "min_side"), high = JsonInteger(text, "max_side");
+  const long long min_size = JsonInteger(text, "min_size"), max_size = JsonInteger(text, "max_size");
+  const long long divisor = std::max(JsonInteger(text, "size_divisible"), 1LL);
   const std::string size = std::to_string(photo.height) + "x" + std::to_string(photo.width);
+  if (min_size <= 0 || max_size <= 0) return "photo " + size + ": the library does not serve its resized size";
+  // GeneralizedRCNNTransform's resize (Python floats, as torchvision computes), then its padding
+  const double scale = std::min(double(min_size) / double(std::min(photo.height, photo.width)),
+                                double(max_size) / double(std::max(photo.height, photo.width)));
+  const long long rh = static_cast<long long>(photo.height * scale), rw = static_cast<long long>(photo.width * scale);
+  const long long ph = (rh + divisor - 1) / divisor * divisor, pw = (rw + divisor - 1) / divisor * divisor;
+  const std::string resized = std::to_string(rh) + "x" + std::to_string(rw);
+  const std::string padded = std::to_string(ph) + "x" + std::to_string(pw);
+  const std::string transform = "torchvision's transform (min_size " + std::to_string(min_size) + ", max_size " +
+                                std::to_string(max_size) + ") resizes it to " + resized + ", padded to " + padded;
+  const auto rows = JsonIntegerRows(text, "pooler_strides");
+  const long long need = rh < 1 ? 1 : rows.empty() ? 0 : MinHeightAt(rows, ph, divisor);
+  if (rh < need) {
+    std::string limit;
+    if (!rows.empty()) {
+      const long long served = ServedHeight(rows, divisor);
+      char ratio[32];
+      std::snprintf(ratio, sizeof ratio, "%.1f", double(max_size) / double(served));
+      limit = ": photos at most " + std::string(ratio) + " times as wide as high (a resized height of " +
+              std::to_string(served) + " or more) are served";
+    }
+    return "photo " + size + ": " + transform + ": at a height of " + std::to_string(rh) + " in " +
+           std::to_string(ph) + " rows, torchvision's poolers infer other scales than the detector's (it needs a "
+           "resized height of at least " + std::to_string(need) + " there); no build serves it" + limit;
+  }
   const std::string sides = low > 0 && high > 0 ? " (any padded size from " + std::to_string(low) + " to " +
                                                       std::to_string(high) + " pixels a side)" : "";
-  return "photo " + size + ": torchvision's transform resizes it outside the sizes this library serves" +
-         sides + " (compile with --input-size " + size + " for a build of that size)";
+  return "photo " + size + ": " + transform + ", outside the sizes this library serves" + sides +
+         "; a build of that size (tvm-roialign compile --input-size " + size +
+         ") runs under tvm-roialign run --image, not here (this program needs detect_photo, built for any size)";
 }
 
 }  // namespace

@@ -177,6 +177,10 @@ class StaticGeneralizedRCNN(torch.nn.Module):
             for pooler in self._poolers()
         ]
 
+    def pooler_strides(self) -> list[list[int]]:
+        """Per pooler of the heads, the stride of each feature map it pools from."""
+        return [[self.padded[0] // h for h in heights] for heights in self.pooler_feature_heights()]
+
     def min_height(self) -> int:
         """The smallest largest-resized-height of a batch for which torchvision's poolers infer
         the scales this form uses (those of the padded height)."""
@@ -357,10 +361,6 @@ class SymbolicGeneralizedRCNN(StaticGeneralizedRCNN):
             features = model.backbone(torch.zeros((1, 3, *self.padded)))
             for pooler in self._poolers():
                 pooler(features, [torch.zeros((1, 4))], [self.padded])
-
-    def pooler_strides(self) -> list[list[int]]:
-        """Per pooler of the heads, the stride of each feature map it pools from."""
-        return [[self.padded[0] // h for h in heights] for heights in self.pooler_feature_heights()]
 
     def _anchors(self, features, images) -> list:
         generator = self.model.rpn.anchor_generator

@@ -25,6 +25,7 @@ def _import_one(model, padded, *, offset_trick_max_numel, float64):
         "padded": list(static.padded),
         "function": function_name(static.padded),
         "min_resized_height": static.min_height(),
+        "pooler_strides": static.pooler_strides(),  # the runner's check of a photo too thin
     }
     return mod["main"], bucket, static
 

@@ -28,11 +28,14 @@ from .photo import read_image
 from .transform import (
     TransformSettings,
     feature_heights,
+    min_height_at,
     min_height_for_scales,
     padded_size,
     pooler_scales,
     resize_boxes,
     resize_keypoints,
+    resized_size,
+    served_height,
 )
 
 __all__ = [
@@ -209,6 +212,12 @@ class Detector:
         lowest = min_height_for_scales(heights, padded[0], self.settings.size_divisible)
         return {"padded": list(padded), "function": entry["function"], "min_resized_height": lowest}
 
+    def _pooler_strides(self):
+        """The poolers' strides (metadata of the any-size function, or of a bucket); None in an
+        artifact older than them."""
+        entries = [self.any_size or {}, *self.meta["buckets"]]
+        return next((e["pooler_strides"] for e in entries if e.get("pooler_strides")), None)
+
     def _bucket(self, resized, shapes) -> dict:
         padded = padded_size(resized, self.settings.size_divisible)
         bucket = self.buckets.get(padded) or self._any_bucket(padded)
@@ -217,20 +226,42 @@ class Detector:
             f"a photo of {_size(shapes[0])}" if len(shapes) == 1 else
             f"a batch of {len(shapes)} photos ({', '.join(_size(s) for s in shapes)})"
         )
+        height = max(r[0] for r in resized)
+        strides = self._pooler_strides()
+        lowest = bucket["min_resized_height"] if bucket else None
+        if height < 1:  # torchvision's resize fails on it
+            lowest = 1
+        elif strides is not None:
+            lowest = min_height_at(strides, padded[0], self.settings.size_divisible)
+        if lowest is not None and height < lowest:
+            raise ValueError(self._too_thin(what, resized, padded, lowest, strides))
         if bucket is None:
             raise ValueError(
                 f"{what} is padded to {_size(padded)} by torchvision's transform ({settings}); "
                 f"this artifact accepts {self.accepted} (compile with --input-size "
                 f"{_size(shapes[0])} for a build of that size)"
             )
-        height = max(r[0] for r in resized)
-        if height < bucket["min_resized_height"]:
-            raise ValueError(
-                f"{what} is resized to a height of {height} in {_size(padded)}, where "
-                f"torchvision's poolers infer other scales than the artifact's (it needs a "
-                f"height of at least {bucket['min_resized_height']})"
-            )
         return bucket
+
+    def _too_thin(self, what, resized, padded, lowest, strides) -> str:
+        """Why no build serves a batch this thin: the resized height where torchvision's poolers
+        infer other scales, and (where the strides are known) the widest photo that is served."""
+        sizes = ", ".join(_size(r) for r in resized)
+        text = (
+            f"{what} is resized by torchvision's transform (min_size {self.settings.min_size}, "
+            f"max_size {self.settings.max_size}) to {sizes}, padded to {_size(padded)}: at a "
+            f"height of {max(r[0] for r in resized)} in {padded[0]} rows, torchvision's poolers "
+            f"infer other scales than the detector's (it needs a resized height of at least "
+            f"{lowest} there)"
+        )
+        if strides is None:
+            return text
+        served = served_height(strides, self.settings.size_divisible)
+        ratio = self.settings.max_size / served
+        return (
+            f"{text}; no build serves it: photos at most {ratio:.1f} times as wide as high (a "
+            f"resized height of {served} or more) are served"
+        )
 
     def _prepare(self, images):
         single = not isinstance(images, (list, tuple))
@@ -240,9 +271,11 @@ class Detector:
         photos = [
             _check_photo(p, "image" if single else f"images[{i}]") for i, p in enumerate(photos)
         ]
-        tensors = [self.settings(p) for p in photos]
-        resized = [t.shape[1:] for t in tensors]
+        settings = self.settings
+        # the sizes checked before the resize (torchvision's fails on a photo resized to 0 rows)
+        resized = [resized_size(p.shape[:2], settings.min_size, settings.max_size) for p in photos]
         bucket = self._bucket(resized, [p.shape[:2] for p in photos])
+        tensors = [settings(p) for p in photos]
         return single, photos, tensors, resized, bucket
 
     def _run(self, tensor, resized, bucket) -> list[np.ndarray]:

@@ -137,6 +137,27 @@ def min_height_for_scales(poolers_heights, padded_height: int, size_divisible: i
     return lowest
 
 
+def min_height_at(poolers_strides, padded_height: int, size_divisible: int = 32) -> int:
+    """:func:`min_height_for_scales` of a batch padded to ``padded_height`` for poolers of the
+    given strides (one list per pooler)."""
+    heights = [feature_heights(padded_height, row) for row in poolers_strides]
+    return min_height_for_scales(heights, padded_height, size_divisible)
+
+
+def served_height(poolers_strides, size_divisible: int = 32) -> int:
+    """The resized height from which every height is served: below it, some resized heights
+    (just over a multiple of ``size_divisible``) make torchvision's poolers infer other scales
+    than at the padded height, in any build (e.g. 68 for FPN strides 4 to 32). The first block
+    whose heights all pass ends the search (in the next blocks they pass by more)."""
+    lowest = 1
+    for padded in range(size_divisible, 64 * size_divisible + 1, size_divisible):
+        need = min_height_at(poolers_strides, padded, size_divisible)
+        if need <= padded - size_divisible + 1:
+            break
+        lowest = need
+    return lowest
+
+
 def _ratios(resized, original):
     return [np.float32(o) / np.float32(r) for r, o in zip(resized, original)]
 
