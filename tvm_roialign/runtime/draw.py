@@ -17,6 +17,8 @@ import numpy as np
 __all__ = [
     "KEYPOINT_COLOR",
     "MASK_ALPHA",
+    "MIN_CAPTION_WIDTH",
+    "MIN_PICTURE_SIDE",
     "PALETTE",
     "draw_detections",
     "draw_keypoints",
@@ -160,9 +162,10 @@ def _label_spot(x, size, tops, placed, width, height):
     return None
 
 
-#: The smallest side a photo is drawn at (a smaller one is scaled up, pixels as blocks) and the
-#: width of the caption strip at least (a 1x1 photo's picture was a 1-pixel strip of caption).
-MIN_PICTURE_SIDE = 320
+#: The smallest side a photo is drawn at (a smaller one is scaled up, pixels as blocks).
+MIN_PICTURE_SIDE = 128
+#: The caption strip's least width (a 1x1 photo's picture was a 1-pixel strip of caption).
+MIN_CAPTION_WIDTH = 320
 #: A photo is not scaled up past this side (a 10x4000 strip stays as it is: its caption fits).
 MAX_SCALED_SIDE = 4096
 
@@ -180,7 +183,7 @@ def draw_labels_and_caption(picture: np.ndarray, boxes, texts, caption: str | No
     """A ``PIL.Image`` of ``picture [H, W, 3]`` uint8 (masks and boxes drawn already) with one
     filled tag per ``texts[i]`` in ``PALETTE[i]`` near ``boxes[i]`` (tags do not overlap) and
     ``caption`` in a strip below. A small photo is scaled up (:func:`picture_scale`) and the strip
-    is at least :data:`MIN_PICTURE_SIDE` wide, so that the tags and caption stay readable."""
+    is at least :data:`MIN_CAPTION_WIDTH` wide, so that the tags and caption stay readable."""
     from PIL import Image, ImageDraw
 
     factor = picture_scale(*picture.shape[:2])
@@ -192,7 +195,7 @@ def draw_labels_and_caption(picture: np.ndarray, boxes, texts, caption: str | No
     font_px = max(12, round(min(height, width) / 32))
     pad = max(2, font_px // 6)
     font = _font(font_px)
-    strip = max(width, MIN_PICTURE_SIDE)
+    strip = max(width, MIN_CAPTION_WIDTH)
     lines = _wrap(ImageDraw.Draw(Image.new("RGB", (1, 1))), caption, font, strip - 4 * pad)
     line_h = font_px + pad
     canvas = Image.new(
