@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -323,3 +324,47 @@ def test_int8_of_a_dynamic_batch_model_names_input_shapes_before_the_build(cli_w
     with np.load(outputs) as got:
         # int8: within a few quantization steps of the output's range
         np.testing.assert_allclose(got["output_0"], expected, atol=0.05 * np.abs(expected).max())
+
+
+def test_compile_detector_records_the_weights_origin(cli_workdir, capsys, monkeypatch):
+    """The detector's metadata says where its weights come from: ``random, seed N``, or the
+    state_dict's file name and sha256 prefix (hashlib's). The build itself is replaced by a stub
+    (the record is the CLI's); ``maskrcnn``'s caption names the same."""
+    import hashlib
+    import types
+
+    from tvm_roialign.models import detection
+    from tvm_roialign.models.detection import DetectorConfig, build_torch_detector
+
+    def fake_compile(model, *_args, **_kwargs):
+        def export(path):
+            Path(f"{path}.json").write_text(json.dumps(artifact.meta))
+            Path(path).write_bytes(b"")
+
+        artifact = types.SimpleNamespace(
+            meta={"mode": "exact", "buckets": [], "any_size": {"min_side": 96, "max_side": 4096}},
+            import_s=0.0, compile_s=0.0, export=export,
+        )
+        return artifact
+
+    monkeypatch.setattr(detection, "compile_detector", fake_compile)
+    name = "fasterrcnn_mobilenet_v3_large_fpn"
+    weights = cli_workdir / "mobilenet_weights.pth"
+    torch.save(build_torch_detector(name, DetectorConfig(seed=11)).state_dict(), weights)
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:12]
+    cases = [
+        ([name, "--seed", "5"], "random, seed 5"),
+        ([name, "--weights", str(weights)], f"mobilenet_weights.pth, sha256 {digest}"),
+    ]
+    out = cli_workdir / "weights_origin.so"
+    for argv, expected in cases:
+        code, _, err = run_cli(["compile", *argv, "-o", str(out)], capsys)
+        assert code == 0, (argv, err)
+        assert json.loads(Path(f"{out}.json").read_text())["weights"] == expected, argv
+    from tvm_roialign.bench.report import MaskRCNNReport, RunConfig
+
+    for seed, path, expected in ((3, None, "random weights (seed 3)"),
+                                 (None, str(weights), f"weights mobilenet_weights.pth, sha256 {digest}")):
+        config = RunConfig(image="astronaut", weights=path or "random", seed=seed, target={"kind": "llvm"})
+        caption = MaskRCNNReport.caption(types.SimpleNamespace(config=config, comparison=None))
+        assert expected in caption, caption

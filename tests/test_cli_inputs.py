@@ -37,6 +37,7 @@ from torchvision.transforms.v2 import functional as tv_functional
 from tvm_roialign import cli
 from tvm_roialign.runtime import Detector, read_image
 from tvm_roialign.runtime.artifact_check import ArtifactError
+from tvm_roialign.runtime.draw import MIN_CAPTION_WIDTH, picture_scale
 
 
 class _Affine(torch.nn.Module):
@@ -264,7 +265,9 @@ def test_detector_runs_every_photo_given(detector_lib, tmp_path, capsys):
         for photo, shape in ((a, [120, 120]), (b, [130, 130])):
             report = json.loads((tmp_path / f"r_{photo.stem}.json").read_text())
             assert report["image"] == str(photo) and report["image_size"] == shape
-            assert Image.open(tmp_path / f"r_{photo.stem}.png").width == shape[1]
+            # a photo under 128 pixels a side is drawn scaled up, its caption at least 320 wide
+            width = max(shape[1] * picture_scale(*shape), MIN_CAPTION_WIDTH)
+            assert Image.open(tmp_path / f"r_{photo.stem}.png").width == width
     twin = _photo(tmp_path / "other" / "a.png", 3)
     code, _, err = run_cli(["run", str(detector_lib), "--image", str(a), str(twin), "--out", str(out)],
                            capsys)
@@ -405,3 +408,35 @@ def test_bad_photos_are_one_line(detector_lib, tmp_path, capsys):
         assert code == 1, (photo, err)
         one_line_error(err, "--image", str(photo), *words)
     assert not list(tmp_path.glob("r_*"))
+
+
+def test_detector_run_names_the_weights(detector_lib, tmp_path, capsys, monkeypatch):
+    """``run --image`` gives the weights' origin the metadata records in its line, its JSON and
+    the picture's caption; an artifact that records none says nothing of them."""
+    from tvm_roialign.runtime import detector as runtime_detector
+
+    captions = []
+    draw = runtime_detector.draw_detections
+
+    def recording_draw(*args, **kwargs):
+        captions.append(args[5])
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(runtime_detector, "draw_detections", recording_draw)
+    photo = _photo(tmp_path / "a.png", 1)
+    for weights in ("random, seed 7", "coco.pth, sha256 0123456789ab", None):
+        lib = _copy(detector_lib, tmp_path / str(len(captions)))
+        meta = _meta(lib)
+        if weights is not None:
+            meta["weights"] = weights
+        _write_meta(lib, meta)
+        out = tmp_path / f"r{len(captions)}.png"
+        code, stdout, err = run_cli(["run", str(lib), "--image", str(photo), "--out", str(out)], capsys)
+        assert code == 0, err
+        report = json.loads(out.with_suffix(".json").read_text())
+        assert report["weights"] == weights
+        if weights is None:
+            assert "weights" not in stdout and "weights" not in captions[-1], (stdout, captions)
+        else:
+            assert f"(exact build; weights {weights}) ->" in stdout, stdout
+            assert captions[-1].endswith(f"; weights {weights}"), captions

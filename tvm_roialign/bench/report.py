@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..host import usable_cores
+from ..models._torchvision import file_origin
 from ..models.compare import CRITERIA, FAST_CRITERIA
 from ..target import describe
 
@@ -195,7 +196,7 @@ class MaskRCNNReport:
         if self.config.seed is not None:
             weights = f"random weights (seed {self.config.seed})"
         else:
-            weights = f"weights {os.path.basename(self.config.weights)}"
+            weights = f"weights {file_origin(self.config.weights)}"
         return f"TVM {describe(self.config.target)} ({self.config.layout}), {weights}{verdict}"
 
 

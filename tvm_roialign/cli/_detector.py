@@ -189,6 +189,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
     """``compile`` of a whole detector (``layout``: NHWC or NCHW); ``t_start``: when ``main``
     started (the total time printed counts from it); ``link_note``: how ``out`` is linked
     (:func:`tvm_roialign.linking.choose_library`)."""
+    from ..models._torchvision import file_origin, weights_origin
     from ..models.detection import DETECTORS, DetectorConfig, build_torch_detector, compile_detector
     from ..runtime.detector import accepted_sizes
     from ..target import describe
@@ -223,6 +224,10 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
                 calibration=getattr(args, "calibrate", None) if precision == "int8" else None,
             )
             times["import_s"], times["build_s"] = artifact.import_s, artifact.compile_s
+            # an exported program holds its weights: the file they are fixed in
+            artifact.meta["weights"] = (
+                weights_origin(args.weights, seed) if name else f"fixed in {file_origin(args.model)}"
+            )
             progress(f"export {out}")
             t0 = time.perf_counter()
             artifact.export(out)
@@ -245,7 +250,7 @@ def run_main(args, session=None) -> int:
     """``run --image``: the detector artifact on each photo (on a remote device: ``session``);
     ``run`` has checked the library."""
     from ..runtime import Detector, detect_to_files, read_metadata
-    from ..runtime.detector import precision_suffix
+    from ..runtime.detector import precision_suffix, weights_suffix
 
     if args.draw_top < 0:
         raise CLIError(f"--draw-top must be >= 0, got {args.draw_top}")
@@ -265,7 +270,8 @@ def run_main(args, session=None) -> int:
             paste = f" ({summary['total_ms']:.0f} ms with the mask paste)" if masks else ""
             print(
                 f"{summary['num_detections']} detections in {summary['run_ms']:.0f} ms{paste} "
-                f"({detector.mode} build{precision_suffix(summary)}) -> {picture}, {json_path}"
+                f"({detector.mode} build{precision_suffix(summary)}{weights_suffix(summary)}) -> "
+                f"{picture}, {json_path}"
             )
         if args.print_time:
             _photos.print_detector_time(detector, photos, args.number, args.repeat)

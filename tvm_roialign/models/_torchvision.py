@@ -12,7 +12,9 @@ Errors name the file and what is wrong with it, never a command-line flag (the C
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -28,11 +30,31 @@ class RCNNConfig:
     box_detections_per_img: int = 100
     box_score_thresh: float = 0.05
 
+    def weights_origin(self) -> str:
+        """Where the weights come from, short: :func:`weights_origin` of this config."""
+        return weights_origin(self.weights, self.seed)
+
     def describe_weights(self) -> str:
         """One line: the weights file, or how the random weights were made."""
         if self.weights is not None:
             return str(self.weights)
         return f"random (weights=None, weights_backbone=None, seed {self.seed})"
+
+
+def file_origin(path) -> str:
+    """``NAME, sha256 PREFIX``: a file's name and the first 12 hex digits of its sha256, which
+    tell two weights files apart where their names do not."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return f"{Path(path).name}, sha256 {digest.hexdigest()[:12]}"
+
+
+def weights_origin(weights, seed) -> str:
+    """A detector's weights in a few words, for its metadata, ``run``'s line and the picture's
+    caption: ``random, seed N`` or the state_dict's :func:`file_origin`."""
+    return f"random, seed {seed}" if weights is None else file_origin(weights)
 
 
 def load_state_dict(path: str, model, name: str = "maskrcnn_resnet50_fpn") -> dict:

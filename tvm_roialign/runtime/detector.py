@@ -213,8 +213,7 @@ class Detector:
         return {"padded": list(padded), "function": entry["function"], "min_resized_height": lowest}
 
     def _pooler_strides(self):
-        """The poolers' strides (metadata of the any-size function, or of a bucket); None in an
-        artifact older than them."""
+        """The poolers' strides (of the any-size function or a bucket); None in older artifacts."""
         entries = [self.any_size or {}, *self.meta["buckets"]]
         return next((e["pooler_strides"] for e in entries if e.get("pooler_strides")), None)
 
@@ -388,6 +387,13 @@ def precision_suffix(summary: dict) -> str:
     return "" if precision == "fp32" else f", {precision}"
 
 
+def weights_suffix(summary: dict) -> str:
+    """``"; weights random, seed 0"`` (the metadata's ``weights``) for ``run``'s line and the
+    caption; nothing for an artifact that does not record them."""
+    weights = summary.get("weights")
+    return f"; weights {weights}" if weights else ""
+
+
 def detect_to_files(
     library,
     image_path,
@@ -419,6 +425,7 @@ def detect_to_files(
         "target": meta.get("target"),
         "mode": detector.mode,
         "precision": meta.get("precision", "fp32"),
+        "weights": meta.get("weights"),
         "run_ms": result["run_s"] * 1e3,
         "total_ms": result["total_s"] * 1e3,
         "num_detections": len(result["boxes"]),
@@ -432,7 +439,7 @@ def detect_to_files(
         caption = (
             f"{meta.get('model') or Path(library).name}: {summary['num_detections']} "
             f"detections, {summary['run_ms']:.0f} ms ({where or '?'}, {detector.mode}"
-            f"{precision_suffix(summary)})"
+            f"{precision_suffix(summary)}){weights_suffix(summary)}"
         )
         draw_detections(
             rgb, result, detector.names, top, mask_threshold, caption, skeleton=detector.skeleton
