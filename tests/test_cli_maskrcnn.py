@@ -12,6 +12,8 @@ torch = pytest.importorskip("torch")
 
 from _cli import one_line_error, run_cli
 
+from tvm_roialign import cli
+
 
 def _schema_keys(obj, prefix=""):
     """Every key of the report, nested ones as ``parent.key`` (pieces as ``pieces.<piece>.key``)."""
@@ -149,3 +151,20 @@ def test_detector_resize_bounds(monkeypatch, cli_workdir, capsys):
     code, _, err = run_cli(argv, capsys)
     assert code == 1 and "stopped before the build" in err, err
     assert seen == {"bounds": ((800,), 1333), "padded": [(800, 1216), (1216, 800)]}
+
+
+def test_maskrcnn_resize_bounds_are_compiles():
+    """``maskrcnn --min-size 800`` builds torchvision's 800 / 1333 as ``compile NAME --min-size
+    800`` does (it built 800 / 800); 512 / 512 by default; both flags given, as given."""
+    import types
+
+    from tvm_roialign.cli.maskrcnn import model_inputs
+    from tvm_roialign.models.maskrcnn import MaskRCNNConfig
+
+    fake = types.SimpleNamespace(load_image=lambda path: None, MaskRCNNConfig=MaskRCNNConfig,
+                                 build_torch_model=lambda config: None)
+    parser = cli.build_parser()
+    for flags, bounds in (([], (512, 512)), (["--min-size", "800"], (800, 1333)),
+                          (["--min-size", "600", "--max-size", "1000"], (600, 1000))):
+        _, config, _ = model_inputs(parser.parse_args(["maskrcnn", *flags]), fake)
+        assert (config.min_size, config.max_size) == bounds, flags

@@ -304,3 +304,20 @@ def test_cpp_program_on_the_board_equals_the_python_runner(
     rgb = _photo(name)
     ours = _run(board_program, tiny_any_detector_aarch64, rgb, tmp_path)
     _assert_equals_the_python_runner(ours, tiny_any_detector[0], rgb)
+
+
+def test_cmake_takes_python3_executable(tmp_path):
+    """FindPython3's ``-DPython3_EXECUTABLE`` picks the Python whose TVM wheel the program builds
+    against, as ``-DPython_EXECUTABLE`` does (configured only; PATH without this Python on it)."""
+    missing = _missing_tools()
+    if missing:
+        pytest.skip(missing)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run(
+        ["cmake", "-S", str(REPO / "examples" / "cpp"), "-B", str(tmp_path / "build"),
+         f"-DPython3_EXECUTABLE={sys.executable}"],
+        capture_output=True, text=True, env=env,
+    )
+    assert done.returncode == 0, done.stdout[-1000:] + done.stderr[-1000:]
+    cache = (tmp_path / "build" / "CMakeCache.txt").read_text()
+    assert f"Python_EXECUTABLE:INTERNAL={sys.executable}" in cache

@@ -189,8 +189,10 @@ def _check_mcpu(config: dict) -> dict:
     native = ""
     if triple == str(codegen.llvm_get_system_triple()):
         native = f"'native' for this machine ({codegen.llvm_get_system_cpu()}) or "
+    # this machine's triple names its LLVM's vendor (x86_64-conda-linux-gnu): its CPU family says it
+    where = config.get("mtriple") or f"this machine's {triple.split('-')[0]}"
     raise ValueError(
-        f"LLVM knows no CPU {mcpu!r} for {triple}: {hint}use {native}one of the {len(known)} "
+        f"LLVM knows no CPU {mcpu!r} for {where}: {hint}use {native}one of the {len(known)} "
         "names of tvm.target.codegen.llvm_get_cpu_archlist"
     )
 

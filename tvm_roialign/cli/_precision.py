@@ -10,9 +10,10 @@ from ._common import CLIError
 HELP_PRECISION = (
     "fp32, bf16 (convolutions and matmuls in bf16 with fp32 accumulation, on AMX; "
     "a target without AMX builds fp32, with a note saying why), int8 (quantized "
-    "convolutions and matmuls calibrated on photos, --calibrate, on AMX-INT8, AVX512-VNNI, AVX2 or the "
-    "AArch64 dot product; detectors with compile NAME) or "
-    "auto (bf16 where the target has AMX bf16, else fp32; the summary says which)"
+    "convolutions and matmuls calibrated on photos, --calibrate, on AMX-INT8, AVX512-VNNI, AVX-VNNI, "
+    "AVX2 or the AArch64 dot product; detectors with compile NAME) or "
+    "auto (bf16 where the target has AMX bf16, else fp32; the summary says which); an ONNX QDQ "
+    "model (already quantized) keeps its own int8 quantization whatever this says"
 )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from ._common import CLIError, device_for, first_line, output_path, resolve_target
-from ._detector import add_mode_arguments, build_fast
+from ._detector import _bounds, add_mode_arguments, build_fast
 from ._precision import add_precision_arguments, print_precision_line, resolve_precision
 from ._progress import progress_session
 from ._tuning import add_records_argument, open_records, print_coverage
@@ -84,12 +84,13 @@ def add_model_arguments(p) -> None:
         help="NHWC (ConvertLayout) or NCHW (default: NHWC)",
     )
     p.add_argument(
-        "--min-size", type=int, default=512,
-        help="torchvision's resize min_size (torchvision's own and its weights': 800)",
+        "--min-size", type=int, default=None,
+        help="torchvision's resize min_size (default: 512; torchvision's own and its weights': 800)",
     )
     p.add_argument(
         "--max-size", type=int, default=None,
-        help="torchvision's resize max_size (default: --min-size; torchvision's: 1333)",
+        help="torchvision's resize max_size (default: 512, or --min-size in torchvision's ratio "
+        "800:1333, as compile NAME takes it: --min-size 800 is torchvision's 800 / 1333)",
     )
     p.add_argument("--proposals", type=int, default=1000, help="RPN proposals kept")
     p.add_argument("--detections", type=int, default=100, help="detections per image at most")
@@ -108,11 +109,12 @@ def model_inputs(args, mr):
         image = mr.load_image(args.image)
     except (FileNotFoundError, ValueError) as err:
         raise CLIError(f"--image: {err}") from None
+    min_size, max_size = _bounds(args)
     config = mr.MaskRCNNConfig(
         seed=args.seed,
         weights=args.weights,
-        min_size=args.min_size,
-        max_size=args.max_size or args.min_size,
+        min_size=min_size,
+        max_size=max_size,
         rpn_pre_nms_top_n_test=args.proposals,
         rpn_post_nms_top_n_test=args.proposals,
         box_detections_per_img=args.detections,
