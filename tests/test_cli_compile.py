@@ -60,7 +60,8 @@ def test_compile_targets_and_layouts(pt2_model, cli_workdir, capsys, target, lay
     assert code == 0, err
     # the last line: target, layout, total and per-stage times
     assert re.search(
-        rf"-> .*{lib.name} \(llvm.*, layout {expected_layout}, fp32\) in [\d.]+ s \(import [\d.]+ s, .*"
+        rf"-> .*{lib.name} \(llvm.*, layout {expected_layout}, fp32, fast, \d+ kB\) in [\d.]+ s "
+        r"\(import [\d.]+ s, .*"
         r"build [\d.]+ s, export [\d.]+ s\)",
         out,
     ), out
@@ -368,3 +369,43 @@ def test_compile_detector_records_the_weights_origin(cli_workdir, capsys, monkey
         config = RunConfig(image="astronaut", weights=path or "random", seed=seed, target={"kind": "llvm"})
         caption = MaskRCNNReport.caption(types.SimpleNamespace(config=config, comparison=None))
         assert expected in caption, caption
+
+
+def test_exact_model_file_has_no_winograd_and_matches_onnxruntime(cli_workdir, capsys):
+    """``compile model.onnx --exact``: direct convolutions (no Winograd kernel in the library's
+    kernels), the output within float32 rounding of onnxruntime's and PyTorch's; the default (fast)
+    build of the same file has Winograd kernels. The summary line gives the mode and the size."""
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(64, 64, 3, padding=1)
+    ).eval()
+    x = torch.randn(1, 64, 56, 56)
+    path = cli_workdir / "convs.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17, input_names=["x"])
+    inputs = cli_workdir / "convs_in.npz"
+    np.savez(inputs, x=x.numpy())
+    expected = ort.InferenceSession(str(path)).run(None, {"x": x.numpy()})[0]
+    with torch.no_grad():
+        eager = model(x).numpy()
+    kernels = {}
+    for mode in ("exact", "fast"):
+        lib = cli_workdir / f"convs_{mode}.so"
+        code, out, err = run_cli(["compile", str(path), f"--{mode}", "-o", str(lib)], capsys)
+        assert code == 0, err
+        ((shown, unit),) = re.findall(rf", fp32, {mode}, ([\d.]+) (kB|MB)\) in ", out)
+        scale, rounding = (1e6, 0.05e6) if unit == "MB" else (1e3, 500)
+        assert abs(float(shown) * scale - lib.stat().st_size) <= rounding, out
+        meta = json.loads(Path(f"{lib}.json").read_text())
+        assert meta["mode"] == mode
+        kernels[mode] = [k["name"] for k in meta["kernels"]]
+        outputs = cli_workdir / f"convs_{mode}_out.npz"
+        code, _, err = run_cli(["run", str(lib), "--inputs", str(inputs), "--outputs", str(outputs)], capsys)
+        assert code == 0, err
+        with np.load(outputs) as got:
+            result = got["output_0"]
+        if mode == "exact":
+            np.testing.assert_allclose(result, expected, rtol=1e-5, atol=2e-5)
+            np.testing.assert_allclose(result, eager, rtol=1e-5, atol=2e-5)
+    assert not [k for k in kernels["exact"] if "winograd" in k], kernels["exact"]
+    assert [k for k in kernels["fast"] if "winograd" in k], kernels["fast"]

@@ -29,11 +29,13 @@ DEFAULT_MAX_SIZE = 512
 #: ``--fast`` and ``--exact`` of ``compile DETECTOR``, ``maskrcnn`` and ``tune maskrcnn``.
 HELP_FAST = (
     "fast build (the default): the 3x3 convolutions as Winograd F(4x4, 3x3) or F(5x5, 3x3); detections "
-    "scored >= 0.1 match eager's with box IoU >= 0.99, near ties excepted (docs/detectors.md, build modes)"
+    "scored >= 0.1 match eager's with box IoU >= 0.99, near ties excepted (docs/detectors.md, build modes); "
+    "a model file's 3x3 convolutions as Winograd F(4x4, 3x3) where it pays"
 )
 HELP_EXACT = (
     "exact build: direct 3x3 convolutions, as PyTorch's, every detection equal to eager's, "
-    "decision for decision (slower than the default fast build: Mask R-CNN 1.2-1.8x)"
+    "decision for decision (slower than the default fast build: Mask R-CNN 1.2-1.8x); a model file: "
+    "no Winograd, results as the framework's within float32 rounding"
 )
 
 
@@ -77,7 +79,7 @@ def alternatives() -> str:
 def add_compile_arguments(p) -> None:
     group = p.add_argument_group(
         "detectors (MODEL is a torchvision detector name; --input-size, --min-size, --max-size, "
-        "--weights and --seed only apply to a name, --fast / --exact to a name or a detector .pt2)"
+        "--weights and --seed only apply to a name; --fast / --exact to every MODEL)"
     )
     group.add_argument(
         "--input-size",
@@ -110,8 +112,8 @@ def add_compile_arguments(p) -> None:
 
 def reject_detector_options(args, exported_detector: bool = False) -> None:
     """The options of detector names, given with a model file: an error naming the first;
-    ``--fast`` / ``--exact`` and ``--fp32-layers`` too unless the file is an ``exported_detector`` (a .pt2 in
-    the static form)."""
+    ``--fp32-layers`` too unless the file is an ``exported_detector`` (a .pt2 in the static form).
+    ``--fast`` / ``--exact`` apply to every model (a model file's: Winograd or direct convolutions)."""
     for attr, flag in _NAME_OPTIONS:
         if getattr(args, attr, None) is not None:
             raise CLIError(
@@ -120,12 +122,6 @@ def reject_detector_options(args, exported_detector: bool = False) -> None:
             )
     if not exported_detector:
         reject_fp32_layers(args)
-    if not exported_detector and getattr(args, "fast", None) is not None:
-        flag = "--fast" if args.fast else "--exact"
-        raise CLIError(
-            f"{flag} only applies to a detector (a name: {_names()}; or a .pt2 written by "
-            f"export_detector), not to the model file {args.model!r}"
-        )
 
 
 def add_run_arguments(p) -> None:

@@ -31,6 +31,7 @@ from ._model_file import (
     signature,
     symbolic_inputs_note,
 )
+from ._dump_code import DUMP_FORMATS, dump_formats, write_dumps
 from ._precision import (
     add_precision_arguments,
     check_precision_arguments,
@@ -42,7 +43,6 @@ from ._precision import (
 from ._progress import progress_session
 from ._tuning import add_records_argument, open_records, print_coverage
 
-DUMP_FORMATS = ("relax", "tir", "ll", "asm")
 
 HELP_TARGET = (
     "native (this machine's CPU), llvm or llvm-generic (portable: generic CPU, as tvmc's 'llvm'), "
@@ -192,18 +192,6 @@ def _layouts(args, target):
         raise CLIError(f"--desired-layout-ops: {err}") from None
 
 
-def _dump_formats(text):
-    if not text:
-        return []
-    formats = [f.strip().lower() for f in text.split(",") if f.strip()]
-    unknown = [f for f in formats if f not in DUMP_FORMATS]
-    if unknown or not formats:
-        raise CLIError(
-            f"--dump-code: unknown format {', '.join(unknown) or text!r}; use {','.join(DUMP_FORMATS)}"
-        )
-    return formats
-
-
 class _LastRelaxModule:
     """A pass instrument keeping the last module that still had Relax functions: after the build
     pipeline, its PrimFuncs are the scheduled TIR that is lowered and compiled."""
@@ -260,10 +248,23 @@ def _int8_options(args) -> dict:
     return {"calibration": args.calibrate, "keep_fp32": keep}
 
 
-def _build(mod, target, records, precision: str = "fp32", int8_options=None):
+def _mode(args) -> str:
+    """A model file's build mode: ``exact`` (``--exact``: direct convolutions, as the framework's)
+    or ``fast`` (the default: 3x3 convolutions as Winograd where it pays)."""
+    return "exact" if getattr(args, "fast", None) is False else "fast"
+
+
+def _build_options(args, precision: str) -> dict:
+    """The pipeline's options of a model file's build: :func:`_int8_options` for int8, and no
+    Winograd in the exact mode."""
+    options = _int8_options(args) if precision == "int8" else {}
+    return {**options, "winograd": 0} if _mode(args) == "exact" else options
+
+
+def _build(mod, target, records, precision: str = "fp32", build_options=None):
     """The pipeline's build without its own layout conversion (``--desired-layout`` decided it):
     ``(Built, the last Relax module)``; the records' coverage is printed by :func:`main`, not
-    reported by the records."""
+    reported by the records. ``build_options``: :func:`_build_options`."""
     import tvm
 
     from ..pipeline import build
@@ -277,7 +278,7 @@ def _build(mod, target, records, precision: str = "fp32", int8_options=None):
         config=dict(ctx.config),
         instruments=[*ctx.instruments, instrument],
     ):
-        options = (int8_options or {}) if precision == "int8" else {}
+        options = build_options or {}
         with warnings.catch_warnings():
             # a QDQ model without int8 kernels: main has said so in a note
             warnings.filterwarnings("ignore", message=r"quantized \(ONNX QDQ\) model")
@@ -290,7 +291,7 @@ def _printed_by_main(_coverage) -> None:
 
 
 def _build_keeping_layouts(imported, mod, layouts, target, records, progress, precision: str = "fp32",
-                           int8_options=None):
+                           build_options=None):
     """:func:`_build` of ``mod``; where that fails and ``mod`` is ``imported`` converted, the
     conversion again with every converted op checked to legalize (the ops that do not keep their
     layout, with a note), and its build. ``(built, the last Relax module, the module built)``."""
@@ -303,7 +304,7 @@ def _build_keeping_layouts(imported, mod, layouts, target, records, progress, pr
 
     try:
         with native_stderr_dropped_on_failure():
-            return (*_build(mod, target, records, precision, int8_options), mod)
+            return (*_build(mod, target, records, precision, build_options), mod)
     except Exception as err:  # noqa: BLE001
         failure = CLIError(f"build for target {describe(target)} failed: {first_line(err)}")
     if not layouts or mod.same_as(imported):
@@ -318,35 +319,9 @@ def _build_keeping_layouts(imported, mod, layouts, target, records, progress, pr
         progress.note(note)
     progress(f"build for {describe(target)}, those ops in their own layout")
     try:
-        return (*_build(checked, target, records, precision, int8_options), checked)
+        return (*_build(checked, target, records, precision, build_options), checked)
     except Exception as err:  # noqa: BLE001
         raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
-
-
-def _write_dumps(out: Path, formats, mod, tir_mod, executable) -> list[str]:
-    from tvm import tirx
-
-    written = []
-    for fmt in formats:
-        path = Path(f"{out}.{fmt}")
-        if fmt == "relax":
-            text = mod.script()
-        elif fmt == "tir":
-            if tir_mod is None:
-                raise CLIError("--dump-code tir: the build pipeline did not expose its TIR")
-            funcs = {gv: f for gv, f in tir_mod.functions_items() if isinstance(f, tirx.PrimFunc)}
-            text = "\n\n".join(f.script() for f in funcs.values())
-        else:
-            host = executable.mod.imports[0] if executable.mod.imports else None
-            try:
-                text = host.inspect_source(fmt)
-            except Exception as err:  # noqa: BLE001 - not an LLVM module (cross .tar, GPU host)
-                raise CLIError(
-                    f"--dump-code {fmt}: not available for this build ({first_line(err)})"
-                ) from None
-        path.write_text(text)
-        written.append(path.name)
-    return written
 
 
 def _export(executable, out: Path, target, link_note, progress) -> None:
@@ -376,7 +351,7 @@ def main(args) -> int:
     t_start = time.perf_counter()
     target = resolve_target(args.target)
     options = model_options(args, target)
-    formats = _dump_formats(args.dump_code)
+    formats = dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
     detector = _detector.is_detector(args.model)
     precision = _checked_precision(args, target, detector)
@@ -396,7 +371,7 @@ def main(args) -> int:
         # the built module also gives the kernels' signatures, for run --rpc --profile
         built, tir_mod, mod = _build_keeping_layouts(
             imported, mod, options[0], target, records, progress,
-            "fp32" if qdq_weights is not None else precision, _int8_options(args),
+            "fp32" if qdq_weights is not None else precision, _build_options(args, precision),
         )
         times["build_s"] = time.perf_counter() - t0
         executable = built.executable
@@ -406,11 +381,12 @@ def main(args) -> int:
         t0 = time.perf_counter()
         _export(executable, out, target, link_note, progress)
         times["export_s"] = time.perf_counter() - t0
-        dumps = _write_dumps(out, formats, mod, tir_mod, executable)
+        dumps = write_dumps(out, formats, mod, tir_mod, executable)
     times = add_total(times, t_start, args.startup_s)
     meta = {
         "target": target_config(target),
         "layout": layout_name,
+        "mode": _mode(args),
         **precision_metadata(precision, target, qdq_weights),
         "inputs": signature(mod),
         "times": times,
@@ -438,10 +414,15 @@ def main(args) -> int:
         print(coverage)
     print(
         f"compiled {args.model} -> {out} ({describe(target)}, layout {layout_name}, "
-        f"{precision_label(meta)}) in {format_times(times)}{extra}"
+        f"{precision_label(meta)}, {meta['mode']}, {_size_text(out.stat().st_size)}) in "
+        f"{format_times(times)}{extra}"
     )
     print_precision_line(args)
     return 0
+
+
+def _size_text(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{max(1, round(size / 1e3))} kB"
 
 
 def _tvm_version() -> str:
