@@ -287,15 +287,19 @@ def test_full_model(full, photo_name):
 @pytest.mark.parametrize("full", ["maskrcnn_resnet50_fpn"], indirect=True)
 def test_full_model_non_square_photo(full):
     """The coffee photo at its own size (400x600), not stretched: torchvision's aspect-keeping
-    resize, padding and postprocess give eager's detections; a photo too wide for the function
-    (100x1200: padded 64x512, below its 96) is refused, naming the sizes it accepts."""
+    resize, padding and postprocess give eager's detections; a photo the function's bounds leave
+    out (60x512: padded 64x512, below its 96) is refused, naming the sizes it accepts, and one too
+    thin for any build (100x1200: 42 rows in 64) saying so."""
     model, detector = full
     rgb = photo("coffee")
     result = detector(rgb)
     assert result["padded"] == (352, 512) and result["resized"] == (341, 512)
     assert_equal_detections(result, det.torch_detections(model, rgb))
-    with pytest.raises(ValueError, match=r"a photo of 100x1200 is padded to 64x512 .* "
+    with pytest.raises(ValueError, match=r"a photo of 60x512 is padded to 64x512 .* "
                        r"accepts any padded size from 96 to 4096 pixels a side"):
+        detector(np.zeros((60, 512, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"a photo of 100x1200 is resized .* to 42x512, padded to "
+                       r"64x512: .* no build serves it: photos at most 7.5 times as wide as high"):
         detector(np.zeros((100, 1200, 3), np.uint8))
 
 
