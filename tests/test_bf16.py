@@ -196,7 +196,7 @@ def _small_convnet() -> torch.nn.Module:
 def test_convnet_bf16_close_to_fp32_on_a_photo():
     """A small resnet-like net (random weights, batch-norm statistics from three training passes)
     on the astronaut photo at 96x96: the bf16 build's logits against the fp32 build's."""
-    from tvm_roialign.models.detector_reference import sample_photo
+    from tvm_roialign.runtime.sample_photos import sample_photo
 
     _amx_or_skip()
     torch.manual_seed(0)

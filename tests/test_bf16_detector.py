@@ -119,7 +119,7 @@ def test_cli_precision_errors_are_one_line(command, argv, message, tmp_path, cap
 
 
 def test_fp32_layers_parse():
-    from tvm_roialign.models.detector_precision import DEFAULT_FP32_LAYERS, parse_fp32_layers
+    from tvm_roialign.precision.layers import DEFAULT_FP32_LAYERS, parse_fp32_layers
 
     assert parse_fp32_layers(None) == DEFAULT_FP32_LAYERS
     assert parse_fp32_layers("none") == ()
@@ -139,7 +139,7 @@ def test_fp32_layers_are_found_in_the_imported_graph():
     from _tiny_rcnn import tiny_rcnn
 
     from tvm_roialign.models.detection import import_detector
-    from tvm_roialign.models.detector_precision import FP32_LAYERS, keeps_fp32
+    from tvm_roialign.precision.layers import FP32_LAYERS, keeps_fp32
     from tvm_roialign.passes import BF16Contractions
 
     model = tiny_rcnn(masks=True, seed=0, detections_per_img=20)
@@ -178,7 +178,7 @@ def test_tiny_detector_bf16_with_every_layer_kept_fp32_equals_eager(tmp_path):
 
     from tvm_roialign.host import request_amx
     from tvm_roialign.models import detection as det
-    from tvm_roialign.models.detector_precision import FP32_LAYERS
+    from tvm_roialign.precision.layers import FP32_LAYERS
     from tvm_roialign.runtime import Detector
 
     try:

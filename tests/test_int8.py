@@ -27,7 +27,7 @@ from tvm import relax
 
 from tvm_roialign.frontend import from_exported_program
 from tvm_roialign.host import cpu_flags, request_amx
-from tvm_roialign.models.calibration_photos import calibration_inputs
+from tvm_roialign.precision.calibration import calibration_inputs
 from tvm_roialign.passes.int8_contractions import clipped_range
 from tvm_roialign.pipeline import build
 from tvm_roialign.schedules.int8_contraction import int8_instructions, int8_pays

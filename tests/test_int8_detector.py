@@ -23,7 +23,7 @@ from _detections import assert_matches_eager
 from _tiny_rcnn import tiny_rcnn
 
 from tvm_roialign.models import detection as det
-from tvm_roialign.models.detector_precision import precision_options
+from tvm_roialign.precision.layers import precision_options
 from tvm_roialign.runtime import Detector
 from tvm_roialign.schedules.int8_contraction import int8_instructions
 from tvm_roialign.target import parse_target

@@ -251,7 +251,7 @@ def test_winograd_convs_stay_as_imported_on_avx2_only():
     constant folding): left to fp32 Winograd by AVX2's int8 kernels (2x fp32's rate), taken by VNNI's
     (4x); the same geometry as :func:`winograd_plan` gives the conv of the folded constant weight."""
     from tvm_roialign.passes.winograd import winograd_geometry, winograd_plan
-    from tvm_roialign.qdq_phase import int8_keeps
+    from tvm_roialign.precision.qdq import int8_keeps
 
     q = np.random.default_rng(0).integers(-64, 65, (64, 64, 3, 3)).astype(np.int8)
     scale = relax.const(np.full(64, 0.01, np.float32))

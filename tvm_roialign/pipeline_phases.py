@@ -14,7 +14,7 @@ import warnings
 import tvm
 from tvm import relax
 
-from .qdq_phase import int8_keeps, qdq_note, qdq_passes
+from .precision.qdq import int8_keeps, qdq_note, qdq_passes
 from .schedules import default_rules
 
 
@@ -106,7 +106,7 @@ def int8_kind(target: tvm.target.Target) -> str | None:
 def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=(), winograd=0,
                reference_side: int = 320) -> tvm.transform.Pass:
     """:class:`~tvm_roialign.passes.Int8Contractions` calibrated, when it runs, on ``calibration``
-    (:func:`~tvm_roialign.models.calibration_photos.calibration_inputs`'s ``source``), the observed
+    (:func:`~tvm_roialign.precision.calibration.calibration_inputs`'s ``source``), the observed
     module built in fp32 for ``target`` (no Winograd, the layouts as they are by then) where this
     machine runs ``target``'s code, else for this machine's own CPU (:func:`_runs_here`: an AArch64
     board built on x86, or an AMX target built on a CPU without AMX, whose library would die of
@@ -114,7 +114,7 @@ def _int8_pass(target: tvm.target.Target, calibration, keep_fp32=(), winograd=0,
     those of ``target``'s kernels (:func:`int8_kind`)."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    from .models.calibration_photos import calibration_entry, calibration_inputs
+    from .precision.calibration import calibration_entry, calibration_inputs
     from .passes import Int8Contractions
     from .schedules.int8_contraction import int8_weight_limit
     from .target import parse_target

@@ -29,7 +29,7 @@ def add_precision_arguments(p, detector: bool = True, pieces: bool = False) -> N
     p.add_argument("--precision", default="fp32", metavar="{fp32,bf16,int8,auto}",
                    help=HELP_PIECES_PRECISION if pieces else HELP_PRECISION)
     if detector:
-        from ..models.detector_precision import DEFAULT_FP32_LAYERS, FP32_LAYERS
+        from ..precision.layers import DEFAULT_FP32_LAYERS, FP32_LAYERS
 
         p.add_argument(
             "--fp32-layers",
@@ -44,7 +44,7 @@ def add_precision_arguments(p, detector: bool = True, pieces: bool = False) -> N
 def check_precision_arguments(args) -> None:
     """A one-line error for a ``--precision`` or ``--fp32-layers`` value that is not one of the
     choices (before anything is built)."""
-    from ..models.detector_precision import parse_fp32_layers
+    from ..precision.layers import parse_fp32_layers
     from ..pipeline_phases import PRECISION_CHOICES
 
     if args.precision not in PRECISION_CHOICES:

@@ -37,7 +37,7 @@ from ..runtime.detector import METADATA_KIND
 from .compare import compare_detections
 from .detector_import import import_detector
 from .detector_photo import add_photo_function, serves_photos
-from .detector_precision import detector_precision, precision_metadata, precision_options
+from ..precision.layers import detector_precision, precision_metadata, precision_options
 from .detector_reference import SAMPLE_PHOTOS, sample_photo, torch_detections
 from .detector_sizes import (
     ANY,
@@ -150,7 +150,7 @@ def compile_detector(
         :data:`~.compare.FAST_CRITERIA`; False: direct ones, by :data:`~.compare.CRITERIA`.
     precision, fp32_layers, calibration : str; str | list of str | None; str | list | None
         ``"fp32"``, ``"bf16"``, ``"int8"`` (for any size only) or ``"auto"`` (docs/precision.md,
-        docs/int8.md); the layers kept in fp32 (:mod:`.detector_precision`, e.g. ``"rpn"``);
+        docs/int8.md); the layers kept in fp32 (:mod:`tvm_roialign.precision.layers`, e.g. ``"rpn"``);
         int8's photos (None: the sample photos; a directory; ``[H, W, 3]`` uint8 arrays)
     """
     from ..pipeline import build

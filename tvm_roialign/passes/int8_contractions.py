@@ -189,7 +189,7 @@ class Int8Contractions:  # pylint: disable=too-few-public-methods
     takes them, to calibrate when the pass runs. ``keep_fp32``: the contractions left in fp32, as
     positions (in that order; negative from the end), or as a predicate of a contraction's
     ``[K, N]`` weight (as :class:`~.bf16_contractions.BF16Contractions` takes it; a detector's
-    layers by name: :func:`~tvm_roialign.models.detector_precision.keeps_fp32`). ``weight_limit``:
+    layers by name: :func:`~tvm_roialign.precision.layers.keeps_fp32`). ``weight_limit``:
     the weights' range ``[-limit, limit]`` of the target's kernels; ``keep_call``: a predicate of a
     contraction's call, true for those another rewrite runs faster in fp32 (Winograd's convs on
     AVX2)."""

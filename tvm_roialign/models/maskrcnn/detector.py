@@ -21,7 +21,7 @@ from ...passes import ConvertLayout, desired_layouts
 from ...pipeline import build
 from ...target import describe, device_or_none, parse_target
 from ..detection import DEFAULT_FAST, graph_options
-from ..detector_precision import detector_precision, precision_options
+from ...precision.layers import detector_precision, precision_options
 from .pieces import (
     count_permutes,
     export_piece,

@@ -22,8 +22,8 @@ def qdq_passes(target: tvm.target.Target, precision: str, calibration, keep_fp32
     (a QDQ model keeps its own quantization), a ValueError for a calibration or kept layers
     (nothing is calibrated). The layers :func:`int8_keeps` picks (``winograd``: Winograd's tile)
     stay as imported, as they stay fp32 in a calibrated int8 build."""
-    from .passes import QDQContractions
-    from .schedules.int8_contraction import int8_weight_limit
+    from ..passes import QDQContractions
+    from ..schedules.int8_contraction import int8_weight_limit
 
     if calibration is not None or keep_fp32:
         raise ValueError(
@@ -51,8 +51,8 @@ def int8_keeps(kind: str | None, winograd: int, reference_side: int):
     yet): those whose reduction is too short for the kernels to pay
     (:func:`~.schedules.int8_contraction.int8_pays`), and, where the kernels leave them to it, the
     convs Winograd takes (:func:`~.schedules.int8_contraction.int8_leaves_winograd_convs`)."""
-    from .passes.winograd import tile_set, winograd_geometry
-    from .schedules.int8_contraction import int8_leaves_winograd_convs, int8_pays
+    from ..passes.winograd import tile_set, winograd_geometry
+    from ..schedules.int8_contraction import int8_leaves_winograd_convs, int8_pays
 
     tiles = tile_set(winograd) if winograd and int8_leaves_winograd_convs(kind) else None
 
@@ -67,7 +67,7 @@ def int8_keeps(kind: str | None, winograd: int, reference_side: int):
 
 def _reduction(call) -> int | None:
     """The reduction length of a conv2d (taps x input channels) or matmul ``call``, when static."""
-    from .passes._mutator import tensor_shape
+    from ..passes._mutator import tensor_shape
 
     if call.op.name == "relax.nn.conv2d":
         shape, layout = tensor_shape(call.args[1]), str(call.attrs.kernel_layout)
@@ -80,7 +80,7 @@ def _reduction(call) -> int | None:
 
 def llvm_int8_kind(target: tvm.target.Target) -> str | None:
     """:func:`~.schedules.int8_contraction.int8_instructions` of an llvm ``target``, None for others."""
-    from .schedules.int8_contraction import int8_instructions
+    from ..schedules.int8_contraction import int8_instructions
 
     return int8_instructions(target) if target.kind.name == "llvm" else None
 
@@ -90,8 +90,8 @@ def qdq_note(target: tvm.target.Target, weights: int = 127) -> str | None:
     (:func:`~.passes.qdq_contractions.qdq_weight_peak`) runs its quantized layers in float
     (fake-quant) on ``target``: it has no int8 kernels, or AVX2's, which take weights up to 64
     (ONNX Runtime's ``reduce_range``); None where its kernels take them."""
-    from .schedules.int8_contraction import int8_weight_limit
-    from .target import describe
+    from ..schedules.int8_contraction import int8_weight_limit
+    from ..target import describe
 
     kind = llvm_int8_kind(target)
     if kind is None:
