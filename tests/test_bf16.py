@@ -145,24 +145,24 @@ def test_avx512_bf16_target_assembly_has_vdpbf16ps():
 
 def test_aarch64_bf16_target_assembly_has_bfdot():
     """AArch64 with bf16, cross-compiled: the bf16 dot product, and the metadata says so."""
-    from tvm_roialign.pipeline_phases import precision_metadata
+    from tvm_roialign.precision import resolve
 
     layer = torch.nn.Linear(64, 64, bias=False)
     asm = _asm(build(_module(layer, torch.randn(32, 64)), AARCH64_BF16, precision="bf16").executable)
     assert "bfdot\t" in asm
-    assert precision_metadata("bf16", AARCH64_BF16)["bf16_kernels"] == "bfdot"
+    assert resolve(AARCH64_BF16, "bf16").metadata()["bf16_kernels"] == "bfdot"
 
 
 def test_bf16_without_bf16_instructions_builds_fp32_with_a_note():
     layer = torch.nn.Linear(64, 64, bias=False)
-    with pytest.warns(UserWarning, match="has neither AMX bf16 nor AVX512-BF16"):
+    with pytest.warns(UserWarning, match="precision bf16: .* has no AMX, AVX512-BF16 or AArch64 bf16; building fp32"):
         built = build(_module(layer, torch.randn(32, 64)), AVX512_ONLY, precision="bf16")
     assert "dpbf16ps" not in _asm(built.executable)
 
 
 def test_unknown_precision_is_refused():
     layer = torch.nn.Linear(8, 8)
-    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, int8, got 'fp16'"):
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, int8, auto, got 'fp16'"):
         build(_module(layer, torch.randn(2, 8)), AMX_TARGET, precision="fp16")
 
 
@@ -245,14 +245,18 @@ def test_cli_compile_precision_bf16_without_the_instructions_notes_fp32(pt2_mode
     lib = cli_workdir / "tiny_bf16_skx.so"
     argv = ["compile", str(pt2_model[0]), "-o", str(lib), "--precision", "bf16"]
     assert cli.main([*argv, "--target", "llvm -mcpu=skylake-avx512"]) == 0
-    assert "note: --precision bf16: llvm -mcpu=skylake-avx512" in capsys.readouterr().err
+    assert "note: precision bf16: llvm -mcpu=skylake-avx512" in capsys.readouterr().err
     assert json.loads((cli_workdir / "tiny_bf16_skx.so.json").read_text())["precision"] == "fp32"
 
 
 def test_user_facing_bf16_needs_amx():
     """``compile``/``compile_detector``: bf16 on AMX (and on AArch64 bf16, when asked); fp32 with
     a note saying why elsewhere (the AVX512-BF16 kernels run slower than fp32, docs/precision.md)."""
-    from tvm_roialign.pipeline_phases import chosen_precision
+    from tvm_roialign.precision import resolve
+
+    def chosen_precision(asked, target):
+        plan = resolve(target, asked, avx512_bf16=False)
+        return plan.precision, (plan.notes[0] if plan.notes else None)
 
     assert chosen_precision("bf16", AMX_TARGET) == ("bf16", None)
     assert chosen_precision("fp32", AVX512_ONLY) == ("fp32", None)

@@ -9,7 +9,7 @@ import pytest
 
 from tvm_roialign import cli
 from tvm_roialign.models.compare_bf16 import BF16_CRITERIA, bf16_passed, compare_bf16
-from tvm_roialign.pipeline_phases import auto_precision, chosen_precision
+from tvm_roialign.precision import auto_precision, resolve
 from tvm_roialign.target import parse_target
 
 
@@ -92,13 +92,13 @@ def test_auto_precision_per_target(target, expected):
     AArch64 bf16 was checked on an emulated board only, its speed not measured)."""
     parsed = parse_target(target)
     assert auto_precision(parsed)[0] == expected
-    precision, note = chosen_precision("auto", parsed)
-    assert precision == expected and note.startswith(f"precision auto: {expected} (")
+    plan = resolve(parsed, "auto", avx512_bf16=False)
+    assert plan.precision == expected and plan.summary.startswith(f"precision auto: {expected} (")
 
 
-def test_chosen_precision_refuses_unknown_values():
+def test_resolve_refuses_unknown_values():
     with pytest.raises(ValueError, match="precision must be one of fp32, bf16, int8, auto"):
-        chosen_precision("fp16", parse_target("llvm -mcpu=sapphirerapids"))
+        resolve(parse_target("llvm -mcpu=sapphirerapids"), "fp16")
 
 
 @pytest.mark.parametrize(

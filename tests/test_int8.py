@@ -187,14 +187,14 @@ def test_int8_kernels_match_int64_exactly(exact_cases, unit, case):
 def test_aarch64_int8_target_assembly(exact_cases, unit):
     """Cross-compiled for AArch64 (calibrated on this machine): the dot product of the target's
     features, and not the other one."""
-    from tvm_roialign.pipeline_phases import precision_metadata
+    from tvm_roialign.precision import resolve
 
     mod, x, _ = exact_cases["conv"]
     target = AARCH64_UNITS[unit]
     asm = _asm(build(mod, target, layout=None, precision="int8", calibration=[[x]]).executable)
     other = "sdot" if unit == "usdot" else "usdot"
     assert re.search(rf"\b{unit}\t", asm) and not re.search(rf"\b{other}\t", asm)
-    assert precision_metadata("int8", target)["int8_kernels"] == unit
+    assert resolve(target, "int8").metadata()["int8_kernels"] == unit
 
 
 class _SmallResNet(torch.nn.Module):
@@ -263,13 +263,13 @@ def test_target_without_int8_units_builds_fp32_with_a_warning(exact_cases):
 def test_generic_int8_matches_int64_exactly(exact_cases):
     """``generic_int8``: the int8 contractions on a target without int8 kernels (AVX2), compiled
     by TVM's generic schedules, equal the int64 product as the kernels do; the metadata says so."""
-    from tvm_roialign.pipeline_phases import precision_metadata
+    from tvm_roialign.precision import resolve
 
     for case in ("matmul", "conv"):
         mod, x, reference = exact_cases[case]
         with generic_int8():
             executable = build(mod, NO_INT8, layout=None, precision="int8", calibration=[[x]]).executable
-            assert precision_metadata("int8", NO_INT8)["int8_kernels"] == "generic"
+            assert resolve(NO_INT8, "int8").metadata()["int8_kernels"] == "generic"
         assert "int8_" in executable.mod.imports[0].inspect_source("ll")
         np.testing.assert_array_equal(_run(executable, x).astype(np.int64), reference)
 

@@ -46,7 +46,8 @@ from tvm_roialign.passes import ConvertLayoutWherePossible, QDQContractions, des
 from tvm_roialign.passes._mutator import const_value, tensor_shape
 from tvm_roialign.passes.qdq_contractions import qdq_weight_peak
 from tvm_roialign.pipeline import build
-from tvm_roialign.pipeline_phases import precision_metadata, prepare_pipeline, qdq_note
+from tvm_roialign.pipeline_phases import prepare_pipeline
+from tvm_roialign.precision import qdq_note, resolve
 from tvm_roialign.target import parse_target
 from tvm_roialign.topi.int8_contraction import TILE_N
 
@@ -274,7 +275,7 @@ def test_targets_with_int8_kernels_take_the_qdq_layers(models, unit):
         prepared = prepare_pipeline(target)(mod)
     kernels = [gv for gv, f in prepared.functions_items() if "int8_contraction" in f.script()]
     assert len(kernels) == 3, [gv.name_hint for gv in kernels]
-    assert precision_metadata("fp32", target, qdq_weights=127) == {
+    assert resolve(target, "fp32", mod).metadata() == {
         "precision": "int8", "int8_kernels": unit, "quantization": "qdq"
     }
 
@@ -308,8 +309,8 @@ def test_avx2_kernels_take_a_reduce_range_model(models):
     _assert_within_quanta(actual, reference, quantum, "float64")
     _assert_within_quanta(actual, _ort(path, xs, kernels=False), quantum, "onnxruntime (graph)")
     _assert_within_quanta(actual, _ort(path, xs, kernels=True), quantum, "onnxruntime (int8)")
-    assert precision_metadata("fp32", AVX2_ONLY, qdq_weights=64)["int8_kernels"] == "avx2"
-    assert precision_metadata("fp32", AVX2_ONLY, qdq_weights=127)["int8_kernels"] is None
+    assert resolve(AVX2_ONLY, "fp32", mod).metadata()["int8_kernels"] == "avx2"
+    assert resolve(AVX2_ONLY, "fp32", models["u8"][1]).metadata()["int8_kernels"] is None
     note = qdq_note(AVX2_ONLY, 127)
     assert "reach 127" in note and "up to 64" in note and "reduce_range=True" in note
 

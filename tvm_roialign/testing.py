@@ -436,14 +436,11 @@ def generic_int8(like=None):
     TVM's generic schedules compile the same int8 contractions (the same calibration, weights and
     int32 sums; many times slower), quantized as ``like``'s kernels are (a target: AVX2's +-64
     weights and fp32 Winograd convs; default 8-bit weights). The reference int8 kernels are held
-    to, and an int8 model's accuracy measured on any CPU."""
-    from .pipeline_phases import GENERIC_INT8
+    to, and an int8 model's accuracy measured on any CPU
+    (:func:`tvm_roialign.precision.generic_int8`, which plans it)."""
+    from .precision.policy import generic_int8 as planned
     from .schedules.int8_contraction import int8_instructions
     from .target import parse_target
 
-    before = dict(GENERIC_INT8)
-    GENERIC_INT8.update(on=True, like=int8_instructions(parse_target(like)) if like is not None else None)
-    try:
+    with planned(int8_instructions(parse_target(like)) if like is not None else None):
         yield
-    finally:
-        GENERIC_INT8.update(before)

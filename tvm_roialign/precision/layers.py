@@ -1,4 +1,4 @@
-"""A detector's precision: ``auto`` resolved for the target, and which layers of a bf16 or int8
+"""A detector's precision plan, and which layers of a bf16 or int8
 detector stay in fp32 (``compile_detector(..., fp32_layers=...)``, ``TVMMaskRCNN(...,
 fp32_layers=...)`` for bf16, ``--fp32-layers``).
 
@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .policy import REDUCED
+
 #: the names :func:`parse_fp32_layers` takes, and the torchvision module each stands for
 FP32_LAYERS = {
     "backbone": "backbone.body",
@@ -47,9 +49,6 @@ FP32_LAYERS = {
     "keypoint_head": "roi_heads.keypoint_head",
     "keypoint_predictor": "roi_heads.keypoint_predictor",
 }
-
-#: the precisions whose detectors keep some layers in fp32
-REDUCED = ("bf16", "int8")
 
 #: the layers a bf16 or int8 detector keeps in fp32 unless told otherwise: the box predictor (the
 #: class scores that NMS and the detection cap rank; see docs/precision.md)
@@ -127,46 +126,38 @@ def keeps_fp32(model, layers: Iterable[str]) -> Callable[[np.ndarray], bool] | N
     return keep
 
 
-def detector_precision(
-    precision: str, target, fp32_layers=None, pieces: bool = False
-) -> tuple[str, tuple[str, ...]]:
-    """``(precision, layers kept in fp32)`` of a detector built for ``target``
-    (:func:`~tvm_roialign.pipeline_phases.chosen_precision`: ``auto`` resolved; a warning where
-    bf16 or int8 falls back to fp32; ``fp32_layers`` by :func:`parse_fp32_layers`). ``pieces``: a
-    detector run in pieces with PyTorch glue (``TVMMaskRCNN``), which int8 does not calibrate (a
-    one-line ValueError)."""
-    from ..pipeline_phases import chosen_precision
+def detector_plan(precision, target, fp32_layers=None, pieces: bool = False):
+    """``(plan, layers kept in fp32)`` of a detector built for ``target``: ``precision`` a
+    :class:`~.policy.PrecisionPlan` made by the caller, or what was asked for, resolved here
+    (:func:`~.policy.resolve` without bf16 on AVX512-BF16 alone; its notes as warnings);
+    ``fp32_layers`` by :func:`parse_fp32_layers`. ``pieces``: a detector run in pieces with PyTorch
+    glue (``TVMMaskRCNN``), which int8 does not calibrate (a one-line ValueError)."""
+    from .policy import PrecisionPlan, resolve
 
-    if pieces and precision == "int8":
+    asked = precision.asked if isinstance(precision, PrecisionPlan) else precision
+    if pieces and asked == "int8":
         raise ValueError(
             "precision int8: TVMMaskRCNN's pieces are not calibrated; build the detector as one "
             "artifact (compile_detector, or tvm-roialign compile NAME --precision int8)"
         )
-    chosen, note = chosen_precision(precision, target)
-    if note and precision != "auto":
+    kept = parse_fp32_layers(fp32_layers)
+    if isinstance(precision, PrecisionPlan):
+        return precision, kept
+    plan = resolve(target, precision, avx512_bf16=False)
+    for note in plan.notes:
         warnings.warn(note, stacklevel=3)
-    return chosen, parse_fp32_layers(fp32_layers)
+    return plan, kept
 
 
-def precision_metadata(precision: str, target, kept) -> dict:
-    """An artifact's metadata of ``precision``
-    (:func:`~tvm_roialign.pipeline_phases.precision_metadata`) and, for bf16 and int8,
-    ``fp32_layers``."""
-    from ..pipeline_phases import precision_metadata as kernels_metadata
-
-    meta = kernels_metadata(precision, target)
-    return {**meta, "fp32_layers": list(kept)} if precision in REDUCED else meta
-
-
-def precision_options(model, precision: str, fp32_layers, calibration=None) -> dict:
-    """The build options of a detector in ``precision`` (already resolved): ``precision`` and,
-    for bf16 and int8, ``keep_fp32`` (:func:`keeps_fp32` of ``fp32_layers``, parsed by
+def precision_options(model, plan, fp32_layers, calibration=None) -> dict:
+    """The build options of a detector of ``plan`` (:func:`detector_plan`): ``precision`` (the
+    plan) and, for bf16 and int8, ``keep_fp32`` (:func:`keeps_fp32` of ``fp32_layers``, parsed by
     :func:`parse_fp32_layers`); for int8 ``calibration`` (photos for the artifact's photo
     function: None for the sample photos, a directory, or a list of ``[H, W, 3]`` uint8 arrays)."""
-    if precision not in REDUCED:
-        return {"precision": precision}
-    options = {"precision": precision, "keep_fp32": keeps_fp32(model, parse_fp32_layers(fp32_layers))}
-    if precision == "int8":
+    if plan.precision not in REDUCED:
+        return {"precision": plan}
+    options = {"precision": plan, "keep_fp32": keeps_fp32(model, parse_fp32_layers(fp32_layers))}
+    if plan.precision == "int8":
         if calibration is not None and not isinstance(calibration, (str, Path)):
             calibration = [[np.ascontiguousarray(photo, dtype=np.uint8)] for photo in calibration]
         options["calibration"] = calibration
@@ -176,12 +167,10 @@ def precision_options(model, precision: str, fp32_layers, calibration=None) -> d
 __all__ = [
     "DEFAULT_FP32_LAYERS",
     "FP32_LAYERS",
-    "REDUCED",
-    "detector_precision",
+    "detector_plan",
     "fingerprint",
     "keeps_fp32",
     "parse_fp32_layers",
-    "precision_metadata",
     "precision_options",
     "weight_matrices",
 ]

@@ -28,6 +28,11 @@ from .block_intrin import register_block_intrin
 #: rows and columns of the output block; bytes of one reduction step of a tile row
 BLOCK, ROW_BYTES = 32, 64
 
+#: The annotation of a scheduled function's root block whose kernels configure AMX tiles (set by
+#: the bf16 and int8 contraction rules), by which
+#: :class:`~tvm_roialign.passes.RequestAMXState` finds the functions that need the tile state.
+AMX_TILES = "tvm_roialign.amx_tiles"
+
 
 @dataclass(frozen=True)
 class AMXKind:
@@ -167,4 +172,4 @@ def amx_intrin(kind: AMXKind, kc: int, zero_init: bool = False) -> str:
     )
 
 
-__all__ = ["BLOCK", "AMXKind", "amx_intrin", "block_desc"]
+__all__ = ["AMX_TILES", "BLOCK", "AMXKind", "amx_intrin", "block_desc"]

@@ -29,8 +29,8 @@ one; elsewhere the fallback rule would compute the same values in fp32 arithmeti
 
 from __future__ import annotations
 
-from ..passes.request_amx_state import AMX_TILES
 from ..topi.bf16_contraction import CONTRACTION, GATHER_A, OUTPUT
+from .amx_block import AMX_TILES
 from .amx_intrin import BLOCK, STEP, amx_bf16_intrin
 from .avx512_bf16_intrin import avx512_bf16_intrin
 from .base import CPURule, find_block, inline_epilogue, loop_extent, static_int, try_step

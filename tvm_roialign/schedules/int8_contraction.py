@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import functools
 
-from ..passes.request_amx_state import AMX_TILES
 from ..topi.int8_contraction import CONTRACTION, GATHER_A, OUTPUT
+from .amx_block import AMX_TILES
 from .amx_int8_intrin import BLOCK, STEP, amx_int8_intrin
 from .avx2_int8_intrin import avx2_int8_intrin
 from .base import CPURule, find_block, inline_epilogue, static_int
