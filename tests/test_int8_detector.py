@@ -26,7 +26,7 @@ from tvm_roialign.models import detection as det
 from tvm_roialign.precision import resolve
 from tvm_roialign.precision.layers import precision_options
 from tvm_roialign.runtime import Detector
-from tvm_roialign.schedules.int8_contraction import int8_instructions
+from tvm_roialign.schedules.lowp.int8 import int8_instructions
 from tvm_roialign.target import parse_target
 from tvm_roialign.testing import generic_int8
 

@@ -12,8 +12,8 @@ from tvm import relax
 
 from tvm_roialign.pipeline import build
 from tvm_roialign.schedules import cpu_info
-from tvm_roialign.schedules.contraction_analysis import Contraction
-from tvm_roialign.schedules.contraction_tiles import choose_tiling, resident_row_block
+from tvm_roialign.schedules.contraction.analysis import Contraction
+from tvm_roialign.schedules.contraction.tiles import choose_tiling, resident_row_block
 
 _CPUS = pytest.mark.parametrize(
     "config",

@@ -26,7 +26,7 @@ from tvm_roialign.schedules import (
     cpu_info,
 )
 from tvm_roialign.schedules.base import pick_lanes
-from tvm_roialign.schedules.contraction_tiles import pick_tile
+from tvm_roialign.schedules.contraction.tiles import pick_tile
 
 #: float32 results against a float64 reference: relative to the largest output
 RTOL = 2e-5
@@ -227,8 +227,8 @@ def test_attention_matmul_with_ragged_columns(batch, m, k, n, transpose_b, scale
 def test_attention_matmul_tile_fits_every_target():
     """The padded tile of q @ k^T holds in the register file of AVX2, AVX-512 and NEON, and its
     width divides the padded columns."""
-    from tvm_roialign.schedules.contraction_analysis import Contraction
-    from tvm_roialign.schedules.runtime_matmul import padded_tiling
+    from tvm_roialign.schedules.contraction.analysis import Contraction
+    from tvm_roialign.schedules.contraction.runtime_matmul import padded_tiling
     from tvm_roialign.schedules.target_info import CPUInfo
 
     for bits, registers, arch in ((256, 16, "x86"), (512, 32, "x86"), (128, 32, "aarch64")):
@@ -549,7 +549,7 @@ _ON_THREE_CPUS = pytest.mark.parametrize(
 def test_depthwise_tiles_come_from_the_target(config, rng):
     """The pixel tile fits the target's registers, a task's channels one cache line, a task's
     padded rows half of L2; the rule schedules MobileNet's depthwise conv for each target."""
-    from tvm_roialign.schedules.depthwise import channel_chunk, row_chunk, width_tile
+    from tvm_roialign.schedules.contraction.depthwise import channel_chunk, row_chunk, width_tile
 
     info = cpu_info(tvm.target.Target(config))
     lanes = info.lanes()
@@ -575,7 +575,7 @@ def test_reduction_chunks_come_from_the_target(config, rng):
     """A long reduction's chunks (Goto's order): the chunk divides the reduction, its panel of
     packed weights and a tile's rows of ``a`` fit in L1, a row block (whole row tiles) over a chunk
     fits in half of L2; the matmul rule schedules a chunked matmul for each target, which builds."""
-    from tvm_roialign.schedules.matmul import _row_blocks
+    from tvm_roialign.schedules.contraction.matmul import _row_blocks
 
     target = tvm.target.Target(config)
     info = cpu_info(target)

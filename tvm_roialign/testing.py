@@ -439,7 +439,7 @@ def generic_int8(like=None):
     to, and an int8 model's accuracy measured on any CPU
     (:func:`tvm_roialign.precision.generic_int8`, which plans it)."""
     from .precision.policy import generic_int8 as planned
-    from .schedules.int8_contraction import int8_instructions
+    from .schedules.lowp.int8 import int8_instructions
     from .target import parse_target
 
     with planned(int8_instructions(parse_target(like)) if like is not None else None):

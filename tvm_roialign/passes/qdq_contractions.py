@@ -242,7 +242,7 @@ class QDQContractions:  # pylint: disable=too-few-public-methods
     """A QDQ model's quantized conv2d (NHWC) and matmul as int8 contractions (module docstring);
     the ``permute_dims`` pairs the rewrite leaves (NCHW Q/DQ between NHWC convs) folded.
     ``weight_limit``: the largest weight magnitude the target's kernels take exactly
-    (:func:`~tvm_roialign.schedules.int8_contraction.int8_weight_limit`); a layer beyond it stays
+    (:func:`~tvm_roialign.schedules.lowp.int8.int8_weight_limit`); a layer beyond it stays
     as imported, and so does a conv or matmul for which ``keep_layer(call)`` is true (those fp32 runs
     faster: a short reduction, on AVX2 the convs Winograd takes)."""
 

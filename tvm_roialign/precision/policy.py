@@ -7,7 +7,7 @@ build (the CLI, :func:`~tvm_roialign.models.detection.compile_detector`,
 phases read it instead of asking the target again.
 
 What a target supports: bf16 kernels on AMX, AVX512-BF16 or AArch64 ``bfdot``
-(:func:`~tvm_roialign.schedules.bf16_contraction.bf16_instructions`); int8 kernels on AMX-INT8,
+(:func:`~tvm_roialign.schedules.lowp.bf16.bf16_instructions`); int8 kernels on AMX-INT8,
 AVX512-VNNI, AVX-VNNI, AVX2 or the AArch64 dot products (:func:`int8_kernels`). An ONNX QDQ model
 keeps its own quantization whatever was asked: int8 where the target's kernels take its weights,
 else float as imported (:func:`~tvm_roialign.precision.qdq.qdq_note`).
@@ -51,12 +51,12 @@ def generic_int8(like: str | None = None):
 
 def int8_kernels(target: tvm.target.Target) -> str | None:
     """The int8 kernels of ``target``, the one name of their kind
-    (:func:`~tvm_roialign.schedules.int8_contraction.int8_instructions` on llvm, None elsewhere);
+    (:func:`~tvm_roialign.schedules.lowp.int8.int8_instructions` on llvm, None elsewhere);
     within :func:`generic_int8`, where it has none, the kind whose quantization the generic build
     copies."""
     if target.kind.name != "llvm":
         return None
-    from ..schedules.int8_contraction import int8_instructions
+    from ..schedules.lowp.int8 import int8_instructions
 
     kind = int8_instructions(target)
     generic, like = _GENERIC_INT8.get()
@@ -65,7 +65,7 @@ def int8_kernels(target: tvm.target.Target) -> str | None:
 
 def _generic(target: tvm.target.Target) -> bool:
     """Whether an int8 build of ``target`` runs on TVM's generic schedules (:func:`generic_int8`)."""
-    from ..schedules.int8_contraction import int8_instructions
+    from ..schedules.lowp.int8 import int8_instructions
 
     return target.kind.name == "llvm" and _GENERIC_INT8.get()[0] and int8_instructions(target) is None
 
@@ -165,7 +165,7 @@ def auto_precision(target: tvm.target.Target) -> tuple[str, str]:
 
 
 def _bf16(target, avx512_bf16: bool) -> PrecisionPlan:
-    from ..schedules.bf16_contraction import bf16_instructions
+    from ..schedules.lowp.bf16 import bf16_instructions
     from ..target import describe
 
     kernels = bf16_instructions(target) if target.kind.name == "llvm" else None
@@ -179,7 +179,7 @@ def _bf16(target, avx512_bf16: bool) -> PrecisionPlan:
 
 
 def _int8(target) -> PrecisionPlan:
-    from ..schedules.int8_contraction import int8_weight_limit
+    from ..schedules.lowp.int8 import int8_weight_limit
     from ..target import describe
 
     kind, generic = int8_kernels(target), _generic(target)
@@ -196,7 +196,7 @@ def qdq_note(target: tvm.target.Target, weights: int = 127) -> str | None:
     (:func:`~tvm_roialign.passes.qdq_contractions.qdq_weight_peak`) runs its quantized layers in
     float (fake-quant) on ``target``: it has no int8 kernels, or AVX2's, which take weights up to 64
     (ONNX Runtime's ``reduce_range``); None where its kernels take them."""
-    from ..schedules.int8_contraction import int8_weight_limit
+    from ..schedules.lowp.int8 import int8_weight_limit
     from ..target import describe
 
     kind = int8_kernels(target)
@@ -216,7 +216,7 @@ def qdq_note(target: tvm.target.Target, weights: int = 127) -> str | None:
 
 
 def _qdq(target, asked: str, weights: int) -> PrecisionPlan:
-    from ..schedules.int8_contraction import int8_weight_limit
+    from ..schedules.lowp.int8 import int8_weight_limit
 
     kind = int8_kernels(target)
     notes = ()

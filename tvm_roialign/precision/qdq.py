@@ -39,7 +39,7 @@ def int8_keeps(kind: str | None, winograd: int, reference_side: int):
     (:func:`~.schedules.int8_contraction.int8_pays`), and, where the kernels leave them to it, the
     convs Winograd takes (:func:`~.schedules.int8_contraction.int8_leaves_winograd_convs`)."""
     from ..passes.winograd import tile_set, winograd_geometry
-    from ..schedules.int8_contraction import int8_leaves_winograd_convs, int8_pays
+    from ..schedules.lowp.int8 import int8_leaves_winograd_convs, int8_pays
 
     tiles = tile_set(winograd) if winograd and int8_leaves_winograd_convs(kind) else None
 

@@ -1,16 +1,16 @@
 """The package's schedule rules (dlight style: ``ScheduleRule.apply(func, target, tunable)``).
 
-Every rule shares one guard and one set of helpers (:mod:`.base`): ``apply`` returns None for
+Every rule shares one guard and one set of helpers (:mod:`~tvm_roialign.schedules.base`): ``apply`` returns None for
 anything that is not a TIR PrimFunc and for a target the rule does not serve. RoIAlign's rules
-(:mod:`.roi_align_cpu`, :mod:`.roi_align_gpu`, and the hand-scheduled adaptive-grid kernel
-:mod:`.roi_align_kernel`) are applied by the strategies of :mod:`tvm_roialign.strategies` when an op
+(:mod:`~tvm_roialign.schedules.roi_align.cpu`, :mod:`~tvm_roialign.schedules.roi_align.gpu`, and the hand-scheduled adaptive-grid kernel
+:mod:`~tvm_roialign.schedules.roi_align.kernel`) are applied by the strategies of :mod:`tvm_roialign.strategies` when an op
 is legalized; the model's CPU rules below by the pipeline.
 
 Each model rule recognizes one kind of fused PrimFunc and returns a schedule, or None to let the next
-rule try. All are :class:`~.base.CPURule` subclasses (llvm targets only, a fresh schedule handed to
+rule try. All are :class:`~tvm_roialign.schedules.base.CPURule` subclasses (llvm targets only, a fresh schedule handed to
 their ``schedule(sch, func, target)``). :func:`default_rules` is the ordered list the pipeline applies
 (first match wins), ending with :class:`CPUDefault`, which schedules anything left. Tiles and vector
-lanes come from the target (:func:`~.target_info.cpu_info`), never from the machine the compiler
+lanes come from the target (:func:`~tvm_roialign.schedules.target_info.cpu_info`), never from the machine the compiler
 runs on.
 
 ==============================  ========================================================================
@@ -37,17 +37,17 @@ never offered to the rules.
 from __future__ import annotations
 
 from .base import CPURule
-from .bf16_contraction import BF16Contraction
-from .conv2d_nhwc import Conv2DNHWC
-from .depthwise import DepthwiseConv2DNHWC
+from .lowp.bf16 import BF16Contraction
+from .contraction.conv2d_nhwc import Conv2DNHWC
+from .contraction.depthwise import DepthwiseConv2DNHWC
 from .elementwise import Elementwise
 from .fallback import CPUDefault
-from .grouped import GroupedConv2DNHWC
-from .int8_contraction import Int8Contraction
-from .matmul import Matmul
+from .contraction.grouped import GroupedConv2DNHWC
+from .lowp.int8 import Int8Contraction
+from .contraction.matmul import Matmul
 from .row_reduction import RowReduction
 from .target_info import CPUInfo, cpu_info
-from .winograd import WinogradTransforms
+from .contraction.winograd import WinogradTransforms
 
 
 def default_rules() -> list:

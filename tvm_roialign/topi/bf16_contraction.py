@@ -19,7 +19,7 @@ buffer the function allocates to fp32, which the tile loads cannot read):
 * ``bf16_output``: the :class:`Epilogue` (bias, residual, ReLU) on the sums; fp32 in the op's output
   shape, or bf16 rows ``[Mp, N]`` (uint16).
 
-The schedule is :class:`tvm_roialign.schedules.bf16_contraction.BF16Contraction`.
+The schedule is :class:`tvm_roialign.schedules.lowp.bf16.BF16Contraction`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@
   ``(acc - z * sum_k B[k, n]) * s * w_scale[n]`` (the zero point's share removed with the
   weights' column sums, computed at compile time).
 
-The schedule is :class:`tvm_roialign.schedules.int8_contraction.Int8Contraction`.
+The schedule is :class:`tvm_roialign.schedules.lowp.int8.Int8Contraction`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the adaptive-grid CPU kernel (:mod:`.roi_align_kernel`) is built from: the RoI family's part
+"""What the adaptive-grid CPU kernel (:mod:`~tvm_roialign.schedules.roi_align.kernel`) is built from: the RoI family's part
 (:class:`FamilyKernel`), the channel blocking (:func:`channel_block_for`) and the record of dtypes,
 shapes, extents and scalar constants its TVMScript reads (:class:`KernelConstants`).
 """
@@ -12,8 +12,8 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..topi._sampling import accumulate_dtype, data_dims, index_dtype_for, is_static, output_shape
-from .target_info import cpu_info
+from ...topi._sampling import accumulate_dtype, data_dims, index_dtype_for, is_static, output_shape
+from ..target_info import cpu_info
 
 __all__ = ["MAX_ACC_BYTES", "FamilyKernel", "KernelConstants", "channel_block_for"]
 
@@ -65,7 +65,7 @@ class KernelConstants:
     feat_shape: list  # the channels-last copy of an NCHW feature map
     ordered: bool  # work runs in the order of the feature rows it reads (not rotated)
     #: a static grid whose accumulator has the data's dtype: sample rows are the work items,
-    #: accumulating in the output (:mod:`.roi_align_kernel_order`); else bin rows
+    #: accumulating in the output (:mod:`~tvm_roialign.schedules.roi_align.kernel_order`); else bin rows
     by_sample_row: bool
     rows: tirx.PrimExpr  # (roi, bin row) pairs
     row_samples: tirx.PrimExpr  # work items per bin row: the static grid's rows, or 1

@@ -26,8 +26,8 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.dlight.base.utils import max_threads_per_block
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
-from .base import buffer_dtypes, find_block, loop_extent
-from .roi_align import LEVEL_BLOCK, NESTED_ACC_BLOCK, RoIAlignRule, find_roi_blocks
+from ..base import buffer_dtypes, find_block, loop_extent
+from .base import LEVEL_BLOCK, NESTED_ACC_BLOCK, RoIAlignRule, find_roi_blocks
 
 #: CUDA's limit of blocks along x (also applied to Metal's threadgroups).
 MAX_GRID_BLOCKS = 2**31 - 1

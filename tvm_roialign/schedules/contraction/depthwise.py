@@ -18,7 +18,7 @@ a ``local`` tile written back through the epilogue (bias, clip, SiLU, ...). Rows
 and, with a static width, the tiles of a row run in parallel; channel vectors are the innermost
 loop of a tile row, so that consecutive tiles read consecutive memory. A symbolic width is not
 split (``tw = 1``): the accumulator is one vector whatever the sizes. The padding stage is its own
-parallel, vectorized pass, as for :class:`~.conv2d_nhwc.Conv2DNHWC`.
+parallel, vectorized pass, as for :class:`~tvm_roialign.schedules.contraction.conv2d_nhwc.Conv2DNHWC`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import tvm
 from tvm.sym.pattern import detect_linear_equation
 
-from .base import (
+from ..base import (
     CPURule,
     find_main_reduction,
     inline_epilogue,
@@ -38,9 +38,9 @@ from .base import (
     vectorize_writeback,
     walk,
 )
-from .elementwise import schedule_producers, schedule_rest
-from .target_info import cpu_info
-from .vector_math import ALL_OPS
+from ..elementwise import schedule_producers, schedule_rest
+from ..target_info import cpu_info
+from ..vector_math import ALL_OPS
 
 #: registers a tile needs besides its accumulators: an input vector and the product in flight
 _TEMPORARIES = 2

@@ -1,7 +1,7 @@
 """Rule: dense / matmul / batched matmul (``[..., M, K] x [..., K, N]`` or ``x [N, K]^T``) + epilogue.
 
-The matmul block is a :class:`~.contraction.Contraction` (``N`` the columns, ``M`` the rows, ``K``
-the reduction), register-tiled by :func:`~.contraction.schedule_contraction` with a constant weight
+The matmul block is a :class:`~tvm_roialign.schedules.contraction.schedule.Contraction` (``N`` the columns, ``M`` the rows, ``K``
+the reduction), register-tiled by :func:`~tvm_roialign.schedules.contraction.schedule.schedule_contraction` with a constant weight
 packed at compile time into ``[N / (cols * lanes), K, cols * lanes]``.
 
 When ``a`` does not fit in half of L2 and several column blocks read it (the ``[1000, 12544] x
@@ -15,17 +15,17 @@ column blocks outside row tiles: 64 of 12544 for fc6, and the output, read and w
 chunk, 196 times, made it 2.6-2.8x slower than no chunks at all on a Zen 3.)
 
 A ``b`` computed at run time whose columns the target's vector does not divide (attention's
-``q @ k^T``) is padded and packed into the tile's panels at each call (:mod:`.runtime_matmul`).
+``q @ k^T``) is padded and packed into the tile's panels at each call (:mod:`~tvm_roialign.schedules.contraction.runtime_matmul`).
 """
 
 from __future__ import annotations
 
-from .base import CPURule, find_main_reduction
-from .contraction import analyze_contraction, choose_tiling, schedule_with_epilogue
-from .contraction_tiles import pick_tile, tile_throughput
+from ..base import CPURule, find_main_reduction
+from .schedule import analyze_contraction, choose_tiling, schedule_with_epilogue
+from .tiles import pick_tile, tile_throughput
 from .runtime_matmul import schedule_padded, wants_padding
-from .target_info import CPUInfo, cpu_info
-from .vector_math import ALL_OPS
+from ..target_info import CPUInfo, cpu_info
+from ..vector_math import ALL_OPS
 
 #: the least share of the free register tile's throughput that a tile dividing the rows (which
 #: reduction chunks need) must keep: chunks save re-reading ``a`` from L3 per column block, which

@@ -1,10 +1,10 @@
 """Rule: a fused NHWC conv2d (HWIO weights) with its epilogue (bias, batch-norm, residual add, ReLU).
 
-The conv block is a :class:`~.contraction.Contraction` (output channels are the columns; image,
+The conv block is a :class:`~tvm_roialign.schedules.contraction.schedule.Contraction` (output channels are the columns; image,
 height and width the rows; kernel height, width and input channels the reduction), scheduled with
-:func:`~.contraction.schedule_contraction`: a register tile of ``rows`` consecutive output pixels
+:func:`~tvm_roialign.schedules.contraction.schedule.schedule_contraction`: a register tile of ``rows`` consecutive output pixels
 by ``cols`` vectors of output channels (with a static height and width, whatever the batch, the pixels of an
-image are one row axis of ``H * W`` (:mod:`.conv_rows`), so a tile runs on into the next image row;
+image are one row axis of ``H * W`` (:mod:`~tvm_roialign.schedules.contraction.conv_rows`), so a tile runs on into the next image row;
 with a symbolic size, the pixels of one image row), constant weights packed at compile time into
 ``[O / (cols * lanes), KH, KW, I, cols * lanes]``, the epilogue inlined into the tile's write-back.
 
@@ -13,17 +13,17 @@ parallel, vectorized pass over the input: inlined into the conv it would put a b
 of every broadcast load of the inner loop. A producer that is a plain copy (``pad_temp`` of a 1x1
 conv without padding) is inlined. Grouped and depthwise convs (whose weight shares the channel
 axis with the data) and NCHW convs are not contractions of this form: depthwise NHWC ones go to
-:class:`~.depthwise.DepthwiseConv2DNHWC`, grouped NHWC ones to :class:`~.grouped.GroupedConv2DNHWC`,
-the others to :class:`~.fallback.CPUDefault`.
+:class:`~tvm_roialign.schedules.contraction.depthwise.DepthwiseConv2DNHWC`, grouped NHWC ones to :class:`~tvm_roialign.schedules.contraction.grouped.GroupedConv2DNHWC`,
+the others to :class:`~tvm_roialign.schedules.fallback.CPUDefault`.
 """
 
 from __future__ import annotations
 
-from .base import CPURule, find_main_reduction
-from .contraction import analyze_contraction, choose_tiling, schedule_with_epilogue
+from ..base import CPURule, find_main_reduction
+from .schedule import analyze_contraction, choose_tiling, schedule_with_epilogue
 from .conv_rows import flatten_rows
-from .target_info import cpu_info
-from .vector_math import ALL_OPS
+from ..target_info import cpu_info
+from ..vector_math import ALL_OPS
 
 
 class Conv2DNHWC(CPURule):

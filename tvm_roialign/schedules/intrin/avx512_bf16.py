@@ -1,6 +1,6 @@
 """The AVX512-BF16 micro-kernel as a TensorIntrin: the AMX kernel's 32 x 32 block on ``vdpbf16ps``.
 
-The description is the AMX kernel's (:mod:`.amx_intrin`): ``C[i, j] += f32(A[i, k]) * f32(B[0, k // 2,
+The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx_bf16`): ``C[i, j] += f32(A[i, k]) * f32(B[0, k // 2,
 j, k % 2])`` over a 32 x 32 block and ``kc`` reduction elements, the weights in the pair layout. The
 implementation runs the block as four groups of 8 rows, each held in 16 vector accumulators (8 rows
 x 2 vectors of 16 fp32); a step over one pair of reduction elements loads the pair of weights of the
@@ -18,8 +18,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .amx_intrin import STEP, block_desc
-from .block_intrin import register_block_intrin
+from .amx_bf16 import STEP, block_desc
+from .register import register_block_intrin
 
 #: the imported LLVM function: ``acc + dot(a pairs, b pairs)`` with the pairs as 32-bit lanes
 _DPBF16PS = "tvm_roialign_dpbf16ps"
@@ -79,7 +79,7 @@ def _impl(kc: int, zero_init: bool):
 
 def avx512_bf16_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 32), registered
-    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`.amx_intrin.amx_bf16_intrin`."""
+    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx_bf16.amx_bf16_intrin`."""
     return register_block_intrin("tvm_roialign_avx512_bf16", STEP, kc, zero_init, block_desc, _impl)
 
 

@@ -1,7 +1,7 @@
 """The schedule of the register-tiled contraction that the conv2d and matmul rules share.
 
 What a contraction is, and the role of each loop (``B`` batch, ``M`` rows, ``N`` columns, ``R``
-reduction), is :mod:`.contraction_analysis`; the tile a target gets is :mod:`.contraction_tiles`.
+reduction), is :mod:`~tvm_roialign.schedules.contraction.analysis`; the tile a target gets is :mod:`~tvm_roialign.schedules.contraction.tiles`.
 The schedule (:func:`schedule_contraction`) is the classic CPU micro-kernel:
 
 * a register tile of ``rows`` consecutive points of the innermost ``M`` axis by ``cols`` vectors
@@ -18,7 +18,7 @@ The schedule (:func:`schedule_contraction`) is the classic CPU micro-kernel:
   uses it, unless all the weights fit in half of L2: then row tiles outermost, so that ``a`` is
   read once; batch, column blocks and row tiles fused into one parallel loop;
 * for long reductions (a large matmul), the reduction is cut into chunks that keep the tile's slice
-  of ``w`` in L1 (see :mod:`.matmul`);
+  of ``w`` in L1 (see :mod:`~tvm_roialign.schedules.contraction.matmul`);
 * the epilogue (bias, residual add, ReLU, ...) inlined into the write-back of the tile.
 """
 
@@ -29,10 +29,10 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import Schedule
 
-from .base import PREPROC_ATTR, block_with_body, inline_epilogue, new_schedule, vectorize_writeback, walk
-from .contraction_analysis import Contraction, analyze_contraction, rows_pos
-from .contraction_tiles import Tiling, choose_tiling
-from .elementwise import schedule_producers, schedule_rest
+from ..base import PREPROC_ATTR, block_with_body, inline_epilogue, new_schedule, vectorize_writeback, walk
+from .analysis import Contraction, analyze_contraction, rows_pos
+from .tiles import Tiling, choose_tiling
+from ..elementwise import schedule_producers, schedule_rest
 
 
 def pack_weight(sch: Schedule, c: Contraction, block_cols: int) -> bool:

@@ -1,4 +1,4 @@
-"""The per-sample parts of the CPU RoIAlign kernel (:mod:`.roi_align_kernel`): a roi's geometry from
+"""The per-sample parts of the CPU RoIAlign kernel (:mod:`~tvm_roialign.schedules.roi_align.kernel`): a roi's geometry from
 its row of the rois buffer (:class:`RoiReader`), the expressions of one sample and of the reduction
 (the TE compute's float operations in the same order), and the statements that add one sample to
 a bin's channel accumulator, write a finished bin, and copy an NCHW map to channels-last.
@@ -15,8 +15,8 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from ..topi._sampling import bilinear_coeffs, exact_product, roi_geometry
-from .roi_align_kernel_constants import FamilyKernel, KernelConstants
+from ...topi._sampling import bilinear_coeffs, exact_product, roi_geometry
+from .kernel_constants import FamilyKernel, KernelConstants
 
 __all__ = [
     "BinRow",

@@ -1,6 +1,6 @@
 """The AArch64 bf16 micro-kernel as a TensorIntrin: the AMX kernel's 32 x 32 block on ``BFDOT``.
 
-The description is the AMX kernel's (:mod:`.amx_intrin`): ``C[i, j] += f32(A[i, k]) * f32(B[0, k // 2,
+The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx_bf16`): ``C[i, j] += f32(A[i, k]) * f32(B[0, k // 2,
 j, k % 2])`` over a 32 x 32 block and ``kc`` reduction elements, the weights in the pair layout (the
 x86 kernels' packing serves as it is: ``BFDOT``'s lane is ``acc + a0 b0 + a1 b1`` over one pair, like
 ``vdpbf16ps``'s). The implementation runs the block as sixteen 4 x 16 sub-blocks, each held in 16
@@ -23,8 +23,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .amx_intrin import STEP, block_desc
-from .block_intrin import register_block_intrin
+from .amx_bf16 import STEP, block_desc
+from .register import register_block_intrin
 
 #: the imported LLVM function: ``acc + dot(a pairs, b pairs)`` with the pairs as 32-bit lanes
 _BFDOT = "tvm_roialign_bfdot"
@@ -94,7 +94,7 @@ def _impl(kc: int, zero_init: bool):
 
 def neon_bf16_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 32), registered
-    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`.amx_intrin.amx_bf16_intrin`."""
+    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx_bf16.amx_bf16_intrin`."""
     return register_block_intrin("tvm_roialign_neon_bf16", STEP, kc, zero_init, block_desc, _impl)
 
 

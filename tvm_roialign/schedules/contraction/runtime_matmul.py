@@ -3,7 +3,7 @@ vector width: attention's scores ``q @ k^T`` (``[heads, tokens, d] x [heads, d, 
 columns for ViT-B/16 at 224, 49 for a Swin window).
 
 A constant weight gets padded output channels from the graph (:class:`~tvm_roialign.passes.PadChannels`);
-a run-time ``b`` cannot, and without it the register tile of :mod:`.contraction` has no vector that
+a run-time ``b`` cannot, and without it the register tile of :mod:`~tvm_roialign.schedules.contraction.schedule` has no vector that
 divides the columns (the matmul ran as scalar multiply-adds). Here:
 
 * the block's column domain is padded to a multiple of the register tile's width
@@ -13,7 +13,7 @@ divides the columns (the matmul ran as scalar multiply-adds). Here:
   the work that reads it);
 * the register tile runs on the padded columns (its padding columns multiply zeros), and its
   write-back copies the real columns only, with the epilogue inlined into it;
-* the tile (``rows x cols`` vectors) is the one :func:`~.contraction_tiles.pick_tile` gives the
+* the tile (``rows x cols`` vectors) is the one :func:`~tvm_roialign.schedules.contraction.tiles.pick_tile` gives the
   padded column count that costs the fewest vector multiply-adds, padding rows and columns
   counted, weighted by the loads a step issues beyond one per multiply-add
   (:func:`padded_tiling`).
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from tvm.s_tir import Schedule
 
-from .base import inline_epilogue
-from .contraction import schedule_contraction, unguard_rows
-from .contraction_analysis import Contraction, analyze_contraction, rows_pos, weight_bytes
-from .contraction_tiles import Tiling, pick_tile
-from .elementwise import schedule_producers, schedule_rest
-from .target_info import CPUInfo
+from ..base import inline_epilogue
+from .schedule import schedule_contraction, unguard_rows
+from .analysis import Contraction, analyze_contraction, rows_pos, weight_bytes
+from .tiles import Tiling, pick_tile
+from ..elementwise import schedule_producers, schedule_rest
+from ..target_info import CPUInfo
 
 
 def constant_weight(sch: Schedule, c: Contraction) -> bool:
@@ -53,7 +53,7 @@ def padded_tiling(c: Contraction, info: CPUInfo) -> Tiling:
     """The register tile and its padded column count (``cols * lanes`` divides it).
 
     For each padded count of column vectors (from the real count up to one more tile of the
-    widest ``cols``), :func:`~.contraction_tiles.pick_tile` gives its tile; the cost is the
+    widest ``cols``), :func:`~tvm_roialign.schedules.contraction.tiles.pick_tile` gives its tile; the cost is the
     vector multiply-adds of the padded rows and columns, times ``(rows + cols) / (rows * cols)``
     where a step issues more loads than multiply-adds (both issue two per cycle)."""
     lanes = info.lanes(c.dtype)
@@ -116,7 +116,7 @@ def schedule_padded(sch: Schedule, c: Contraction, info: CPUInfo) -> Schedule | 
     if padded is None or padded.num_columns % block_cols:
         return None
     # all of ``b``'s panels in half of L2: row tiles outermost (``a`` read once), as
-    # :func:`~.contraction_tiles.choose_tiling` decides
+    # :func:`~tvm_roialign.schedules.contraction.tiles.choose_tiling` decides
     tiling.rows_outer = weight_bytes(padded) <= info.l2_bytes // 2
     writeback = sch.get_consumers(c.block)
     if len(writeback) != 1:

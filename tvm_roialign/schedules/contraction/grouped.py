@@ -11,22 +11,22 @@ group, the group an outer parallel axis:
   vectors when a group has fewer channels, as ResNeXt 32x4d's first stages), so that a tile never
   spans two groups and its input channels are one broadcast per row;
 * a register tile of ``rows`` consecutive output pixels by ``cols`` vectors, the largest the
-  target's register file holds (:func:`~.contraction_tiles.pick_tile`), ``rows`` dividing the width
+  target's register file holds (:func:`~tvm_roialign.schedules.contraction.tiles.pick_tile`), ``rows`` dividing the width
   (a symbolic width: one pixel per tile, so no loop of the image is cut);
 * constant weights packed at compile time into ``[O / (cols * lanes), KH, KW, cg_in, cols * lanes]``
-  (:func:`~.contraction.pack_weight`), so that a tile's weight vectors are contiguous along the
+  (:func:`~tvm_roialign.schedules.contraction.schedule.pack_weight`), so that a tile's weight vectors are contiguous along the
   reduction;
 * row tiles outside the groups when all the weights fit in half of L2 (the image rows are read
   once), else groups outermost; image, rows and groups fused into one parallel loop (with
   symbolic sizes the two outer ones);
 * the epilogue inlined into the tile's write-back, the padding stage its own vectorized pass.
 
-Depthwise convs (one input channel per group) are :class:`~.depthwise.DepthwiseConv2DNHWC`'s.
+Depthwise convs (one input channel per group) are :class:`~tvm_roialign.schedules.contraction.depthwise.DepthwiseConv2DNHWC`'s.
 """
 
 from __future__ import annotations
 
-from .base import (
+from ..base import (
     CPURule,
     find_main_reduction,
     inline_epilogue,
@@ -35,12 +35,12 @@ from .base import (
     static_int,
     vectorize_writeback,
 )
-from .contraction import pack_weight
-from .contraction_analysis import Contraction, weight_bytes
-from .contraction_tiles import pick_tile
-from .elementwise import schedule_producers, schedule_rest
-from .target_info import cpu_info
-from .vector_math import ALL_OPS
+from .schedule import pack_weight
+from .analysis import Contraction, weight_bytes
+from .tiles import pick_tile
+from ..elementwise import schedule_producers, schedule_rest
+from ..target_info import cpu_info
+from ..vector_math import ALL_OPS
 
 #: narrowest vector worth a tile (below it the fallback's scalar code does as well)
 _MIN_LANES = 4

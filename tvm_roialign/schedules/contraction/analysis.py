@@ -1,5 +1,5 @@
 """The analysis half of the register-tiled contraction: which reduction blocks are contractions, and
-the role of each of their loops (see :mod:`.contraction` for the schedule).
+the role of each of their loops (see :mod:`~tvm_roialign.schedules.contraction.schedule` for the schedule).
 
 A *contraction* here is a reduction block ``out[S...] += a[...] * w[...]`` whose last output axis
 (the *column*: output channels of an NHWC conv, ``N`` of a matmul) indexes ``w`` alone. Its spatial
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 from tvm.s_tir import Schedule
 
-from .base import loop_extent, static_int, walk
+from ..base import loop_extent, static_int, walk
 
 
 @dataclass
@@ -173,7 +173,7 @@ def rows_pos(c: Contraction) -> int:
 def symbolic_tile(c: Contraction) -> bool:
     """Whether the axis the register tile splits (:func:`rows_pos`) has a symbolic extent: the
     tile's region of the accumulator then has no static size, and the accumulator is laid out
-    per tile (see :func:`~.contraction._tile_accumulator`), its tile kept under TVM's stack limit.
+    per tile (see :func:`~tvm_roialign.schedules.contraction.schedule._tile_accumulator`), its tile kept under TVM's stack limit.
     Symbolic outer axes (a batch of maps) leave the tile's size static."""
     return c.extents[rows_pos(c)] is None
 

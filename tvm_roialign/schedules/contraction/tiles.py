@@ -1,5 +1,5 @@
 """The tile cost model of the register-tiled contraction: the register tile and the loop order a
-:class:`~.contraction_analysis.Contraction` gets on a target (:func:`choose_tiling`).
+:class:`~tvm_roialign.schedules.contraction.analysis.Contraction` gets on a target (:func:`choose_tiling`).
 
 The tile is one the target's register file holds (``rows * cols`` accumulators, ``cols`` weight
 vectors and one broadcast), scored by the throughput of one step of the reduction and, among
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .base import pick_lanes
-from .contraction_analysis import Contraction, reduction_size, rows_pos, symbolic_tile, weight_bytes
-from .target_info import CPUInfo
+from ..base import pick_lanes
+from .analysis import Contraction, reduction_size, rows_pos, symbolic_tile, weight_bytes
+from ..target_info import CPUInfo
 
 #: largest register tile (accumulators) considered; beyond it the gain is nil and spills start
 _MAX_ACCUMULATORS = 28
@@ -36,7 +36,7 @@ _LOOP_INSTRUCTIONS = 2
 #: workspaces)
 _MAX_STACK_BYTES = 1024
 #: loads a row of the register tile costs when its extent is symbolic: the row index is clamped
-#: (:func:`~.contraction.unguard_rows`) before the broadcast load (outside the reduction loop, so
+#: (:func:`~tvm_roialign.schedules.contraction.schedule.unguard_rows`) before the broadcast load (outside the reduction loop, so
 #: not in the instructions a step issues)
 _SYMBOLIC_ROW_LOADS = 2
 #: row extents a symbolic one is assumed to take when a tile is chosen for it: the widths of the
@@ -72,7 +72,7 @@ def pick_tile(
     L2 (:data:`_L2_VECTORS_PER_CYCLE`), and cannot be shorter than the latency of one accumulator
     chain (:data:`_LATENCY_CHAINS`). The tile with the best throughput under this model wins, then
     the one with the fewest loads per multiply-add. A row of a symbolic extent costs
-    :data:`_SYMBOLIC_ROW_LOADS` loads (its index is clamped, see :func:`~.contraction.unguard_rows`).
+    :data:`_SYMBOLIC_ROW_LOADS` loads (its index is clamped, see :func:`~tvm_roialign.schedules.contraction.schedule.unguard_rows`).
     """
     best, best_key = (1, 1), None
     for cols in range(1, min(vectors, 8) + 1):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .block_intrin import register_block_intrin
+from .register import register_block_intrin
 
 #: rows and columns of the output block; bytes of one reduction step of a tile row
 BLOCK, ROW_BYTES = 32, 64
@@ -159,7 +159,7 @@ def _impl(kind: AMXKind, kc: int, zero_init: bool):
 
 def amx_intrin(kind: AMXKind, kc: int, zero_init: bool = False) -> str:
     """The name of ``kind``'s micro-kernel over ``kc`` reduction elements (a multiple of
-    ``kind.step``), registered on first use (:func:`~.block_intrin.register_block_intrin`).
+    ``kind.step``), registered on first use (:func:`~tvm_roialign.schedules.intrin.register.register_block_intrin`).
     ``zero_init``: the block's whole reduction (a block with its init; the accumulators start from
     ``tilezero`` instead of a load of ``C``)."""
     return register_block_intrin(

@@ -1,7 +1,7 @@
 """The AArch64 int8 micro-kernels as TensorIntrins: the AMX-INT8 kernel's 32 x 32 block on ``USDOT``
 (FEAT_I8MM) or ``SDOT`` (FEAT_DotProd).
 
-The description is the AMX kernel's (:mod:`.amx_int8_intrin`): ``C[i, j] += i32(A[i, k]) *
+The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx_int8`): ``C[i, j] += i32(A[i, k]) *
 i32(B[0, k // 4, j, k % 4])`` over a 32 x 32 block and ``kc`` reduction elements, ``A`` uint8, ``B``
 int8 in the quad layout (the x86 kernels' packing serves as it is: a lane of these instructions is
 ``acc + a0 b0 + a1 b1 + a2 b2 + a3 b3`` over one quad, like ``vpdpbusd``'s). The block runs as
@@ -23,8 +23,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .amx_int8_intrin import STEP, block_desc
-from .block_intrin import register_block_intrin
+from .amx_int8 import STEP, block_desc
+from .register import register_block_intrin
 
 #: rows and columns of a sub-block (accumulators: rows x columns / 4 vectors)
 _ROWS, _COLUMNS = 4, 16
@@ -101,7 +101,7 @@ def _impl(kc: int, zero_init: bool, signed: bool):
 def neon_int8_intrin(kc: int, zero_init: bool = False, signed: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 64) on ``usdot``,
     or with ``signed`` on ``sdot`` (see module docstring), registered with ``TensorIntrin`` on first
-    use; ``zero_init`` as :func:`.amx_int8_intrin.amx_int8_intrin`."""
+    use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx_int8.amx_int8_intrin`."""
     return register_block_intrin(
         f"tvm_roialign_{'sdot' if signed else 'usdot'}",
         STEP,

@@ -1,13 +1,13 @@
 """The AVX2 micro-kernel as a TensorIntrin: the AMX-INT8 kernel's 32 x 32 block on ``vpmaddubsw``.
 
-The description is the AMX kernel's (:mod:`.amx_int8_intrin`): ``C[i, j] += i32(A[i, k]) *
+The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx_int8`): ``C[i, j] += i32(A[i, k]) *
 i32(B[0, k // 4, j, k % 4])`` over a 32 x 32 block and ``kc`` reduction elements, ``A`` uint8, ``B``
 int8 in the quad layout. A CPU without VNNI has no instruction that sums u8 x s8 products into int32
 directly: ``vpmaddubsw`` multiplies the bytes and adds adjacent pairs into int16 with saturation,
 ``vpmaddwd`` with ones adds adjacent int16 pairs into int32. Together they give each int32 lane
 ``a0 b0 + a1 b1 + a2 b2 + a3 b3``, as ``vpdpbusd`` does, exactly where no pair overflows int16:
 ``2 * 255 * 64 = 32640 <= 32767``, so the weights of these kernels are quantized to ``[-64, 64]``
-(:data:`~.int8_contraction.WEIGHT_LIMITS`; ONNX Runtime's ``reduce_range``). The block runs as
+(:data:`~tvm_roialign.schedules.lowp.int8.WEIGHT_LIMITS`; ONNX Runtime's ``reduce_range``). The block runs as
 groups of 2 rows held in 8 vector accumulators (2 rows x 4 vectors of 8 int32): a step over one
 quad of reduction elements broadcasts each row's four activations and multiplies them with the
 quads of the 32 columns (four vectors of 32 int8, read from memory by the multiply itself).
@@ -18,9 +18,9 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .amx_int8_intrin import STEP, block_desc
-from .block_intrin import register_block_intrin
-from .vnni_intrin import broadcast_quad_impl
+from .amx_int8 import STEP, block_desc
+from .register import register_block_intrin
+from .vnni import broadcast_quad_impl
 
 #: rows of a group (accumulators: rows x 4 vectors of 8 int32: 8 of the 16 ymm registers)
 _GROUP = 2
@@ -45,7 +45,7 @@ def _impl(kc: int, zero_init: bool):
 
 def avx2_int8_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 64), registered
-    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`.amx_int8_intrin.amx_int8_intrin`."""
+    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx_int8.amx_int8_intrin`."""
     return register_block_intrin("tvm_roialign_avx2_int8", STEP, kc, zero_init, block_desc, _impl)
 
 

@@ -1,4 +1,4 @@
-"""The order in which the CPU RoIAlign kernel (:mod:`.roi_align_kernel`) visits its work, so that
+"""The order in which the CPU RoIAlign kernel (:mod:`~tvm_roialign.schedules.roi_align.kernel`) visits its work, so that
 work reading the same rows of the feature map runs together and finds them in the core's cache.
 
 The kernel's work items are *bin rows* ``(roi, ph)`` or, with a static sampling grid, *sample rows*
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from tvm.script import tirx as T
 
-from .roi_align_kernel_constants import KernelConstants
-from .roi_align_kernel_samples import to_acc
+from .kernel_constants import KernelConstants
+from .kernel_samples import to_acc
 
 __all__ = ["assign_chunks", "item_key", "order_items"]
 

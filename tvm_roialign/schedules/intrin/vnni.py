@@ -1,6 +1,6 @@
 """The VNNI micro-kernels as TensorIntrins: the AMX-INT8 kernel's 32 x 32 block on ``vpdpbusd``.
 
-The description is the AMX kernel's (:mod:`.amx_int8_intrin`): ``C[i, j] += i32(A[i, k]) *
+The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx_int8`): ``C[i, j] += i32(A[i, k]) *
 i32(B[0, k // 4, j, k % 4])`` over a 32 x 32 block and ``kc`` reduction elements, ``A`` uint8, ``B``
 int8 in the quad layout. ``vpdpbusd`` gives each int32 lane ``acc += a0 b0 + a1 b1 + a2 b2 + a3 b3``,
 exact, no saturation.
@@ -11,7 +11,7 @@ exact, no saturation.
   columns (two vectors of 64 int8).
 * AVX-VNNI (:func:`avx_vnni_intrin`; Intel Alder Lake and later client cores, Sierra Forest: no
   AVX-512): the same instruction on ymm registers, VEX-encoded, as the AVX2 kernel's groups of 2 rows
-  x 4 vectors of 8 int32 (:mod:`.avx2_int8_intrin`), one ``vpdpbusd`` where AVX2 needs two
+  x 4 vectors of 8 int32 (:mod:`~tvm_roialign.schedules.intrin.avx2`), one ``vpdpbusd`` where AVX2 needs two
   multiply-adds and 8-bit weights where AVX2's must stay within +-64. LLVM selects the VEX form of
   the same intrinsic where the target has ``avxvnni`` and not AVX512-VL.
 """
@@ -22,8 +22,8 @@ from tvm import tirx
 from tvm.script import tirx as T
 from tvm.target import codegen
 
-from .amx_int8_intrin import STEP, block_desc
-from .block_intrin import register_block_intrin
+from .amx_int8 import STEP, block_desc
+from .register import register_block_intrin
 
 #: rows of a group (accumulators: rows x 2 vectors)
 _GROUP = 8
@@ -99,7 +99,7 @@ def _impl(kc: int, zero_init: bool):
 def vnni_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the AVX512-VNNI micro-kernel over ``kc`` reduction elements (a multiple of 64),
     registered with ``TensorIntrin`` on first use; ``zero_init`` as
-    :func:`.amx_int8_intrin.amx_int8_intrin`."""
+    :func:`~tvm_roialign.schedules.intrin.amx_int8.amx_int8_intrin`."""
     return register_block_intrin("tvm_roialign_vnni", STEP, kc, zero_init, block_desc, _impl)
 
 

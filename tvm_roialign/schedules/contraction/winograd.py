@@ -1,5 +1,5 @@
 """Rule: the input and output transforms of a Winograd convolution
-(:class:`tvm_roialign.passes.WinogradConv2D`); its batched matrix product goes to :class:`~.matmul.Matmul`.
+(:class:`tvm_roialign.passes.WinogradConv2D`); its batched matrix product goes to :class:`~tvm_roialign.schedules.contraction.matmul.Matmul`.
 
 Both transforms are written as one select over the position in the tile of explicit sums with
 constant coefficients. Unrolling that position (the ``a*a`` transformed points of the input, the
@@ -21,9 +21,9 @@ import math
 
 from tvm.s_tir import Schedule
 
-from .base import CPURule, find_block, inline_epilogue, loop_extent, pick_lanes, static_int
-from .elementwise import schedule_rest
-from .target_info import cpu_info
+from ..base import CPURule, find_block, inline_epilogue, loop_extent, pick_lanes, static_int
+from ..elementwise import schedule_rest
+from ..target_info import cpu_info
 
 INPUT_BLOCK = "winograd_input"
 OUTPUT_BLOCK = "winograd_output"
