@@ -53,8 +53,8 @@ import tvm
 from tvm import relax
 
 from .host import request_amx, use_usable_cores
-from .precision.policy import check_keep_fp32
 from .pipeline_phases import cpu_schedule_pass, prepare_pipeline
+from .precision.policy import check_keep_fp32
 from .schedules import CPUDefault
 from .target import is_cross
 

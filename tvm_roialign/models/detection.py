@@ -32,12 +32,12 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
+from ..precision.layers import detector_plan, precision_options
 from ..runtime.artifact_check import RECORD_KEY, library_record
 from ..runtime.detector import METADATA_KIND
 from .compare import compare_detections
 from .detector_import import import_detector
 from .detector_photo import add_photo_function, serves_photos
-from ..precision.layers import detector_plan, precision_options
 from .detector_reference import SAMPLE_PHOTOS, sample_photo, torch_detections
 from .detector_sizes import (
     ANY,

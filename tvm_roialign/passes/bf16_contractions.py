@@ -26,55 +26,15 @@ import tvm
 from tvm import relax
 
 from ..topi.bf16_contraction import TILE_K, Epilogue, bf16_contraction, pack_weight_vnni
-from ._contraction_spec import conv_geometry, conv_weight, dims, matmul_weight
-from ._mutator import FunctionRewriter, is_op_call, rewrite_module
+from ._contraction_spec import TAP_CHANNELS, dims
+from ._contraction_spec import contraction_spec as _contraction_spec
+from ._mutator import FunctionRewriter, rewrite_module
 from .bf16_plan import plan_chains
-
-#: a conv with a kernel larger than 1x1 over a multiple of this many input channels gathers its taps
-#: as they are (each fills whole vectors of the gather); over fewer, its kernel rows are padded
-TAP_CHANNELS = 16
-
-
-def _conv_spec(call):
-    """``(matrix [K, N], geometry, rows, out_shape)`` of a convertible conv2d, else None."""
-    found = conv_weight(call)
-    if found is None:
-        return None
-    hwio, out_shape = found
-    kh, kw, channels, outputs = hwio.shape
-    attrs = call.attrs
-    # narrow taps (an RGB stem): each kernel row's run of kw * c inputs padded to one tile's depth
-    row_taps = kh * kw > 1 and channels % TAP_CHANNELS != 0
-    pads = [int(p) for p in attrs.padding]
-    symmetric = len(pads) != 4 or pads[:2] == pads[2:]
-    dilation = tuple(int(d) for d in attrs.dilation)
-    if row_taps and (kw * channels > TILE_K or dilation != (1, 1) or not symmetric):
-        return None
-    geometry = conv_geometry(call, hwio, out_shape, row_taps)
-    if row_taps:
-        matrix = np.zeros((kh, TILE_K, outputs), np.float32)
-        matrix[:, : kw * channels] = hwio.reshape(kh, kw * channels, outputs)
-        return matrix.reshape(kh * TILE_K, outputs), geometry, geometry.rows, out_shape
-    return hwio.reshape(kh * kw * channels, outputs), geometry, geometry.rows, out_shape
-
-
-def _matmul_spec(call):
-    """``(matrix [K, N], None, rows, out_shape)`` of a convertible matmul, else None."""
-    found = matmul_weight(call)
-    if found is None:
-        return None
-    matrix, rows, out_shape = found
-    return matrix, None, rows, out_shape
-
 
 def contraction_spec(call):
     """What :func:`bf16_contraction` needs of ``call`` (a conv2d or matmul), or None when it is
     not converted."""
-    if is_op_call(call, "relax.nn.conv2d"):
-        return _conv_spec(call)
-    if is_op_call(call, "relax.matmul"):
-        return _matmul_spec(call)
-    return None
+    return _contraction_spec(call, row_tap_depth=TILE_K)
 
 
 def _is_bits(expr) -> bool:
@@ -170,4 +130,4 @@ class BF16Contractions:  # pylint: disable=too-few-public-methods
         )
 
 
-__all__ = ["BF16Contractions"]
+__all__ = ["TAP_CHANNELS", "BF16Contractions"]

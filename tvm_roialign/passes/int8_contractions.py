@@ -32,11 +32,8 @@ from ..topi.int8_contraction import (
     pack_weight_quads,
     quantize_weight,
 )
-from ._contraction_spec import conv_geometry, conv_weight, dims, matmul_weight
-from ._mutator import FunctionRewriter, is_op_call, rewrite_module
-
-#: a conv with a kernel larger than 1x1 is taken when its input channels are a multiple of this
-TAP_CHANNELS = 16
+from ._contraction_spec import TAP_CHANNELS, contraction_spec, dims
+from ._mutator import FunctionRewriter, rewrite_module
 
 #: values of each observed tensor kept per calibration run (a strided subsample, and its extremes)
 SAMPLES = 1 << 16
@@ -46,27 +43,6 @@ CLIP_FACTORS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2)
 
 #: the global packed function the observed copy calls: ``(x, (index,)) -> copy of x``
 OBSERVER = "tvm_roialign.int8_observe"
-
-
-def _conv_spec(call):
-    """``(matrix [K, N], rows, out_shape, geometry)`` of a conv the pass takes, else None."""
-    found = conv_weight(call)
-    if found is None:
-        return None
-    hwio, out_shape = found
-    kh, kw, channels, outputs = hwio.shape
-    if kh * kw > 1 and channels % TAP_CHANNELS:
-        return None
-    geometry = conv_geometry(call, hwio, out_shape)
-    return hwio.reshape(kh * kw * channels, outputs), geometry.rows, out_shape, geometry
-
-
-def _matmul_spec(call):
-    found = matmul_weight(call)
-    if found is None:
-        return None
-    matrix, rows, out_shape = found
-    return matrix, rows, out_shape, None
 
 
 class _Int8Rewriter(FunctionRewriter):
@@ -85,11 +61,7 @@ class _Int8Rewriter(FunctionRewriter):
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = self.visit_expr_post_order(call)
-        spec = None
-        if is_op_call(call, "relax.nn.conv2d"):
-            spec = _conv_spec(call)
-        elif is_op_call(call, "relax.matmul"):
-            spec = _matmul_spec(call)
+        spec = contraction_spec(call)  # narrow taps (an RGB stem) stay fp32
         if spec is None:
             return call
         index, self.index = self.index, self.index + 1
@@ -110,7 +82,7 @@ class _Int8Rewriter(FunctionRewriter):
         return self.keep is not None and bool(self.keep(matrix))
 
     def _emit(self, call, spec, act: ActivationQuant):
-        matrix, rows, out_shape, geometry = spec
+        matrix, geometry, rows, out_shape = spec
         q, w_scale = quantize_weight(matrix, self.weight_limit)
         return emit_int8_contraction(self.builder_, call.args[0], q, w_scale, act, rows, out_shape, geometry)
 
@@ -227,6 +199,7 @@ class Int8Contractions:  # pylint: disable=too-few-public-methods
 
 __all__ = [
     "OBSERVER",
+    "TAP_CHANNELS",
     "Int8Contractions",
     "clipped_range",
     "emit_int8_contraction",

@@ -33,10 +33,10 @@ import tvm
 from tvm import relax
 
 from ..topi.int8_contraction import ActivationQuant
-from ._contraction_spec import conv_geometry, conv_weight, dims, is_f32, matmul_weight
+from ._contraction_spec import TAP_CHANNELS, conv_geometry, conv_weight, dims, is_f32, matmul_weight
 from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module
 from .fold_permute_dims import FoldPermuteDims
-from .int8_contractions import TAP_CHANNELS, emit_int8_contraction
+from .int8_contractions import emit_int8_contraction
 
 _LAYOUT_OPS = ("relax.permute_dims", "relax.reshape")
 _QUANTIZED = {"uint8": 0, "int8": 128}  # the shift that makes the quantized values uint8

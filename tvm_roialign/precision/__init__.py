@@ -3,32 +3,7 @@
 (:mod:`.layers`), int8's calibration inputs (:mod:`.calibration`) and the graph phase of an ONNX
 QDQ model (:mod:`.qdq`)."""
 
-from .policy import (
-    FP32,
-    PRECISION_CHOICES,
-    PRECISIONS,
-    REDUCED,
-    PrecisionPlan,
-    auto_precision,
-    check_keep_fp32,
-    check_precision,
-    generic_int8,
-    int8_kernels,
-    qdq_note,
-    resolve,
-)
+from . import policy
+from .policy import *  # noqa: F403 - the policy's names are the package's
 
-__all__ = [
-    "FP32",
-    "PRECISIONS",
-    "PRECISION_CHOICES",
-    "REDUCED",
-    "PrecisionPlan",
-    "auto_precision",
-    "check_keep_fp32",
-    "check_precision",
-    "generic_int8",
-    "int8_kernels",
-    "qdq_note",
-    "resolve",
-]
+__all__ = policy.__all__

@@ -37,12 +37,17 @@ _GENERIC_INT8 = contextvars.ContextVar("tvm_roialign_generic_int8", default=(Fal
 
 
 @contextlib.contextmanager
-def generic_int8(like: str | None = None):
-    """Within it, :func:`resolve` plans int8 on every llvm target: where the target has no int8
-    kernels, TVM's generic schedules compile the same int8 contractions, quantized as the kernels
-    ``like`` (a kind of :func:`int8_kernels`; None: 8-bit weights) are
-    (:func:`tvm_roialign.testing.generic_int8`)."""
-    token = _GENERIC_INT8.set((True, like))
+def generic_int8(like=None):
+    """Within it, ``precision="int8"`` builds int8 on any llvm target (:func:`resolve` plans it):
+    where the target has no int8 kernels, TVM's generic schedules compile the same int8
+    contractions (the same calibration, weights and int32 sums; many times slower), quantized as
+    the kernels of the target ``like`` are (anything ``parse_target`` takes: AVX2's +-64 weights and
+    fp32 Winograd convs; None: 8-bit weights). The reference the int8 kernels are held to, and an
+    int8 model's accuracy measured on any CPU."""
+    from ..schedules.lowp.int8 import int8_instructions
+    from ..target import parse_target
+
+    token = _GENERIC_INT8.set((True, int8_instructions(parse_target(like)) if like is not None else None))
     try:
         yield
     finally:

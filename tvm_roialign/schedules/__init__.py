@@ -37,17 +37,17 @@ never offered to the rules.
 from __future__ import annotations
 
 from .base import CPURule
-from .lowp.bf16 import BF16Contraction
 from .contraction.conv2d_nhwc import Conv2DNHWC
 from .contraction.depthwise import DepthwiseConv2DNHWC
+from .contraction.grouped import GroupedConv2DNHWC
+from .contraction.matmul import Matmul
+from .contraction.winograd import WinogradTransforms
 from .elementwise import Elementwise
 from .fallback import CPUDefault
-from .contraction.grouped import GroupedConv2DNHWC
+from .lowp.bf16 import BF16Contraction
 from .lowp.int8 import Int8Contraction
-from .contraction.matmul import Matmul
 from .row_reduction import RowReduction
 from .target_info import CPUInfo, cpu_info
-from .contraction.winograd import WinogradTransforms
 
 
 def default_rules() -> list:

@@ -19,9 +19,9 @@ from tvm import relax
 from ...host import use_usable_cores
 from ...passes import ConvertLayout, desired_layouts
 from ...pipeline import build
+from ...precision.layers import detector_plan, precision_options
 from ...target import describe, device_or_none, parse_target
 from ..detection import DEFAULT_FAST, graph_options
-from ...precision.layers import detector_plan, precision_options
 from .pieces import (
     count_permutes,
     export_piece,

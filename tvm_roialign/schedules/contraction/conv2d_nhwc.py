@@ -20,10 +20,10 @@ the others to :class:`~tvm_roialign.schedules.fallback.CPUDefault`.
 from __future__ import annotations
 
 from ..base import CPURule, find_main_reduction
-from .schedule import analyze_contraction, choose_tiling, schedule_with_epilogue
-from .conv_rows import flatten_rows
 from ..target_info import cpu_info
 from ..vector_math import ALL_OPS
+from .conv_rows import flatten_rows
+from .schedule import analyze_contraction, choose_tiling, schedule_with_epilogue
 
 
 class Conv2DNHWC(CPURule):

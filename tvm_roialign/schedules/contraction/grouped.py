@@ -35,12 +35,12 @@ from ..base import (
     static_int,
     vectorize_writeback,
 )
-from .schedule import pack_weight
-from .analysis import Contraction, weight_bytes
-from .tiles import pick_tile
 from ..elementwise import schedule_producers, schedule_rest
 from ..target_info import cpu_info
 from ..vector_math import ALL_OPS
+from .analysis import Contraction, weight_bytes
+from .schedule import pack_weight
+from .tiles import pick_tile
 
 #: narrowest vector worth a tile (below it the fallback's scalar code does as well)
 _MIN_LANES = 4

@@ -24,11 +24,11 @@ from __future__ import annotations
 from tvm.s_tir import Schedule
 
 from ..base import inline_epilogue
-from .schedule import schedule_contraction, unguard_rows
-from .analysis import Contraction, analyze_contraction, rows_pos, weight_bytes
-from .tiles import Tiling, pick_tile
 from ..elementwise import schedule_producers, schedule_rest
 from ..target_info import CPUInfo
+from .analysis import Contraction, analyze_contraction, rows_pos, weight_bytes
+from .schedule import schedule_contraction, unguard_rows
+from .tiles import Tiling, pick_tile
 
 
 def constant_weight(sch: Schedule, c: Contraction) -> bool:

@@ -30,9 +30,9 @@ from tvm import s_tir, tirx
 from tvm.s_tir import Schedule
 
 from ..base import PREPROC_ATTR, block_with_body, inline_epilogue, new_schedule, vectorize_writeback, walk
+from ..elementwise import schedule_producers, schedule_rest
 from .analysis import Contraction, analyze_contraction, rows_pos
 from .tiles import Tiling, choose_tiling
-from ..elementwise import schedule_producers, schedule_rest
 
 
 def pack_weight(sch: Schedule, c: Contraction, block_cols: int) -> bool:

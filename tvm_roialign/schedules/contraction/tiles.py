@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..base import pick_lanes
-from .analysis import Contraction, reduction_size, rows_pos, symbolic_tile, weight_bytes
 from ..target_info import CPUInfo
+from .analysis import Contraction, reduction_size, rows_pos, symbolic_tile, weight_bytes
 
 #: largest register tile (accumulators) considered; beyond it the gain is nil and spills start
 _MAX_ACCUMULATORS = 28

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .register import register_block_intrin
+from ...topi.bf16_contraction import bf16_value
+from ...topi.int8_contraction import widen
+from .register import block_func, register_block_intrin
 
 #: rows and columns of the output block; bytes of one reduction step of a tile row
 BLOCK, ROW_BYTES = 32, 64
@@ -54,6 +56,11 @@ class AMXKind:
         """Reduction elements of one step (a 64-byte tile row)."""
         return ROW_BYTES // self.element_bytes
 
+    def desc(self, kc: int, zero_init: bool):
+        """The description every micro-kernel of these operands shares (AMX, and the vector
+        kernels that compute the same block): :func:`block_desc`."""
+        return block_desc(self, kc, zero_init)
+
 
 def _amx(name: str, *args):
     """A call of the LLVM intrinsic ``llvm.x86.<name>`` (tile numbers are immediates: ``uint8``)."""
@@ -67,39 +74,27 @@ def block_desc(kind: AMXKind, kc: int, zero_init: bool):
     a_dtype, b_dtype, c_dtype = kind.a_dtype, kind.b_dtype, kind.c_dtype
     zero = tirx.const(0, c_dtype)
 
-    @T.prim_func(s_tir=True)
-    def desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa = T.int32()
-        sc = T.int32()
-        A = T.match_buffer(a, (32, kc), a_dtype, offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (1, groups, 32, g), b_dtype, offset_factor=1)
-        C = T.match_buffer(c, (32, 32), c_dtype, offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:32, 0:32], A[0:32, 0:kc], B[0, 0:groups, 0:32, 0:g])
-            T.writes(C[0:32, 0:32])
-            for i, j, k in T.grid(32, 32, kc):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    C[vi, vj] = C[vi, vj] + value(A[vi, vk]) * value(B[0, vk // g, vj, vk % g])
+    @T.macro
+    def desc_body(A, B, C, sa, sc):
+        for i, j, k in T.grid(32, 32, kc):
+            with T.sblock("update"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                C[vi, vj] = C[vi, vj] + value(A[vi, vk]) * value(B[0, vk // g, vj, vk % g])
 
-    @T.prim_func(s_tir=True)
-    def desc_init(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa = T.int32()
-        sc = T.int32()
-        A = T.match_buffer(a, (32, kc), a_dtype, offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (1, groups, 32, g), b_dtype, offset_factor=1)
-        C = T.match_buffer(c, (32, 32), c_dtype, offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(A[0:32, 0:kc], B[0, 0:groups, 0:32, 0:g])
-            T.writes(C[0:32, 0:32])
-            for i, j, k in T.grid(32, 32, kc):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    T.reads(C[vi, vj], A[vi, vk], B[0, vk // g, vj, vk % g])
-                    T.writes(C[vi, vj])
-                    with T.init():
-                        C[vi, vj] = zero
-                    C[vi, vj] = C[vi, vj] + value(A[vi, vk]) * value(B[0, vk // g, vj, vk % g])
+    desc = block_func(kc, a_dtype, b_dtype, g, c_dtype, desc_body)
+
+    @T.macro
+    def desc_init_body(A, B, C, sa, sc):
+        for i, j, k in T.grid(32, 32, kc):
+            with T.sblock("update"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                T.reads(C[vi, vj], A[vi, vk], B[0, vk // g, vj, vk % g])
+                T.writes(C[vi, vj])
+                with T.init():
+                    C[vi, vj] = zero
+                C[vi, vj] = C[vi, vj] + value(A[vi, vk]) * value(B[0, vk // g, vj, vk % g])
+
+    desc_init = block_func(kc, a_dtype, b_dtype, g, c_dtype, desc_init_body, reads_c=False)
 
     return desc_init if zero_init else desc
 
@@ -110,51 +105,43 @@ def _impl(kind: AMXKind, kc: int, zero_init: bool):
     a_bytes, dot = kind.element_bytes, kind.instruction
     b_rows = ROW_BYTES // 4  # groups of B per step: one tile of 16 rows
 
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa = T.int32()
-        sc = T.int32()
-        A = T.match_buffer(a, (32, kc), a_dtype, offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (1, groups, 32, g), b_dtype, offset_factor=1)
-        C = T.match_buffer(c, (32, 32), c_dtype, offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:32, 0:32], A[0:32, 0:kc], B[0, 0:groups, 0:32, 0:g])
-            T.writes(C[0:32, 0:32])
-            cfg = T.alloc_buffer((64,), "uint8", scope="local")
-            for t in range(64):
-                cfg[t] = T.uint8(0)
-            cfg[0] = T.uint8(1)
-            for t in range(8):
-                cfg[16 + 2 * t] = T.uint8(64)
-                cfg[48 + t] = T.uint8(16)
-            T.evaluate(_amx("ldtilecfg", T.address_of(cfg[0])))
-            rc = T.int64(sc * 4)
-            if zero_init:
-                for t in T.unroll(4):
-                    T.evaluate(_amx("tilezero", T.uint8(t)))
-            else:
-                T.evaluate(_amx("tileloadd64", T.uint8(0), T.address_of(C[0, 0]), rc))
-                T.evaluate(_amx("tileloadd64", T.uint8(1), T.address_of(C[0, 16]), rc))
-                T.evaluate(_amx("tileloadd64", T.uint8(2), T.address_of(C[16, 0]), rc))
-                T.evaluate(_amx("tileloadd64", T.uint8(3), T.address_of(C[16, 16]), rc))
-            ra = T.int64(sa * a_bytes)
-            rb = T.int64(128)  # a row of B's tile: 32 columns x one 4-byte group
-            for s in T.serial(steps, annotations={"pragma_unroll_explicit": 0}):
-                T.evaluate(_amx("tileloadd64", T.uint8(4), T.address_of(A[0, s * step]), ra))
-                T.evaluate(_amx("tileloadd64", T.uint8(5), T.address_of(A[16, s * step]), ra))
-                T.evaluate(_amx("tileloadd64", T.uint8(6), T.address_of(B[0, s * b_rows, 0, 0]), rb))
-                T.evaluate(_amx("tileloadd64", T.uint8(7), T.address_of(B[0, s * b_rows, 16, 0]), rb))
-                T.evaluate(_amx(dot, T.uint8(0), T.uint8(4), T.uint8(6)))
-                T.evaluate(_amx(dot, T.uint8(1), T.uint8(4), T.uint8(7)))
-                T.evaluate(_amx(dot, T.uint8(2), T.uint8(5), T.uint8(6)))
-                T.evaluate(_amx(dot, T.uint8(3), T.uint8(5), T.uint8(7)))
-            T.evaluate(_amx("tilestored64", T.uint8(0), T.address_of(C[0, 0]), rc))
-            T.evaluate(_amx("tilestored64", T.uint8(1), T.address_of(C[0, 16]), rc))
-            T.evaluate(_amx("tilestored64", T.uint8(2), T.address_of(C[16, 0]), rc))
-            T.evaluate(_amx("tilestored64", T.uint8(3), T.address_of(C[16, 16]), rc))
-            T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
+    @T.macro
+    def impl_body(A, B, C, sa, sc):
+        cfg = T.alloc_buffer((64,), "uint8", scope="local")
+        for t in range(64):
+            cfg[t] = T.uint8(0)
+        cfg[0] = T.uint8(1)
+        for t in range(8):
+            cfg[16 + 2 * t] = T.uint8(64)
+            cfg[48 + t] = T.uint8(16)
+        T.evaluate(_amx("ldtilecfg", T.address_of(cfg[0])))
+        rc = T.int64(sc * 4)
+        if zero_init:
+            for t in T.unroll(4):
+                T.evaluate(_amx("tilezero", T.uint8(t)))
+        else:
+            T.evaluate(_amx("tileloadd64", T.uint8(0), T.address_of(C[0, 0]), rc))
+            T.evaluate(_amx("tileloadd64", T.uint8(1), T.address_of(C[0, 16]), rc))
+            T.evaluate(_amx("tileloadd64", T.uint8(2), T.address_of(C[16, 0]), rc))
+            T.evaluate(_amx("tileloadd64", T.uint8(3), T.address_of(C[16, 16]), rc))
+        ra = T.int64(sa * a_bytes)
+        rb = T.int64(128)  # a row of B's tile: 32 columns x one 4-byte group
+        for s in T.serial(steps, annotations={"pragma_unroll_explicit": 0}):
+            T.evaluate(_amx("tileloadd64", T.uint8(4), T.address_of(A[0, s * step]), ra))
+            T.evaluate(_amx("tileloadd64", T.uint8(5), T.address_of(A[16, s * step]), ra))
+            T.evaluate(_amx("tileloadd64", T.uint8(6), T.address_of(B[0, s * b_rows, 0, 0]), rb))
+            T.evaluate(_amx("tileloadd64", T.uint8(7), T.address_of(B[0, s * b_rows, 16, 0]), rb))
+            T.evaluate(_amx(dot, T.uint8(0), T.uint8(4), T.uint8(6)))
+            T.evaluate(_amx(dot, T.uint8(1), T.uint8(4), T.uint8(7)))
+            T.evaluate(_amx(dot, T.uint8(2), T.uint8(5), T.uint8(6)))
+            T.evaluate(_amx(dot, T.uint8(3), T.uint8(5), T.uint8(7)))
+        T.evaluate(_amx("tilestored64", T.uint8(0), T.address_of(C[0, 0]), rc))
+        T.evaluate(_amx("tilestored64", T.uint8(1), T.address_of(C[0, 16]), rc))
+        T.evaluate(_amx("tilestored64", T.uint8(2), T.address_of(C[16, 0]), rc))
+        T.evaluate(_amx("tilestored64", T.uint8(3), T.address_of(C[16, 16]), rc))
+        T.evaluate(T.call_llvm_intrin("void", "llvm.x86.tilerelease"))
 
-    return impl
+    return block_func(kc, a_dtype, b_dtype, g, c_dtype, impl_body)
 
 
 def amx_intrin(kind: AMXKind, kc: int, zero_init: bool = False) -> str:
@@ -172,4 +159,25 @@ def amx_intrin(kind: AMXKind, kc: int, zero_init: bool = False) -> str:
     )
 
 
-__all__ = ["AMX_TILES", "BLOCK", "AMXKind", "amx_intrin", "block_desc"]
+#: bf16: ``A`` and ``B`` bf16 held as uint16 bits, ``B`` in the pair layout ``[kc / 2, 32, 2]``, four
+#: ``tdpbf16ps`` per 32 reduction elements (the block of
+#: :func:`tvm_roialign.topi.bf16_contraction.bf16_contraction`)
+BF16 = AMXKind("bf16", "uint16", "uint16", 2, 2, "float32", "tdpbf16ps", bf16_value)
+
+#: int8: ``A`` uint8, ``B`` int8 in the quad layout ``[kc / 4, 32, 4]``, four ``tdpbusd`` per 64
+#: reduction elements (the block of :func:`tvm_roialign.topi.int8_contraction.int8_contraction`)
+INT8 = AMXKind("int8", "uint8", "int8", 1, 4, "int32", "tdpbusd", widen)
+
+
+def amx_bf16_intrin(kc: int, zero_init: bool = False) -> str:
+    """The AMX bf16 micro-kernel over ``kc`` reduction elements (a multiple of 32): :func:`amx_intrin`."""
+    return amx_intrin(BF16, kc, zero_init)
+
+
+def amx_int8_intrin(kc: int, zero_init: bool = False) -> str:
+    """The AMX-INT8 micro-kernel over ``kc`` reduction elements (a multiple of 64): :func:`amx_intrin`."""
+    return amx_intrin(INT8, kc, zero_init)
+
+
+__all__ = ["AMX_TILES", "BF16", "BLOCK", "INT8", "AMXKind", "amx_bf16_intrin", "amx_int8_intrin", "amx_intrin",
+           "block_desc"]

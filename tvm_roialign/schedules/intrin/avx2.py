@@ -1,6 +1,6 @@
 """The AVX2 micro-kernel as a TensorIntrin: the AMX-INT8 kernel's 32 x 32 block on ``vpmaddubsw``.
 
-The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx_int8`): ``C[i, j] += i32(A[i, k]) *
+The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx`): ``C[i, j] += i32(A[i, k]) *
 i32(B[0, k // 4, j, k % 4])`` over a 32 x 32 block and ``kc`` reduction elements, ``A`` uint8, ``B``
 int8 in the quad layout. A CPU without VNNI has no instruction that sums u8 x s8 products into int32
 directly: ``vpmaddubsw`` multiplies the bytes and adds adjacent pairs into int16 with saturation,
@@ -18,7 +18,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .amx_int8 import STEP, block_desc
+from .amx import INT8
 from .register import register_block_intrin
 from .vnni import broadcast_quad_impl
 
@@ -45,8 +45,8 @@ def _impl(kc: int, zero_init: bool):
 
 def avx2_int8_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 64), registered
-    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx_int8.amx_int8_intrin`."""
-    return register_block_intrin("tvm_roialign_avx2_int8", STEP, kc, zero_init, block_desc, _impl)
+    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx.amx_int8_intrin`."""
+    return register_block_intrin("tvm_roialign_avx2_int8", INT8.step, kc, zero_init, INT8.desc, _impl)
 
 
 __all__ = ["avx2_int8_intrin"]

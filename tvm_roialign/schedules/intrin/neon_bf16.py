@@ -1,6 +1,6 @@
 """The AArch64 bf16 micro-kernel as a TensorIntrin: the AMX kernel's 32 x 32 block on ``BFDOT``.
 
-The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx_bf16`): ``C[i, j] += f32(A[i, k]) * f32(B[0, k // 2,
+The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx`): ``C[i, j] += f32(A[i, k]) * f32(B[0, k // 2,
 j, k % 2])`` over a 32 x 32 block and ``kc`` reduction elements, the weights in the pair layout (the
 x86 kernels' packing serves as it is: ``BFDOT``'s lane is ``acc + a0 b0 + a1 b1`` over one pair, like
 ``vdpbf16ps``'s). The implementation runs the block as sixteen 4 x 16 sub-blocks, each held in 16
@@ -23,8 +23,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .amx_bf16 import STEP, block_desc
-from .register import register_block_intrin
+from .amx import BF16
+from .register import block_func, register_block_intrin
 
 #: the imported LLVM function: ``acc + dot(a pairs, b pairs)`` with the pairs as 32-bit lanes
 _BFDOT = "tvm_roialign_bfdot"
@@ -60,42 +60,34 @@ def _dot(acc, a_pair, b_pairs):
 def _impl(kc: int, zero_init: bool):
     pairs = kc // 2
 
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa = T.int32()
-        sc = T.int32()
-        A = T.match_buffer(a, (32, kc), "uint16", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (1, pairs, 32, 2), "uint16", offset_factor=1)
-        C = T.match_buffer(c, (32, 32), "float32", offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:32, 0:32], A[0:32, 0:kc], B[0, 0:pairs, 0:32, 0:2])
-            T.writes(C[0:32, 0:32])
-            acc = T.alloc_buffer((_ROWS, _COLUMNS), "float32", scope="local")
-            for g in T.serial(32 // _ROWS, annotations={"pragma_import_llvm": _LLVM_IR}):
-                for h in T.serial(32 // _COLUMNS):
-                    for r, v in T.grid(_ROWS, _VECTORS):
-                        if zero_init:
-                            acc[r, T.ramp(v * 4, 1, 4)] = T.broadcast(T.float32(0), 4)
-                        else:
-                            acc[r, T.ramp(v * 4, 1, 4)] = C[g * _ROWS + r, T.ramp(h * _COLUMNS + v * 4, 1, 4)]
-                    for p in range(pairs):
-                        for r in T.unroll(_ROWS):
-                            for v in T.unroll(_VECTORS):
-                                acc[r, T.ramp(v * 4, 1, 4)] = _dot(
-                                    acc[r, T.ramp(v * 4, 1, 4)],
-                                    _pair(A, g * _ROWS + r, p),
-                                    _pairs(B, p, h * _COLUMNS + v * 4),
-                                )
-                    for r, v in T.grid(_ROWS, _VECTORS):
-                        C[g * _ROWS + r, T.ramp(h * _COLUMNS + v * 4, 1, 4)] = acc[r, T.ramp(v * 4, 1, 4)]
+    @T.macro
+    def impl_body(A, B, C, sa, sc):
+        acc = T.alloc_buffer((_ROWS, _COLUMNS), "float32", scope="local")
+        for g in T.serial(32 // _ROWS, annotations={"pragma_import_llvm": _LLVM_IR}):
+            for h in T.serial(32 // _COLUMNS):
+                for r, v in T.grid(_ROWS, _VECTORS):
+                    if zero_init:
+                        acc[r, T.ramp(v * 4, 1, 4)] = T.broadcast(T.float32(0), 4)
+                    else:
+                        acc[r, T.ramp(v * 4, 1, 4)] = C[g * _ROWS + r, T.ramp(h * _COLUMNS + v * 4, 1, 4)]
+                for p in range(pairs):
+                    for r in T.unroll(_ROWS):
+                        for v in T.unroll(_VECTORS):
+                            acc[r, T.ramp(v * 4, 1, 4)] = _dot(
+                                acc[r, T.ramp(v * 4, 1, 4)],
+                                _pair(A, g * _ROWS + r, p),
+                                _pairs(B, p, h * _COLUMNS + v * 4),
+                            )
+                for r, v in T.grid(_ROWS, _VECTORS):
+                    C[g * _ROWS + r, T.ramp(h * _COLUMNS + v * 4, 1, 4)] = acc[r, T.ramp(v * 4, 1, 4)]
 
-    return impl
+    return block_func(kc, "uint16", "uint16", 2, "float32", impl_body)
 
 
 def neon_bf16_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 32), registered
-    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx_bf16.amx_bf16_intrin`."""
-    return register_block_intrin("tvm_roialign_neon_bf16", STEP, kc, zero_init, block_desc, _impl)
+    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx.amx_bf16_intrin`."""
+    return register_block_intrin("tvm_roialign_neon_bf16", BF16.step, kc, zero_init, BF16.desc, _impl)
 
 
 __all__ = ["neon_bf16_intrin"]

@@ -1,7 +1,7 @@
 """The AArch64 int8 micro-kernels as TensorIntrins: the AMX-INT8 kernel's 32 x 32 block on ``USDOT``
 (FEAT_I8MM) or ``SDOT`` (FEAT_DotProd).
 
-The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx_int8`): ``C[i, j] += i32(A[i, k]) *
+The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx`): ``C[i, j] += i32(A[i, k]) *
 i32(B[0, k // 4, j, k % 4])`` over a 32 x 32 block and ``kc`` reduction elements, ``A`` uint8, ``B``
 int8 in the quad layout (the x86 kernels' packing serves as it is: a lane of these instructions is
 ``acc + a0 b0 + a1 b1 + a2 b2 + a3 b3`` over one quad, like ``vpdpbusd``'s). The block runs as
@@ -23,8 +23,8 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .amx_int8 import STEP, block_desc
-from .register import register_block_intrin
+from .amx import INT8
+from .register import block_func, register_block_intrin
 
 #: rows and columns of a sub-block (accumulators: rows x columns / 4 vectors)
 _ROWS, _COLUMNS = 4, 16
@@ -53,61 +53,53 @@ def _impl(kc: int, zero_init: bool, signed: bool):
         quad = _quad(a, row, q)
         return T.broadcast(T.bitwise_xor(quad, T.int32(_TOP_BITS)) if signed else quad, 4)
 
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa = T.int32()
-        sc = T.int32()
-        A = T.match_buffer(a, (32, kc), "uint8", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (1, quads, 32, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (32, 32), "int32", offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:32, 0:32], A[0:32, 0:kc], B[0, 0:quads, 0:32, 0:4])
-            T.writes(C[0:32, 0:32])
-            acc = T.alloc_buffer((_ROWS, _COLUMNS), "int32", scope="local")
-            shift = T.alloc_buffer((_COLUMNS,), "int32", scope="local")
-            for g, h in T.grid(32 // _ROWS, 32 // _COLUMNS):
-                for r, v in T.grid(_ROWS, _VECTORS):
-                    if zero_init:
-                        acc[r, T.ramp(v * 4, 1, 4)] = T.broadcast(T.int32(0), 4)
-                    else:
-                        acc[r, T.ramp(v * 4, 1, 4)] = C[g * _ROWS + r, T.ramp(h * _COLUMNS + v * 4, 1, 4)]
-                if signed:
-                    for v in T.serial(_VECTORS):
-                        shift[T.ramp(v * 4, 1, 4)] = T.broadcast(T.int32(0), 4)
-                for q in range(quads):
-                    for v in T.unroll(_VECTORS):
-                        weights = B.vload([0, q, h * _COLUMNS + v * 4, 0], "int8x16")
-                        if signed:
-                            shift[T.ramp(v * 4, 1, 4)] = _dot(
-                                instruction, shift[T.ramp(v * 4, 1, 4)],
-                                T.broadcast(T.int32(_TOP_BITS), 4), weights,
-                            )
-                        for r in T.unroll(_ROWS):
-                            acc[r, T.ramp(v * 4, 1, 4)] = _dot(
-                                instruction, acc[r, T.ramp(v * 4, 1, 4)], activations(A, g * _ROWS + r, q),
-                                weights,
-                            )
-                for r, v in T.grid(_ROWS, _VECTORS):
+    @T.macro
+    def impl_body(A, B, C, sa, sc):
+        acc = T.alloc_buffer((_ROWS, _COLUMNS), "int32", scope="local")
+        shift = T.alloc_buffer((_COLUMNS,), "int32", scope="local")
+        for g, h in T.grid(32 // _ROWS, 32 // _COLUMNS):
+            for r, v in T.grid(_ROWS, _VECTORS):
+                if zero_init:
+                    acc[r, T.ramp(v * 4, 1, 4)] = T.broadcast(T.int32(0), 4)
+                else:
+                    acc[r, T.ramp(v * 4, 1, 4)] = C[g * _ROWS + r, T.ramp(h * _COLUMNS + v * 4, 1, 4)]
+            if signed:
+                for v in T.serial(_VECTORS):
+                    shift[T.ramp(v * 4, 1, 4)] = T.broadcast(T.int32(0), 4)
+            for q in range(quads):
+                for v in T.unroll(_VECTORS):
+                    weights = B.vload([0, q, h * _COLUMNS + v * 4, 0], "int8x16")
                     if signed:
-                        C[g * _ROWS + r, T.ramp(h * _COLUMNS + v * 4, 1, 4)] = (
-                            acc[r, T.ramp(v * 4, 1, 4)] - shift[T.ramp(v * 4, 1, 4)]
+                        shift[T.ramp(v * 4, 1, 4)] = _dot(
+                            instruction, shift[T.ramp(v * 4, 1, 4)],
+                            T.broadcast(T.int32(_TOP_BITS), 4), weights,
                         )
-                    else:
-                        C[g * _ROWS + r, T.ramp(h * _COLUMNS + v * 4, 1, 4)] = acc[r, T.ramp(v * 4, 1, 4)]
+                    for r in T.unroll(_ROWS):
+                        acc[r, T.ramp(v * 4, 1, 4)] = _dot(
+                            instruction, acc[r, T.ramp(v * 4, 1, 4)], activations(A, g * _ROWS + r, q),
+                            weights,
+                        )
+            for r, v in T.grid(_ROWS, _VECTORS):
+                if signed:
+                    C[g * _ROWS + r, T.ramp(h * _COLUMNS + v * 4, 1, 4)] = (
+                        acc[r, T.ramp(v * 4, 1, 4)] - shift[T.ramp(v * 4, 1, 4)]
+                    )
+                else:
+                    C[g * _ROWS + r, T.ramp(h * _COLUMNS + v * 4, 1, 4)] = acc[r, T.ramp(v * 4, 1, 4)]
 
-    return impl
+    return block_func(kc, "uint8", "int8", 4, "int32", impl_body)
 
 
 def neon_int8_intrin(kc: int, zero_init: bool = False, signed: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 64) on ``usdot``,
     or with ``signed`` on ``sdot`` (see module docstring), registered with ``TensorIntrin`` on first
-    use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx_int8.amx_int8_intrin`."""
+    use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx.amx_int8_intrin`."""
     return register_block_intrin(
         f"tvm_roialign_{'sdot' if signed else 'usdot'}",
-        STEP,
+        INT8.step,
         kc,
         zero_init,
-        block_desc,
+        INT8.desc,
         lambda kc, zero_init: _impl(kc, zero_init, signed),
     )
 

@@ -1,6 +1,6 @@
 """The VNNI micro-kernels as TensorIntrins: the AMX-INT8 kernel's 32 x 32 block on ``vpdpbusd``.
 
-The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx_int8`): ``C[i, j] += i32(A[i, k]) *
+The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx`): ``C[i, j] += i32(A[i, k]) *
 i32(B[0, k // 4, j, k % 4])`` over a 32 x 32 block and ``kc`` reduction elements, ``A`` uint8, ``B``
 int8 in the quad layout. ``vpdpbusd`` gives each int32 lane ``acc += a0 b0 + a1 b1 + a2 b2 + a3 b3``,
 exact, no saturation.
@@ -22,8 +22,8 @@ from tvm import tirx
 from tvm.script import tirx as T
 from tvm.target import codegen
 
-from .amx_int8 import STEP, block_desc
-from .register import register_block_intrin
+from .amx import INT8
+from .register import block_func, register_block_intrin
 
 #: rows of a group (accumulators: rows x 2 vectors)
 _GROUP = 8
@@ -61,35 +61,27 @@ def broadcast_quad_impl(kc: int, zero_init: bool, group: int, lanes: int, dot):
     ``dot(acc, broadcast quads, weight quads of lanes columns)`` per row and vector."""
     quads, vectors, b_type = kc // 4, 32 // lanes, f"int8x{4 * lanes}"
 
-    @T.prim_func(s_tir=True)
-    def impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        sa = T.int32()
-        sc = T.int32()
-        A = T.match_buffer(a, (32, kc), "uint8", offset_factor=1, strides=[sa, 1])
-        B = T.match_buffer(b, (1, quads, 32, 4), "int8", offset_factor=1)
-        C = T.match_buffer(c, (32, 32), "int32", offset_factor=1, strides=[sc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:32, 0:32], A[0:32, 0:kc], B[0, 0:quads, 0:32, 0:4])
-            T.writes(C[0:32, 0:32])
-            acc = T.alloc_buffer((group, 32), "int32", scope="local")
-            for g in T.serial(32 // group):
-                for r, h in T.grid(group, vectors):
-                    if zero_init:
-                        acc[r, T.ramp(h * lanes, 1, lanes)] = T.broadcast(T.int32(0), lanes)
-                    else:
-                        acc[r, T.ramp(h * lanes, 1, lanes)] = C[g * group + r, T.ramp(h * lanes, 1, lanes)]
-                for q in range(quads):
-                    for r in T.unroll(group):
-                        for h in T.unroll(vectors):
-                            acc[r, T.ramp(h * lanes, 1, lanes)] = dot(
-                                acc[r, T.ramp(h * lanes, 1, lanes)],
-                                T.broadcast(_quad(A, g * group + r, q), lanes),
-                                B.vload([0, q, h * lanes, 0], b_type),
-                            )
-                for r, h in T.grid(group, vectors):
-                    C[g * group + r, T.ramp(h * lanes, 1, lanes)] = acc[r, T.ramp(h * lanes, 1, lanes)]
+    @T.macro
+    def impl_body(A, B, C, sa, sc):
+        acc = T.alloc_buffer((group, 32), "int32", scope="local")
+        for g in T.serial(32 // group):
+            for r, h in T.grid(group, vectors):
+                if zero_init:
+                    acc[r, T.ramp(h * lanes, 1, lanes)] = T.broadcast(T.int32(0), lanes)
+                else:
+                    acc[r, T.ramp(h * lanes, 1, lanes)] = C[g * group + r, T.ramp(h * lanes, 1, lanes)]
+            for q in range(quads):
+                for r in T.unroll(group):
+                    for h in T.unroll(vectors):
+                        acc[r, T.ramp(h * lanes, 1, lanes)] = dot(
+                            acc[r, T.ramp(h * lanes, 1, lanes)],
+                            T.broadcast(_quad(A, g * group + r, q), lanes),
+                            B.vload([0, q, h * lanes, 0], b_type),
+                        )
+            for r, h in T.grid(group, vectors):
+                C[g * group + r, T.ramp(h * lanes, 1, lanes)] = acc[r, T.ramp(h * lanes, 1, lanes)]
 
-    return impl
+    return block_func(kc, "uint8", "int8", 4, "int32", impl_body)
 
 
 def _impl(kc: int, zero_init: bool):
@@ -99,8 +91,8 @@ def _impl(kc: int, zero_init: bool):
 def vnni_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the AVX512-VNNI micro-kernel over ``kc`` reduction elements (a multiple of 64),
     registered with ``TensorIntrin`` on first use; ``zero_init`` as
-    :func:`~tvm_roialign.schedules.intrin.amx_int8.amx_int8_intrin`."""
-    return register_block_intrin("tvm_roialign_vnni", STEP, kc, zero_init, block_desc, _impl)
+    :func:`~tvm_roialign.schedules.intrin.amx.amx_int8_intrin`."""
+    return register_block_intrin("tvm_roialign_vnni", INT8.step, kc, zero_init, INT8.desc, _impl)
 
 
 #: rows of an AVX-VNNI group (accumulators: rows x 4 ymm vectors: 8 of the 16 ymm registers)
@@ -114,7 +106,7 @@ def _impl_ymm(kc: int, zero_init: bool):
 def avx_vnni_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the AVX-VNNI (256-bit) micro-kernel over ``kc`` reduction elements, as
     :func:`vnni_intrin`."""
-    return register_block_intrin("tvm_roialign_avxvnni", STEP, kc, zero_init, block_desc, _impl_ymm)
+    return register_block_intrin("tvm_roialign_avxvnni", INT8.step, kc, zero_init, INT8.desc, _impl_ymm)
 
 
 __all__ = ["avx_vnni_intrin", "broadcast_quad_impl", "vnni_intrin"]

@@ -7,7 +7,7 @@ The function has three stages, ``int8_gather_a`` (activations quantized to uint8
 conv), ``int8_contraction`` (the GEMM, int32 accumulation) and ``int8_output`` (dequantized to fp32
 in the op's shape), followed by whatever elementwise epilogue fusion gave it (bias, residual add,
 ReLU), inlined into the output stage. The GEMM is cut into 32 x 32 output blocks, each computed by
-the micro-kernel (:mod:`~tvm_roialign.schedules.intrin.amx_int8`, :mod:`~tvm_roialign.schedules.intrin.vnni`, :mod:`~tvm_roialign.schedules.intrin.neon_int8`) over
+the micro-kernel (:mod:`~tvm_roialign.schedules.intrin.amx`, :mod:`~tvm_roialign.schedules.intrin.vnni`, :mod:`~tvm_roialign.schedules.intrin.neon_int8`) over
 ``kc`` reduction elements, with the loop order and the reduction chunks of the bf16 contraction
 (:func:`choose_blocking`, for operands of one byte).
 
@@ -20,15 +20,17 @@ from __future__ import annotations
 import functools
 
 from ...topi.int8_contraction import CONTRACTION, GATHER_A, OUTPUT
-from ..intrin.amx import AMX_TILES
-from ..intrin.amx_int8 import BLOCK, STEP, amx_int8_intrin
-from ..intrin.avx2 import avx2_int8_intrin
 from ..base import CPURule, find_block, inline_epilogue, static_int
 from ..elementwise import schedule_injective_block, schedule_rest
+from ..intrin.amx import INT8, AMX_TILES, BLOCK, amx_int8_intrin
+from ..intrin.avx2 import avx2_int8_intrin
 from ..intrin.neon_int8 import neon_int8_intrin
+from ..intrin.vnni import avx_vnni_intrin, vnni_intrin
 from ..target_info import cpu_info
 from ..vector_math import ALL_OPS
-from ..intrin.vnni import avx_vnni_intrin, vnni_intrin
+
+#: reduction elements of one step of the micro-kernels
+STEP = INT8.step
 
 #: the largest weight magnitude of each kind's kernels where it is not 127: AVX2's ``vpmaddubsw`` adds
 #: two u8 x s8 products in int16, exact only while ``2 * 255 * |w| <= 32767``
