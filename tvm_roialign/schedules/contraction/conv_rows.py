@@ -14,9 +14,8 @@ layout of the buffer it writes (``transform_layout``: ``[N, H, W, C]`` -> ``[N, 
 every consumer then reads as ``[n, h * W + w, c]``), so that the block is again a
 :class:`~tvm_roialign.schedules.contraction.analysis.Contraction`, with two row axes. Only where the extents are static
 and the conv writes an intermediate buffer of the function (a parameter keeps its shape). The batch
-may be symbolic: Mask R-CNN's mask head runs its 14x14 convs on one map per detection, and on a
-Zen 3 (AVX2) its 3x3 256 -> 256 conv over 60 maps went from the 14 x 1 vectors tile of one image
-row (13.6 GFLOP/s) to 6 x 2 tiles of 196 merged pixels (26.8 GFLOP/s), timed in one interleaved run.
+may be symbolic: Mask R-CNN's mask head runs its 14x14 convs on one map per detection (its 3x3
+256 -> 256 conv measured in docs/benchmarks.md, "Schedules and host settings").
 """
 
 from __future__ import annotations

@@ -10,9 +10,8 @@ Goto's GEMM): per chunk, row blocks outside column blocks, so that a block's sli
 in L2 while every column block reads it, and the chunk's panel of packed weights stays in L1 while
 every row tile of the block reads it (:func:`_row_blocks` sizes both from the target's caches).
 The tile then accumulates in the output across chunks, and the epilogue is a separate parallel
-pass. (The chunk used to be sized so that all the rows' slice of ``a`` fit in half of L2, with
-column blocks outside row tiles: 64 of 12544 for fc6, and the output, read and written once per
-chunk, 196 times, made it 2.6-2.8x slower than no chunks at all on a Zen 3.)
+pass. (Chunks sized for all rows' slice of ``a``, with column blocks outside row tiles, read and
+write the output once per chunk: slower than no chunks at all; docs/benchmarks.md.)
 
 A ``b`` computed at run time whose columns the target's vector does not divide (attention's
 ``q @ k^T``) is padded and packed into the tile's panels at each call (:mod:`~tvm_roialign.schedules.contraction.runtime_matmul`).
@@ -21,11 +20,11 @@ A ``b`` computed at run time whose columns the target's vector does not divide (
 from __future__ import annotations
 
 from ..base import CPURule, find_main_reduction
-from .schedule import analyze_contraction, choose_tiling, schedule_with_epilogue
-from .tiles import pick_tile, tile_throughput
-from .runtime_matmul import schedule_padded, wants_padding
 from ..target_info import CPUInfo, cpu_info
 from ..vector_math import ALL_OPS
+from .runtime_matmul import schedule_padded, wants_padding
+from .schedule import analyze_contraction, choose_tiling, schedule_with_epilogue
+from .tiles import pick_tile, tile_throughput
 
 #: the least share of the free register tile's throughput that a tile dividing the rows (which
 #: reduction chunks need) must keep: chunks save re-reading ``a`` from L3 per column block, which
