@@ -50,6 +50,7 @@ from tvm_roialign.pipeline_phases import prepare_pipeline
 from tvm_roialign.precision import qdq_note, resolve
 from tvm_roialign.target import parse_target
 from tvm_roialign.topi.int8_contraction import TILE_N
+from tvm_roialign.testing import run_first
 
 #: output quanta the builds may differ from the references by (module docstring)
 QUANTA = 2
@@ -101,7 +102,7 @@ def _assert_within_quanta(actual, expected, quantum: float, what: str) -> None:
 
 def _run(executable, xs) -> list[np.ndarray]:
     vm = relax.VirtualMachine(executable, tvm.cpu())
-    return [vm["main"](tvm.runtime.tensor(x)).numpy() for x in xs]
+    return [run_first(vm, x) for x in xs]
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
