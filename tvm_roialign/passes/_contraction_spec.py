@@ -145,6 +145,17 @@ def matmul_spec(call) -> Spec | None:
     return Spec(matrix, None, rows, out_shape)
 
 
+def call_contraction(builder, compute, prefix: str, x, *tensors, rows, reduction: int, out_shape, geometry,
+                     **options):
+    """``builder.call_te`` of the TE contraction ``compute`` (bf16's or int8's) on ``x`` and
+    ``tensors``, for ``rows`` GEMM rows over ``reduction`` elements in the op's ``out_shape`` (a
+    conv of ``geometry``, or a matmul); named ``{prefix}_conv2d`` or ``{prefix}_matmul``."""
+    kernel = functools.partial(compute, rows=rows, reduction=reduction, out_shape=list(out_shape),
+                               geometry=geometry, **options)
+    name = f"{prefix}_conv2d" if geometry is not None else f"{prefix}_matmul"
+    return builder.call_te(kernel, x, *tensors, primfunc_name_hint=name)
+
+
 def contraction_spec(call, row_tap_depth: int | None = None) -> Spec | None:
     """The :class:`Spec` of ``call``: a conv2d by :func:`conv_spec` (narrow taps with
     ``row_tap_depth``), a matmul by :func:`matmul_spec`; None for anything else."""

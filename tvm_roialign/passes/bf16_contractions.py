@@ -19,14 +19,12 @@ pipeline applies this pass only for a target that has them.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import tvm
 from tvm import relax
 
 from ..topi.bf16_contraction import TILE_K, Epilogue, bf16_contraction, pack_weight_vnni
-from ._contraction_spec import TAP_CHANNELS, dims
+from ._contraction_spec import TAP_CHANNELS, call_contraction, dims
 from ._contraction_spec import contraction_spec as _contraction_spec
 from ._mutator import FunctionRewriter, rewrite_module
 from .bf16_plan import plan_chains
@@ -100,18 +98,10 @@ class _BF16Rewriter(FunctionRewriter):
             relu=chain.relu,
             bits_out=chain.bits_out,
         )
-        compute = functools.partial(
-            bf16_contraction,
-            rows=rows,
-            reduction=int(matrix.shape[0]),
-            out_shape=list(out_shape),
-            geometry=geometry,
-            epilogue=epilogue,
-            in_hw=in_hw,
-        )
-        name = "bf16_conv2d" if geometry is not None else "bf16_matmul"
         packed = relax.const(pack_weight_vnni(matrix))
-        return self.builder_.call_te(compute, x, packed, *extra, primfunc_name_hint=name)
+        return call_contraction(self.builder_, bf16_contraction, "bf16", x, packed, *extra, rows=rows,
+                                reduction=int(matrix.shape[0]), out_shape=out_shape, geometry=geometry,
+                                epilogue=epilogue, in_hw=in_hw)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.BF16Contractions")

@@ -18,7 +18,6 @@ numbered in the order the rewriter visits them, the same in the observed copy an
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -32,7 +31,7 @@ from ..topi.int8_contraction import (
     pack_weight_quads,
     quantize_weight,
 )
-from ._contraction_spec import TAP_CHANNELS, contraction_spec, dims
+from ._contraction_spec import TAP_CHANNELS, call_contraction, contraction_spec, dims
 from ._mutator import FunctionRewriter, rewrite_module
 
 #: values of each observed tensor kept per calibration run (a strided subsample, and its extremes)
@@ -94,17 +93,9 @@ def emit_int8_contraction(builder, x, q, w_scale, act: ActivationQuant, rows, ou
     if geometry is None and len(dims(x)) != 2:
         x = builder.emit(relax.op.reshape(x, [rows, q.shape[0]]))
     correction, scale = dequant_constants(q, w_scale, act)
-    compute = functools.partial(
-        int8_contraction,
-        rows=rows,
-        reduction=int(q.shape[0]),
-        out_shape=list(out_shape),
-        act=act,
-        geometry=geometry,
-    )
-    name = "int8_conv2d" if geometry is not None else "int8_matmul"
     constants = [relax.const(v) for v in (pack_weight_quads(q), correction, scale)]
-    return builder.call_te(compute, x, *constants, primfunc_name_hint=name)
+    return call_contraction(builder, int8_contraction, "int8", x, *constants, rows=rows,
+                            reduction=int(q.shape[0]), out_shape=out_shape, geometry=geometry, act=act)
 
 
 def observed_module(mod: tvm.IRModule) -> tvm.IRModule:
