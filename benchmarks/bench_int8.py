@@ -36,7 +36,7 @@ from tvm_roialign.frontend import from_exported_program
 from tvm_roialign.host import request_amx, use_usable_cores
 from tvm_roialign.models.classifier_zoo import build_classifier, photo_batch
 from tvm_roialign.pipeline import build
-from tvm_roialign.schedules.int8_contraction import int8_instructions, int8_weight_limit
+from tvm_roialign.schedules.lowp.int8 import int8_instructions, int8_weight_limit
 from tvm_roialign.target import describe, parse_target
 
 

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import tvm
 
-from tvm_roialign.models.detector_reference import sample_photo
+from tvm_roialign.runtime.sample_photos import sample_photo
 from tvm_roialign.runtime import Detector
 
 

@@ -10,6 +10,7 @@ int8 activations, calibrated on four random inputs) quantizes it.
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -44,8 +45,10 @@ def qdq_model(folder, activations: str = "uint8", reduce_range: bool = False) ->
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    from tvm_roialign.bench.onnxruntime_peer import quantizer_workdir
+
     name = f"net_{activations}{'_reduce_range' if reduce_range else ''}.onnx"
-    path, prepared, out = (str(folder / n) for n in ("net.onnx", "net.pre.onnx", name))
+    path, prepared, out = (str(Path(folder).resolve() / n) for n in ("net.onnx", "net.pre.onnx", name))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(_net(), (torch.zeros(SHAPE),), path, dynamo=False, opset_version=17,
@@ -57,10 +60,11 @@ def qdq_model(folder, activations: str = "uint8", reduce_range: bool = False) ->
         def get_next(self):
             return next(feeds, None)
 
-    quant_pre_process(path, prepared)
     act = QuantType.QUInt8 if activations == "uint8" else QuantType.QInt8
-    quantize_static(prepared, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    reduce_range=reduce_range, activation_type=act, weight_type=QuantType.QInt8)
+    with quantizer_workdir():  # its scratch files, not in the working directory
+        quant_pre_process(path, prepared)
+        quantize_static(prepared, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        reduce_range=reduce_range, activation_type=act, weight_type=QuantType.QInt8)
     return out
 
 

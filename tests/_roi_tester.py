@@ -24,7 +24,7 @@ from _targets import GENERIC as HOST
 from hypothesis import example, given, settings
 from tvm import relax, te
 
-from tvm_roialign.schedules.roi_align_gpu import RoIAlignCUDA
+from tvm_roialign.schedules.roi_align.gpu import RoIAlignCUDA
 from tvm_roialign.strategies import STRATEGIES
 from tvm_roialign.strategies.base import LAYOUT_ATTR, mark_scheduled
 from tvm_roialign.testing import single_op_module

@@ -1,5 +1,6 @@
 """The house's structure: no import cycle between the package's modules (files), lazy imports
-included; no file over 450 lines; no function over 80 lines.
+included; imports run down the package's layers (:data:`LAYERS`), never up; no file over 450
+lines; no function over 80 lines.
 
 The module graph is read from the source (every ``import`` and ``from ... import``, top-level and
 inside functions), so an import placed in a function to dodge a cycle at load time still counts: it
@@ -119,6 +120,73 @@ def test_imports_inside_functions_are_edges_between_modules():
 def test_no_import_cycle_between_modules():
     found = cycles(import_graph())
     assert not found, f"import cycles between modules (lazy imports included): {found}"
+
+
+#: The package's top-level modules and sub-packages by layer, the ground first: a unit imports only
+#: units of lower layers (and, within itself, anything that makes no cycle). Units of one layer do
+#: not import each other. The README's package map follows this order.
+LAYERS = (
+    ("_version", "_registry", "host", "profiling", "remote"),  # standard library and TVM only
+    ("topi", "target", "linking", "runtime"),  # TE computes; targets; linking; running artifacts
+    ("schedules",),  # schedule rules and tensor intrinsics
+    ("strategies",),  # RoIAlign's per-target strategies
+    ("ops",),  # Relax ops: struct info, legalization
+    ("passes",),  # Relax passes, one per file
+    ("frontend", "precision"),  # importers; a build's precision plan, calibration, QDQ phase
+    ("pipeline_phases",),  # phases 1-3 and 5 of the CPU pipeline, shared with tuning
+    ("tuning",),  # MetaSchedule tasks, records, search
+    ("pipeline",),  # build(): the phases composed with the tuned schedules
+    ("models", "testing"),  # detectors and classifiers compiled whole; test references
+    ("__init__",),  # the package's face
+    ("bench",),  # the measuring harness
+    ("cli",),  # the command line
+    ("__main__",),
+)
+
+
+def unit_of(module: str) -> str:
+    """The top-level module or sub-package of the package that ``module`` belongs to."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def upward_imports(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
+    """``a -> b (unit layer i -> unit layer j)`` for every import of ``graph`` from one unit into
+    another of the same or a higher layer of ``layers``; a unit on no layer is named too."""
+    layer = {unit: i for i, units in enumerate(layers) for unit in units}
+    found = []
+    for module, deps in sorted(graph.items()):
+        low = unit_of(module)
+        for dep in sorted(deps):
+            high = unit_of(dep)
+            if low == high:
+                continue
+            if low not in layer or high not in layer:
+                found.append(f"{module} -> {dep}: {low if low not in layer else high} is on no layer")
+            elif layer[high] >= layer[low]:
+                found.append(f"{module} -> {dep} ({low} on layer {layer[low]}, {high} on {layer[high]})")
+    return found
+
+
+def test_the_layer_check_finds_an_upward_import():
+    pkg = PACKAGE
+    graph = {f"{pkg}.topi.a": {f"{pkg}.schedules.b"}, f"{pkg}.schedules.b": {f"{pkg}.topi.c"},
+             f"{pkg}.topi.c": set(), f"{pkg}.topi.d": {f"{pkg}.topi.c"}}
+    assert upward_imports(graph) == [f"{pkg}.topi.a -> {pkg}.schedules.b (topi on layer 1, schedules on 2)"]
+    assert upward_imports({f"{pkg}.attic.a": {f"{pkg}.topi.c"}, f"{pkg}.topi.c": set()}) == [
+        f"{pkg}.attic.a -> {pkg}.topi.c: attic is on no layer"
+    ]
+
+
+def test_imports_run_down_the_layers():
+    found = upward_imports(import_graph())
+    assert not found, "imports that run back up the layers (lazy imports included):\n" + "\n".join(found)
+
+
+def test_every_unit_is_on_a_layer():
+    placed = {unit for units in LAYERS for unit in units}
+    units = {unit_of(m) for m in import_graph()}
+    assert units <= placed, f"place these in LAYERS: {sorted(units - placed)}"
 
 
 def test_the_computes_take_the_target_as_an_argument():

@@ -17,13 +17,12 @@ import json
 import numpy as np
 import pytest
 import torch
-import tvm
-from tvm import relax
 
 from tvm_roialign.frontend import from_exported_program
 from tvm_roialign.host import cpu_flags, request_amx
 from tvm_roialign.pipeline import build
 from tvm_roialign.target import parse_target
+from tvm_roialign.testing import run_first
 
 #: bound of the fp32 accumulation, relative to sum_k |a_k w_k| (see module docstring)
 BF16_ACCUMULATION_TOL = 1e-5
@@ -56,11 +55,6 @@ def _bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).to(torch.float64)
 
 
-def _run(executable, x: np.ndarray) -> np.ndarray:
-    out = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x))
-    return (out if hasattr(out, "numpy") else out[0]).numpy()
-
-
 def _check_bound(actual, reference, magnitude):
     excess = np.abs(actual - reference.numpy()) - BF16_ACCUMULATION_TOL * magnitude.numpy()
     assert excess.max() <= 1e-6, float(excess.max())
@@ -87,7 +81,7 @@ def test_bf16_matmul_matches_float64(unit):
     executable = build(_module(layer, x), target, precision="bf16").executable
     assert instruction in _asm(executable)
     a, w = _bf16(x), _bf16(layer.weight.detach())
-    _check_bound(_run(executable, x.numpy()), a @ w.T, a.abs() @ w.abs().T)
+    _check_bound(run_first(executable, x.numpy()), a @ w.T, a.abs() @ w.abs().T)
 
 
 @pytest.mark.parametrize("kernel, stride, padding", [(3, 2, 1), (1, 1, 0)])
@@ -103,7 +97,7 @@ def test_bf16_conv_matches_float64(kernel, stride, padding):
     ops = dict(stride=stride, padding=padding)
     reference = torch.nn.functional.conv2d(a, w, **ops)
     magnitude = torch.nn.functional.conv2d(a.abs(), w.abs(), **ops)
-    _check_bound(_run(executable, x.numpy()), reference, magnitude)
+    _check_bound(run_first(executable, x.numpy()), reference, magnitude)
 
 
 def test_bf16_conv_of_symbolic_size_matches_float64():
@@ -124,7 +118,7 @@ def test_bf16_conv_of_symbolic_size_matches_float64():
         a = _bf16(x)
         reference = torch.nn.functional.conv2d(a, w, stride=2, padding=1)
         magnitude = torch.nn.functional.conv2d(a.abs(), w.abs(), stride=2, padding=1)
-        _check_bound(_run(executable, x.numpy()), reference, magnitude)
+        _check_bound(run_first(executable, x.numpy()), reference, magnitude)
 
 
 def test_amx_target_assembly_has_tdpbf16ps():
@@ -145,24 +139,24 @@ def test_avx512_bf16_target_assembly_has_vdpbf16ps():
 
 def test_aarch64_bf16_target_assembly_has_bfdot():
     """AArch64 with bf16, cross-compiled: the bf16 dot product, and the metadata says so."""
-    from tvm_roialign.pipeline_phases import precision_metadata
+    from tvm_roialign.precision import resolve
 
     layer = torch.nn.Linear(64, 64, bias=False)
     asm = _asm(build(_module(layer, torch.randn(32, 64)), AARCH64_BF16, precision="bf16").executable)
     assert "bfdot\t" in asm
-    assert precision_metadata("bf16", AARCH64_BF16)["bf16_kernels"] == "bfdot"
+    assert resolve(AARCH64_BF16, "bf16").metadata()["bf16_kernels"] == "bfdot"
 
 
 def test_bf16_without_bf16_instructions_builds_fp32_with_a_note():
     layer = torch.nn.Linear(64, 64, bias=False)
-    with pytest.warns(UserWarning, match="has neither AMX bf16 nor AVX512-BF16"):
+    with pytest.warns(UserWarning, match="precision bf16: .* has no AMX, AVX512-BF16 or AArch64 bf16; building fp32"):
         built = build(_module(layer, torch.randn(32, 64)), AVX512_ONLY, precision="bf16")
     assert "dpbf16ps" not in _asm(built.executable)
 
 
 def test_unknown_precision_is_refused():
     layer = torch.nn.Linear(8, 8)
-    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, int8, got 'fp16'"):
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, int8, auto, got 'fp16'"):
         build(_module(layer, torch.randn(2, 8)), AMX_TARGET, precision="fp16")
 
 
@@ -196,7 +190,7 @@ def _small_convnet() -> torch.nn.Module:
 def test_convnet_bf16_close_to_fp32_on_a_photo():
     """A small resnet-like net (random weights, batch-norm statistics from three training passes)
     on the astronaut photo at 96x96: the bf16 build's logits against the fp32 build's."""
-    from tvm_roialign.models.detector_reference import sample_photo
+    from tvm_roialign.runtime.sample_photos import sample_photo
 
     _amx_or_skip()
     torch.manual_seed(0)
@@ -211,10 +205,10 @@ def test_convnet_bf16_close_to_fp32_on_a_photo():
     x = ((x - mean) / std).contiguous()
     mod = _module(model, x)
     native = parse_target("native")
-    fp32 = _run(build(mod, native).executable, x.numpy()).ravel().astype(np.float64)
+    fp32 = run_first(build(mod, native).executable, x.numpy()).ravel().astype(np.float64)
     executable = build(mod, native, precision="bf16").executable
     assert "tdpbf16ps" in _asm(executable)
-    bf16 = _run(executable, x.numpy()).ravel()
+    bf16 = run_first(executable, x.numpy()).ravel()
     cosine = fp32 @ bf16 / np.linalg.norm(fp32) / np.linalg.norm(bf16)
     assert cosine >= 0.99, cosine
 
@@ -245,14 +239,18 @@ def test_cli_compile_precision_bf16_without_the_instructions_notes_fp32(pt2_mode
     lib = cli_workdir / "tiny_bf16_skx.so"
     argv = ["compile", str(pt2_model[0]), "-o", str(lib), "--precision", "bf16"]
     assert cli.main([*argv, "--target", "llvm -mcpu=skylake-avx512"]) == 0
-    assert "note: --precision bf16: llvm -mcpu=skylake-avx512" in capsys.readouterr().err
+    assert "note: precision bf16: llvm -mcpu=skylake-avx512" in capsys.readouterr().err
     assert json.loads((cli_workdir / "tiny_bf16_skx.so.json").read_text())["precision"] == "fp32"
 
 
 def test_user_facing_bf16_needs_amx():
     """``compile``/``compile_detector``: bf16 on AMX (and on AArch64 bf16, when asked); fp32 with
     a note saying why elsewhere (the AVX512-BF16 kernels run slower than fp32, docs/precision.md)."""
-    from tvm_roialign.pipeline_phases import chosen_precision
+    from tvm_roialign.precision import resolve
+
+    def chosen_precision(asked, target):
+        plan = resolve(target, asked, avx512_bf16=False)
+        return plan.precision, (plan.notes[0] if plan.notes else None)
 
     assert chosen_precision("bf16", AMX_TARGET) == ("bf16", None)
     assert chosen_precision("fp32", AVX512_ONLY) == ("fp32", None)
@@ -366,7 +364,7 @@ def test_bf16_rgb_stem_matches_float64():
     ops = dict(stride=2, padding=3)
     reference = torch.nn.functional.conv2d(a, w, **ops)
     magnitude = torch.nn.functional.conv2d(a.abs(), w.abs(), **ops)
-    _check_bound(_run(executable, x.numpy()), reference, magnitude)
+    _check_bound(run_first(executable, x.numpy()), reference, magnitude)
 
 
 class _BF16Block(torch.nn.Module):
@@ -411,6 +409,6 @@ def test_bf16_activations_between_contractions_match_float64():
     h_mag = conv2d(a.abs(), w1.abs()) + b1.abs()
     magnitude = conv2d(h.abs(), w.abs(), padding=1) + b2.abs() + h.abs()
     slack = 2.0**-8 * (conv2d(h_mag, w.abs(), padding=1) + h_mag)
-    excess = np.abs(_run(executable, x.numpy()) - reference.numpy())
+    excess = np.abs(run_first(executable, x.numpy()) - reference.numpy())
     excess -= BF16_ACCUMULATION_TOL * magnitude.numpy() + slack.numpy()
     assert excess.max() <= 1e-6, float(excess.max())

@@ -9,7 +9,7 @@ import pytest
 
 from tvm_roialign import cli
 from tvm_roialign.models.compare_bf16 import BF16_CRITERIA, bf16_passed, compare_bf16
-from tvm_roialign.pipeline_phases import auto_precision, chosen_precision
+from tvm_roialign.precision import auto_precision, resolve
 from tvm_roialign.target import parse_target
 
 
@@ -92,13 +92,13 @@ def test_auto_precision_per_target(target, expected):
     AArch64 bf16 was checked on an emulated board only, its speed not measured)."""
     parsed = parse_target(target)
     assert auto_precision(parsed)[0] == expected
-    precision, note = chosen_precision("auto", parsed)
-    assert precision == expected and note.startswith(f"precision auto: {expected} (")
+    plan = resolve(parsed, "auto", avx512_bf16=False)
+    assert plan.precision == expected and plan.summary.startswith(f"precision auto: {expected} (")
 
 
-def test_chosen_precision_refuses_unknown_values():
+def test_resolve_refuses_unknown_values():
     with pytest.raises(ValueError, match="precision must be one of fp32, bf16, int8, auto"):
-        chosen_precision("fp16", parse_target("llvm -mcpu=sapphirerapids"))
+        resolve(parse_target("llvm -mcpu=sapphirerapids"), "fp16")
 
 
 @pytest.mark.parametrize(
@@ -119,7 +119,7 @@ def test_cli_precision_errors_are_one_line(command, argv, message, tmp_path, cap
 
 
 def test_fp32_layers_parse():
-    from tvm_roialign.models.detector_precision import DEFAULT_FP32_LAYERS, parse_fp32_layers
+    from tvm_roialign.precision.layers import DEFAULT_FP32_LAYERS, parse_fp32_layers
 
     assert parse_fp32_layers(None) == DEFAULT_FP32_LAYERS
     assert parse_fp32_layers("none") == ()
@@ -139,7 +139,7 @@ def test_fp32_layers_are_found_in_the_imported_graph():
     from _tiny_rcnn import tiny_rcnn
 
     from tvm_roialign.models.detection import import_detector
-    from tvm_roialign.models.detector_precision import FP32_LAYERS, keeps_fp32
+    from tvm_roialign.precision.layers import FP32_LAYERS, keeps_fp32
     from tvm_roialign.passes import BF16Contractions
 
     model = tiny_rcnn(masks=True, seed=0, detections_per_img=20)
@@ -178,7 +178,7 @@ def test_tiny_detector_bf16_with_every_layer_kept_fp32_equals_eager(tmp_path):
 
     from tvm_roialign.host import request_amx
     from tvm_roialign.models import detection as det
-    from tvm_roialign.models.detector_precision import FP32_LAYERS
+    from tvm_roialign.precision.layers import FP32_LAYERS
     from tvm_roialign.runtime import Detector
 
     try:

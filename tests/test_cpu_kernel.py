@@ -26,9 +26,9 @@ import tvm_roialign
 from tvm_roialign import testing
 from tvm_roialign.ops.roi_align import RoiAlignAttrs
 from tvm_roialign.schedules.base import largest_divisor_lanes
-from tvm_roialign.schedules.roi_align_cpu import vector_lanes
-from tvm_roialign.schedules.roi_align_kernel import roi_align_adaptive_cpu
-from tvm_roialign.schedules.roi_align_kernel_constants import MAX_ACC_BYTES, channel_block_for
+from tvm_roialign.schedules.roi_align.cpu import vector_lanes
+from tvm_roialign.schedules.roi_align.kernel import roi_align_adaptive_cpu
+from tvm_roialign.schedules.roi_align.kernel_constants import MAX_ACC_BYTES, channel_block_for
 from tvm_roialign.schedules.target_info import cpu_info
 from tvm_roialign.strategies import STRATEGIES
 from tvm_roialign.strategies.cpu_kernel import cpu_adaptive_kernel

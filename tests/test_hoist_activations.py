@@ -15,7 +15,7 @@ from tvm_roialign.frontend import from_exported_program
 from tvm_roialign.passes import HoistActivations
 from tvm_roialign.pipeline import build
 from tvm_roialign.profiling import profile_vm
-from tvm_roialign.testing import op_calls
+from tvm_roialign.testing import op_calls, run_first
 
 
 class _MLP(torch.nn.Module):
@@ -64,8 +64,7 @@ def test_gelu_fuses_into_the_matmul_and_equals_float64_torch():
     model, x, mod = _module()
     built = build(mod, HOST)
     vm = relax.VirtualMachine(built.executable, tvm.cpu())
-    got = vm["main"](tvm.runtime.tensor(x.numpy()))
-    got = (got if hasattr(got, "numpy") else got[0]).numpy()
+    got = run_first(vm, x.numpy())
     with torch.no_grad():
         expected = model.double()(x.double()).numpy()
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())

@@ -27,12 +27,12 @@ from tvm import relax
 
 from tvm_roialign.frontend import from_exported_program
 from tvm_roialign.host import cpu_flags, request_amx
-from tvm_roialign.models.calibration_photos import calibration_inputs
+from tvm_roialign.precision.calibration import calibration_inputs
 from tvm_roialign.passes.int8_contractions import clipped_range
 from tvm_roialign.pipeline import build
-from tvm_roialign.schedules.int8_contraction import int8_instructions, int8_pays
+from tvm_roialign.schedules.lowp.int8 import int8_instructions, int8_pays
 from tvm_roialign.target import parse_target
-from tvm_roialign.testing import generic_int8
+from tvm_roialign.testing import generic_int8, run_first
 from tvm_roialign.topi.int8_contraction import ActivationQuant, quantize_weight
 
 AMX_TARGET = parse_target("llvm -mcpu=sapphirerapids")
@@ -80,11 +80,6 @@ def _runnable_or_skip(unit: str) -> None:
 
 def _asm(executable) -> str:
     return executable.mod.imports[0].inspect_source("asm")
-
-
-def _run(executable, *arrays) -> np.ndarray:
-    out = relax.VirtualMachine(executable, tvm.cpu())["main"](*(tvm.runtime.tensor(a) for a in arrays))
-    return (out if hasattr(out, "numpy") else out[0]).numpy()
 
 
 def _integers(rng, shape, low: int) -> np.ndarray:
@@ -178,7 +173,7 @@ def test_int8_kernels_match_int64_exactly(exact_cases, unit, case):
     executable = build(mod, target, layout=None, precision="int8", calibration=[[x]]).executable
     assert instruction in _asm(executable)
     _runnable_or_skip(unit)
-    actual = _run(executable, x)
+    actual = run_first(executable, x)
     assert np.abs(reference).max() < 2**24  # exact in fp32
     np.testing.assert_array_equal(actual.astype(np.int64), reference)
 
@@ -187,14 +182,14 @@ def test_int8_kernels_match_int64_exactly(exact_cases, unit, case):
 def test_aarch64_int8_target_assembly(exact_cases, unit):
     """Cross-compiled for AArch64 (calibrated on this machine): the dot product of the target's
     features, and not the other one."""
-    from tvm_roialign.pipeline_phases import precision_metadata
+    from tvm_roialign.precision import resolve
 
     mod, x, _ = exact_cases["conv"]
     target = AARCH64_UNITS[unit]
     asm = _asm(build(mod, target, layout=None, precision="int8", calibration=[[x]]).executable)
     other = "sdot" if unit == "usdot" else "usdot"
     assert re.search(rf"\b{unit}\t", asm) and not re.search(rf"\b{other}\t", asm)
-    assert precision_metadata("int8", target)["int8_kernels"] == unit
+    assert resolve(target, "int8").metadata()["int8_kernels"] == unit
 
 
 class _SmallResNet(torch.nn.Module):
@@ -244,7 +239,7 @@ def test_small_resnet_int8_close_to_eager(small_resnet):
     else:
         executable = build(mod, native, precision="int8").executable
         _runnable_or_skip({"avx512vnni": "vnni"}.get(kind, kind))
-    actual = _run(executable, x.numpy()).ravel().astype(np.float64)
+    actual = run_first(executable, x.numpy()).ravel().astype(np.float64)
     with torch.no_grad():
         expected = model(x).numpy().ravel().astype(np.float64)
     cosine = actual @ expected / np.linalg.norm(actual) / np.linalg.norm(expected)
@@ -257,21 +252,21 @@ def test_target_without_int8_units_builds_fp32_with_a_warning(exact_cases):
         executable = build(mod, NO_INT8, layout=None, precision="int8", calibration=[[x]]).executable
     asm = _asm(executable)
     assert not any(i in asm for i in ("vpdpbusd", "tdpbusd", "vpmaddubsw"))
-    np.testing.assert_allclose(_run(executable, x), reference, rtol=1e-5)
+    np.testing.assert_allclose(run_first(executable, x), reference, rtol=1e-5)
 
 
 def test_generic_int8_matches_int64_exactly(exact_cases):
     """``generic_int8``: the int8 contractions on a target without int8 kernels (AVX2), compiled
     by TVM's generic schedules, equal the int64 product as the kernels do; the metadata says so."""
-    from tvm_roialign.pipeline_phases import precision_metadata
+    from tvm_roialign.precision import resolve
 
     for case in ("matmul", "conv"):
         mod, x, reference = exact_cases[case]
         with generic_int8():
             executable = build(mod, NO_INT8, layout=None, precision="int8", calibration=[[x]]).executable
-            assert precision_metadata("int8", NO_INT8)["int8_kernels"] == "generic"
+            assert resolve(NO_INT8, "int8").metadata()["int8_kernels"] == "generic"
         assert "int8_" in executable.mod.imports[0].inspect_source("ll")
-        np.testing.assert_array_equal(_run(executable, x).astype(np.int64), reference)
+        np.testing.assert_array_equal(run_first(executable, x).astype(np.int64), reference)
 
 
 def test_a_short_reduction_stays_fp32_where_int8_does_not_pay():
@@ -319,7 +314,7 @@ def test_keep_fp32_leaves_a_contraction_in_fp32(exact_cases):
     with pytest.raises(Exception, match="keep_fp32: position 1 is outside the model's 1 contractions"):
         build(mod, VNNI_TARGET, layout=None, precision="int8", calibration=[[x]], keep_fp32=[1])
     _runnable_or_skip("vnni")  # the library is AVX-512 code
-    np.testing.assert_allclose(_run(executable, x), reference, rtol=1e-5)
+    np.testing.assert_allclose(run_first(executable, x), reference, rtol=1e-5)
 
 
 def test_clipped_range_keeps_an_exact_range_and_clips_an_outlier():

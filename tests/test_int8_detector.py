@@ -23,9 +23,10 @@ from _detections import assert_matches_eager
 from _tiny_rcnn import tiny_rcnn
 
 from tvm_roialign.models import detection as det
-from tvm_roialign.models.detector_precision import precision_options
+from tvm_roialign.precision import resolve
+from tvm_roialign.precision.layers import precision_options
 from tvm_roialign.runtime import Detector
-from tvm_roialign.schedules.int8_contraction import int8_instructions
+from tvm_roialign.schedules.lowp.int8 import int8_instructions
 from tvm_roialign.target import parse_target
 from tvm_roialign.testing import generic_int8
 
@@ -61,15 +62,16 @@ def test_int8_detector_for_amx_holds_tdpbusd(tmp_path):
 def test_int8_detector_options_keep_layers_and_take_photos():
     model = tiny_model()
     rgb = det.sample_photo(PHOTO)
-    options = precision_options(model, "int8", ("box_predictor",), calibration=[rgb])
+    plan = resolve(parse_target("llvm -mcpu=cooperlake"), "int8")
+    options = precision_options(model, plan, ("box_predictor",), calibration=[rgb])
     weights = {name: p.detach().numpy() for name, p in model.named_parameters() if name.endswith("weight")}
     keep = options["keep_fp32"]
     assert keep(weights["roi_heads.box_predictor.cls_score.weight"].T)
     assert not keep(weights["roi_heads.box_head.fc6.weight"].T)
     (run,) = options["calibration"]
     assert run[0].dtype == np.uint8 and run[0].shape == rgb.shape
-    assert precision_options(model, "int8", (), None) == {
-        "precision": "int8", "keep_fp32": None, "calibration": None,
+    assert precision_options(model, plan, (), None) == {
+        "precision": plan, "keep_fp32": None, "calibration": None,
     }
 
 

@@ -20,7 +20,7 @@ import tvm_roialign
 from tvm_roialign import _registry
 from tvm_roialign.passes import ConvertLayout, FoldPermuteDims
 from tvm_roialign.passes import layout as layout_pass
-from tvm_roialign.testing import roi_align_ref, single_op_module
+from tvm_roialign.testing import roi_align_ref, run_first, single_op_module
 
 TARGET = GENERIC
 ROIS = np.array(
@@ -71,10 +71,7 @@ def _inputs(shapes: tuple) -> tuple:
 def _run(mod):
     """Build ``mod`` on llvm and run ``main`` on the deterministic inputs of its parameters."""
     shapes = tuple(tuple(int(v) for v in p.ty.shape.values) for p in mod["main"].params)
-    executable = tvm.compile(mod, target=TARGET)
-    vm = relax.VirtualMachine(executable, tvm.cpu())
-    args = [tvm.runtime.tensor(a) for a in _inputs(shapes)]
-    return vm["main"](*args).numpy()
+    return run_first(tvm.compile(mod, target=TARGET), *_inputs(shapes))
 
 
 def _bindings(mod):
@@ -289,7 +286,7 @@ def test_fold_permute_dims_merges_non_cancelling_pairs_and_keeps_others():
     data = np.arange(120, dtype="float32").reshape(2, 3, 4, 5)
     expected = 2 * data.transpose(0, 2, 3, 1).transpose(1, 0, 2, 3)
     ex = tvm.compile(after, target=TARGET)
-    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(data)).numpy()
+    got = run_first(ex, data)
     np.testing.assert_array_equal(got, expected)
     untouched = single_op_module(lambda x: relax.op.permute_dims(x, [0, 2, 3, 1]),
                                  x=((2, 3, 4, 5), "float32"))

@@ -149,7 +149,7 @@ def test_empty_features_rejected():
 
 
 def _gpu_prim_func(layout, sampling_ratio, bind_threads, shapes, num_rois):
-    from tvm_roialign.schedules.roi_align_gpu import RoIAlignCUDA
+    from tvm_roialign.schedules.roi_align.gpu import RoIAlignCUDA
     from tvm_roialign.strategies.base import mark_scheduled
 
     if layout == "NHWC":

@@ -32,6 +32,7 @@ from tvm_roialign.pipeline import (
     symbolic_vars,
 )
 from tvm_roialign.testing import op_calls as _ops
+from tvm_roialign.testing import run_executable
 
 AARCH64 = tvm.target.Target(
     {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}
@@ -48,12 +49,10 @@ def _import(model, *args, layout="NHWC"):
     return ConvertLayout(NHWC)(mod) if layout == "NHWC" else mod
 
 
-def _run(executable, *arrays):
-    vm = relax.VirtualMachine(executable, tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays])
-    if hasattr(out, "numpy"):
-        return [out.numpy()]
-    return [o.numpy() for o in out]
+def _run(executable, *arrays) -> list:
+    """Every output of ``main``, as a list (one for a tensor result)."""
+    out = run_executable(executable, *arrays)
+    return out if isinstance(out, list) else [out]
 
 
 def _close(actual, expected, rel=3e-5):

@@ -46,9 +46,11 @@ from tvm_roialign.passes import ConvertLayoutWherePossible, QDQContractions, des
 from tvm_roialign.passes._mutator import const_value, tensor_shape
 from tvm_roialign.passes.qdq_contractions import qdq_weight_peak
 from tvm_roialign.pipeline import build
-from tvm_roialign.pipeline_phases import precision_metadata, prepare_pipeline, qdq_note
+from tvm_roialign.pipeline_phases import prepare_pipeline
+from tvm_roialign.precision import qdq_note, resolve
 from tvm_roialign.target import parse_target
 from tvm_roialign.topi.int8_contraction import TILE_N
+from tvm_roialign.testing import run_first
 
 #: output quanta the builds may differ from the references by (module docstring)
 QUANTA = 2
@@ -100,7 +102,7 @@ def _assert_within_quanta(actual, expected, quantum: float, what: str) -> None:
 
 def _run(executable, xs) -> list[np.ndarray]:
     vm = relax.VirtualMachine(executable, tvm.cpu())
-    return [vm["main"](tvm.runtime.tensor(x)).numpy() for x in xs]
+    return [run_first(vm, x) for x in xs]
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -251,7 +253,7 @@ def test_winograd_convs_stay_as_imported_on_avx2_only():
     constant folding): left to fp32 Winograd by AVX2's int8 kernels (2x fp32's rate), taken by VNNI's
     (4x); the same geometry as :func:`winograd_plan` gives the conv of the folded constant weight."""
     from tvm_roialign.passes.winograd import winograd_geometry, winograd_plan
-    from tvm_roialign.qdq_phase import int8_keeps
+    from tvm_roialign.precision.qdq import int8_keeps
 
     q = np.random.default_rng(0).integers(-64, 65, (64, 64, 3, 3)).astype(np.int8)
     scale = relax.const(np.full(64, 0.01, np.float32))
@@ -274,7 +276,7 @@ def test_targets_with_int8_kernels_take_the_qdq_layers(models, unit):
         prepared = prepare_pipeline(target)(mod)
     kernels = [gv for gv, f in prepared.functions_items() if "int8_contraction" in f.script()]
     assert len(kernels) == 3, [gv.name_hint for gv in kernels]
-    assert precision_metadata("fp32", target, qdq_weights=127) == {
+    assert resolve(target, "fp32", mod).metadata() == {
         "precision": "int8", "int8_kernels": unit, "quantization": "qdq"
     }
 
@@ -308,8 +310,8 @@ def test_avx2_kernels_take_a_reduce_range_model(models):
     _assert_within_quanta(actual, reference, quantum, "float64")
     _assert_within_quanta(actual, _ort(path, xs, kernels=False), quantum, "onnxruntime (graph)")
     _assert_within_quanta(actual, _ort(path, xs, kernels=True), quantum, "onnxruntime (int8)")
-    assert precision_metadata("fp32", AVX2_ONLY, qdq_weights=64)["int8_kernels"] == "avx2"
-    assert precision_metadata("fp32", AVX2_ONLY, qdq_weights=127)["int8_kernels"] is None
+    assert resolve(AVX2_ONLY, "fp32", mod).metadata()["int8_kernels"] == "avx2"
+    assert resolve(AVX2_ONLY, "fp32", models["u8"][1]).metadata()["int8_kernels"] is None
     note = qdq_note(AVX2_ONLY, 127)
     assert "reach 127" in note and "up to 64" in note and "reduce_range=True" in note
 

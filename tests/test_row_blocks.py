@@ -12,8 +12,9 @@ from tvm import relax
 
 from tvm_roialign.pipeline import build
 from tvm_roialign.schedules import cpu_info
-from tvm_roialign.schedules.contraction_analysis import Contraction
-from tvm_roialign.schedules.contraction_tiles import choose_tiling, resident_row_block
+from tvm_roialign.schedules.contraction.analysis import Contraction
+from tvm_roialign.schedules.contraction.tiles import choose_tiling, resident_row_block
+from tvm_roialign.testing import run_first
 
 _CPUS = pytest.mark.parametrize(
     "config",
@@ -111,7 +112,6 @@ def test_row_blocked_contractions_match_float64(x_shape, w_shape, conv, rng):
     else:
         expected = np.matmul(x.astype("float64"), w.astype("float64"))
     expected = np.maximum(expected, 0)
-    vm = relax.VirtualMachine(build(_module(x_shape, w, conv), HOST).executable, tvm.cpu())
-    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    out = run_first(build(_module(x_shape, w, conv), HOST).executable, x)
     scale = float(np.abs(expected).max())
     np.testing.assert_allclose(out, expected, rtol=0, atol=2e-5 * scale)

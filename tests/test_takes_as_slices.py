@@ -14,6 +14,7 @@ from tvm_roialign.passes import TakesAsSlices
 from tvm_roialign.pipeline import build
 from tvm_roialign.profiling import profile_vm
 from tvm_roialign.testing import op_calls
+from tvm_roialign.testing import run_first
 
 
 def _module(shape, index, axis):
@@ -28,8 +29,7 @@ def _module(shape, index, axis):
 
 
 def _run(mod, x):
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    return vm["main"](tvm.runtime.tensor(x)).numpy()
+    return run_first(tvm.compile(mod, "llvm"), x)
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ import tvm
 from tvm import te
 
 from tvm_roialign import topi
-from tvm_roialign.schedules.roi_align_gpu import RoIAlignCUDA
+from tvm_roialign.schedules.roi_align.gpu import RoIAlignCUDA
 from tvm_roialign.strategies import select_strategy
 from tvm_roialign.strategies.base import LAYOUT_ATTR, mark_scheduled
 from tvm_roialign.testing import build_roi_align_module

@@ -10,6 +10,7 @@ from _targets import NATIVE as HOST
 from tvm import relax
 
 from tvm_roialign.pipeline import build, cpu_schedule_pass, prepare_pipeline
+from tvm_roialign.testing import run_first
 
 
 def _module(shape, axes, dtype="float32"):
@@ -23,8 +24,7 @@ def _module(shape, axes, dtype="float32"):
 
 
 def _run(mod, data):
-    vm = relax.VirtualMachine(build(mod, HOST).executable, tvm.cpu())
-    return vm["main"](tvm.runtime.tensor(data)).numpy()
+    return run_first(build(mod, HOST).executable, data)
 
 
 STATIC = [

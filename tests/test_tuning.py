@@ -26,11 +26,11 @@ import tvm
 import tvm_ffi
 from _cli import one_line_error, run_cli
 from _targets import CLI_NATIVE
-from tvm import relax
 
 from tvm_roialign import cli, tuning
 from tvm_roialign.passes import ConvertLayout, desired_layouts
 from tvm_roialign.pipeline import Built, build, cpu_schedule_pass
+from tvm_roialign.testing import run_first
 
 TRIALS = 1
 TARGET = CLI_NATIVE
@@ -61,11 +61,6 @@ def _relax(size: int):
     mod = ConvertLayout(desired_layouts("NHWC"))(from_exported_program(exported, keep_params_as_input=False))
     with torch.no_grad():
         return mod, x.numpy(), model(x).numpy(), exported
-
-
-def _run(executable, x):
-    out = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x))
-    return (out[0] if not hasattr(out, "numpy") else out).numpy()
 
 
 def _records(db) -> int:
@@ -152,8 +147,8 @@ def test_records_schedule_the_tasks_and_give_the_same_results(tuned, tiny, tol):
         func = applied[name]
         assert func.attrs["tirx.is_scheduled"]
         assert not tvm_ffi.structural_equal(func, default[name]), name  # not the default rules' schedule
-    tuned_out = _run(build(mod, TARGET, tuning_records=records).executable, x)
-    untuned_out = _run(build(mod, TARGET).executable, x)
+    tuned_out = run_first(build(mod, TARGET, tuning_records=records).executable, x)
+    untuned_out = run_first(build(mod, TARGET).executable, x)
     np.testing.assert_allclose(tuned_out, expected, rtol=tol["float32"], atol=tol["float32"])
     np.testing.assert_allclose(tuned_out, untuned_out, rtol=tol["float32"], atol=tol["float32"])
 
@@ -168,7 +163,7 @@ def test_build_returns_the_coverage_of_its_records(tuned, tiny, tol):
     assert isinstance(built, Built) and reported == [built.coverage]
     assert built.coverage.total == 2 and not built.coverage.untuned
     assert str(built.coverage).startswith("tuning records for 2 of 2 conv2d/matmul tasks: ")
-    np.testing.assert_allclose(_run(built.executable, x), expected, rtol=tol["float32"], atol=tol["float32"])
+    np.testing.assert_allclose(run_first(built.executable, x), expected, rtol=tol["float32"], atol=tol["float32"])
     assert build(mod, TARGET).coverage is None
     # the phase-4 pass itself: its coverage goes where the pass says
     sink = []
@@ -230,7 +225,7 @@ def test_tasks_without_records_fall_back_and_are_reported(tuned, tol):
     mod, x, expected, _ = _relax(6)  # other shapes: other workloads, none in the database
     with pytest.warns(tuning.CoverageWarning, match="tuning records for 0 of 2 conv2d/matmul tasks"):
         executable = build(mod, TARGET, tuning_records=str(tuned)).executable
-    np.testing.assert_allclose(_run(executable, x), expected, rtol=tol["float32"], atol=tol["float32"])
+    np.testing.assert_allclose(run_first(executable, x), expected, rtol=tol["float32"], atol=tol["float32"])
 
 
 def test_extract_tasks_sees_the_pipeline_tasks(tiny):

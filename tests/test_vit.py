@@ -16,6 +16,7 @@ from _cli import run_cli
 from tvm import relax
 
 from tvm_roialign.passes import BoundConstantTakes, ConvertLayout, desired_layouts
+from tvm_roialign.testing import run_first
 
 WARNING = "Fast mode segfaults"
 
@@ -31,8 +32,7 @@ def _module(shape, body):
 
 
 def _run(mod, x):
-    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
-    return vm["main"](tvm.runtime.tensor(x)).numpy()
+    return run_first(tvm.compile(mod, "llvm"), x)
 
 
 def test_squeeze_with_a_negative_axis_converts():

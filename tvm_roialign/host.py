@@ -15,10 +15,9 @@ is always kept.
 
 They also leave TVM's workers free to move between cores (``TVM_BIND_THREADS=0``, unless the user set
 it): by default TVM pins worker ``i`` to core ``i``, and on a machine where another process holds one
-of those cores, every parallel kernel then waits for the pinned worker's next time slice. Measured on
-2 vCPUs of an AMD EPYC (Zen 3) with a test suite running beside it, mobilenet_v3_large's median call:
-352 and 498 ms pinned, 153 and 10.5 ms unpinned, 9.1 and 16.3 ms on one thread (quiet machine:
-8.3 ms on two). TVM's own CI unpins its workers for the same reason.
+of those cores, every parallel kernel then waits for the pinned worker's next time slice (the
+measurement: docs/benchmarks.md, "Schedules and host settings"). TVM's own CI unpins its workers
+for the same reason.
 """
 
 from __future__ import annotations

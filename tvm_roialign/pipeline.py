@@ -11,7 +11,12 @@ relax_pipeline="tvm_roialign_cpu")`` works after ``import tvm_roialign``). Its p
    (``DecomposeOpsForInference``), fold constants; gathers of one constant index as slices
    (:class:`~tvm_roialign.passes.TakesAsSlices`, which fuse with their consumers) and
    activations moved ahead of reshapes (:class:`~tvm_roialign.passes.HoistActivations`: a
-   transformer MLP's GELU joins its matmul's epilogue); pad the output channels of constant-weight
+   transformer MLP's GELU joins its matmul's epilogue); in a bf16 or int8 build (the
+   :class:`~tvm_roialign.precision.PrecisionPlan` that :func:`build` is handed or resolves once),
+   constant-weight convolutions and matmuls as bf16 or calibrated int8 contractions
+   (:class:`~tvm_roialign.passes.BF16Contractions`, :class:`~tvm_roialign.passes.Int8Contractions`),
+   and an ONNX QDQ model's quantized layers on the int8 kernels with its own scales
+   (:func:`~tvm_roialign.precision.qdq.qdq_passes`); pad the output channels of constant-weight
    conv2d / matmul to a multiple of the target's vector width
    (:class:`~tvm_roialign.passes.PadChannels`); 3x3 stride-1 convolutions as Winograd
    ``F(m x m, 3x3)`` (:class:`~tvm_roialign.passes.WinogradConv2D`);
@@ -25,6 +30,8 @@ relax_pipeline="tvm_roialign_cpu")`` works after ``import tvm_roialign``). Its p
 5. **default schedule rules** (:func:`tvm_roialign.schedules.default_rules`): register-tiled conv2d
    and matmul with packed weights and fused epilogues, elementwise, then the ``CPUDefault``
    fallback. Functions marked ``tirx.is_scheduled`` (RoIAlign's strategies) are never touched;
+   then the AMX kernels ask Linux for the tile state themselves
+   (:class:`~tvm_roialign.passes.RequestAMXState`: a library may be run from C++);
 6. **pack weights at compile time**: ``SplitLayoutRewritePreproc`` moves the weight-packing stages
    the schedules asked for into functions of their own, :class:`~tvm_roialign.passes.FoldLayoutRewrite`
    evaluates them on the constant weights with NumPy (``FoldConstant`` takes any other form),
@@ -38,6 +45,7 @@ so that its kernels can be tiled.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,15 +53,9 @@ import tvm
 from tvm import relax
 
 from .host import request_amx, use_usable_cores
-from .passes.qdq_contractions import has_qdq
-from .pipeline_phases import (
-    auto_precision,
-    check_keep_fp32,
-    check_precision,
-    cpu_schedule_pass,
-    prepare_pipeline,
-)
-from .schedules import CPUDefault, cpu_info
+from .pipeline_phases import cpu_schedule_pass, prepare_pipeline
+from .precision.policy import check_keep_fp32
+from .schedules import CPUDefault
 from .target import is_cross
 
 #: The name under which :func:`cpu_pipeline` is registered with ``tvm.relax.pipeline``.
@@ -98,8 +100,8 @@ def cpu_pipeline(
         ``F(4x4, 3x3)``, 2, 5, 6, a tuple of them: each conv takes the one of fewest products, or
         0: off), ``reference_side``: the image side (320) at which a conv
         of symbolic size is judged worth Winograd (one library serves every size),
-        ``precision``: ``"fp32"``, ``"bf16"`` (:class:`~tvm_roialign.passes.BF16Contractions`) or
-        ``"int8"`` (:class:`~tvm_roialign.passes.Int8Contractions`, calibrated on ``calibration``).
+        ``precision``: a :class:`~tvm_roialign.precision.PrecisionPlan`, or ``"fp32"``, ``"bf16"``,
+        ``"int8"`` (calibrated on ``calibration``) or ``"auto"``, resolved when the pass runs.
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
@@ -282,18 +284,21 @@ def build(
     directory's or TuningRecords' records is returned in :attr:`Built.coverage` and also goes to
     the records' ``report`` (by default a warning when some tasks had no record).
 
-    ``precision``: ``"fp32"`` (the default), ``"bf16"`` or ``"auto"`` (bf16 where ``target``
-    has AMX bf16, else fp32: :func:`~.pipeline_phases.auto_precision`); bf16: constant-weight convolutions and
-    matmuls in bf16 with fp32 accumulation on AMX, where ``target`` has it (else fp32, with a
-    warning); see ``docs/precision.md``. ``"int8"``: the same convolutions and matmuls quantized
-    (int8 weights per output channel, uint8 activations per tensor, calibrated on ``calibration``:
-    None for the sample photos, a directory of photos, or a list of input arrays) on AMX-INT8 or
-    AVX512-VNNI. A ValueError for any other value. ``keep_fp32`` leaves some of those layers in
-    fp32: for bf16 a predicate of a layer's ``[K, N]`` weight
-    (:class:`~tvm_roialign.passes.BF16Contractions`), for int8 their positions in the graph's order
-    of the contractions int8 takes (-1: the last). An ONNX QDQ model keeps its own quantization
-    whatever ``precision`` (int8 kernels with its scales where ``target`` has them, else float as
-    imported, with a warning; see docs/int8.md, "QDQ models").
+    ``precision``: the build's :class:`~tvm_roialign.precision.PrecisionPlan` (made by the
+    caller: the CLI, :func:`~tvm_roialign.models.detection.compile_detector`), or what is asked
+    for, resolved here once (:func:`~tvm_roialign.precision.resolve`; its notes as warnings):
+    ``"fp32"`` (the default), ``"auto"`` (bf16 where ``target`` has AMX bf16, else fp32),
+    ``"bf16"``: constant-weight convolutions and matmuls in bf16 with fp32 accumulation on AMX,
+    AVX512-BF16 or AArch64 ``bfdot`` (else fp32, with a warning; see ``docs/precision.md``),
+    ``"int8"``: the same convolutions and matmuls quantized (int8 weights per output channel,
+    uint8 activations per tensor, calibrated on ``calibration``: None for the sample photos, a
+    directory of photos, or a list of input arrays) on AMX-INT8, AVX512-VNNI, AVX-VNNI, AVX2 or
+    the AArch64 dot product (else fp32, with a warning; ``docs/int8.md``). A ValueError for any
+    other value. ``keep_fp32`` leaves some of those layers in fp32: for bf16 a predicate of a
+    layer's ``[K, N]`` weight (:class:`~tvm_roialign.passes.BF16Contractions`), for int8 their
+    positions in the graph's order of the contractions int8 takes (-1: the last). An ONNX QDQ
+    model keeps its own quantization whatever ``precision`` (int8 kernels with its scales where
+    ``target`` has them, else float as imported, with a warning; see docs/int8.md, "QDQ models").
 
     For a target of this machine's architecture, TVM's CPU thread pool is sized first
     (:func:`~tvm_roialign.host.use_usable_cores`: every core this process may use, unless
@@ -303,26 +308,35 @@ def build(
         # TVM's pool sized to the cores this process may use before the build's constant folding
         # starts it (a TVM_NUM_THREADS the user set is kept): the executable usually runs here
         use_usable_cores()
-    precision = options.pop("precision", "fp32")
-    if precision == "auto":
-        precision = auto_precision(target)[0]
-    precision = check_precision(precision)
+    plan = _plan(mod, target, options.pop("precision", "fp32"))
     keep_fp32 = options.pop("keep_fp32", None)
-    if kind == "llvm" and precision != "fp32":
-        options["precision"] = precision
-        if keep_fp32 is not None:
-            options["keep_fp32"] = check_keep_fp32(precision, keep_fp32)
-        info = cpu_info(target)
-        amx = info.has_amx_bf16 if precision == "bf16" else info.has_amx_int8
-        if not is_cross(target) and amx:
+    if kind == "llvm":
+        options["precision"] = plan
+        if keep_fp32 is not None and plan.quantized:
+            options["keep_fp32"] = keep_fp32  # refused by the QDQ phase: nothing to keep
+        elif keep_fp32 is not None and plan.precision != "fp32":
+            options["keep_fp32"] = check_keep_fp32(plan.precision, keep_fp32)
+        if not is_cross(target) and plan.uses_amx:
             request_amx()  # the executable is usually run by this process
-    elif kind == "llvm" and not is_cross(target) and cpu_info(target).has_amx_int8 and has_qdq(mod):
-        request_amx()  # an ONNX QDQ model's int8 kernels
     if kind == "metal":
         return Built(tvm.compile(mod, target=target, relax_pipeline=_metal_pipeline(target)))
     if kind != "llvm":
         return Built(tvm.compile(mod, target=target))
     return _build_cpu(mod, target, tuning_records, options)
+
+
+def _plan(mod: tvm.IRModule, target: tvm.target.Target, precision):
+    """The build's :class:`~tvm_roialign.precision.PrecisionPlan`: ``precision`` when the caller
+    made it, else :func:`~tvm_roialign.precision.resolve` of what it names (its notes as
+    warnings)."""
+    from .precision.policy import PrecisionPlan, resolve
+
+    if isinstance(precision, PrecisionPlan):
+        return precision
+    plan = resolve(target, precision, mod)
+    for note in plan.notes:
+        warnings.warn(note, stacklevel=3)
+    return plan
 
 
 def _build_cpu(mod, target, tuning_records, options: dict) -> Built:

@@ -21,11 +21,11 @@ t + cx`` (``t`` the angle in radians, negated when clockwise), then bilinearly a
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
 
+from .precision.policy import generic_int8  # noqa: F401 - the int8 tests' reference builds
 from .topi._sampling import MAX_ADAPTIVE_GRID
 
 
@@ -345,16 +345,27 @@ def compiled(mod, target=None, func_name="main"):
 
     target = target or tvm.target.Target({"kind": "llvm"})
     vm = relax.VirtualMachine(tvm.compile(mod, target=target), tvm.cpu())
+    return lambda inputs: run_executable(vm, *inputs, function=func_name)
 
-    def run(inputs):
-        result = vm[func_name](*[tvm.runtime.tensor(np.ascontiguousarray(x)) for x in inputs])
-        if isinstance(result, (list, tuple)) or (
-            hasattr(result, "__len__") and not hasattr(result, "numpy")
-        ):
-            return [r.numpy() for r in result]
-        return result.numpy()
 
-    return run
+def run_executable(executable, *arrays, function: str = "main"):
+    """``function`` of ``executable`` (a ``tvm.compile`` result, or a Relax VM made of one) run on
+    CPU on ``arrays`` (NumPy): a NumPy array for a tensor result, a list of them for a tuple. The
+    tests' one way to run a build."""
+    import tvm
+    from tvm import relax
+
+    vm = executable if isinstance(executable, relax.VirtualMachine) else relax.VirtualMachine(executable, tvm.cpu())
+    result = vm[function](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays])
+    if isinstance(result, (list, tuple)) or (hasattr(result, "__len__") and not hasattr(result, "numpy")):
+        return [r.numpy() for r in result]
+    return result.numpy()
+
+
+def run_first(executable, *arrays, function: str = "main") -> np.ndarray:
+    """The result of :func:`run_executable`, or the first field of a tuple result."""
+    out = run_executable(executable, *arrays, function=function)
+    return out[0] if isinstance(out, list) else out
 
 
 def compile_and_run(mod, inputs, target=None, func_name="main"):
@@ -379,7 +390,6 @@ def run_roi_align_vm(vm, data_nchw, rois, layout, func_name="main"):
         tvm.runtime.tensor(np.ascontiguousarray(data)), tvm.runtime.tensor(rois)
     ).numpy()
     return out if layout == "NCHW" else out.transpose(0, 3, 1, 2)
-
 
 
 def guarded_array(values, guard="after"):
@@ -428,22 +438,3 @@ def op_calls(mod, name: str) -> list:
         for binding in block.bindings
         if isinstance(binding.value, relax.Call) and getattr(binding.value.op, "name", "") == name
     ]
-
-
-@contextlib.contextmanager
-def generic_int8(like=None):
-    """Within it, ``precision="int8"`` builds int8 on any llvm target: without int8 kernels there,
-    TVM's generic schedules compile the same int8 contractions (the same calibration, weights and
-    int32 sums; many times slower), quantized as ``like``'s kernels are (a target: AVX2's +-64
-    weights and fp32 Winograd convs; default 8-bit weights). The reference int8 kernels are held
-    to, and an int8 model's accuracy measured on any CPU."""
-    from .pipeline_phases import GENERIC_INT8
-    from .schedules.int8_contraction import int8_instructions
-    from .target import parse_target
-
-    before = dict(GENERIC_INT8)
-    GENERIC_INT8.update(on=True, like=int8_instructions(parse_target(like)) if like is not None else None)
-    try:
-        yield
-    finally:
-        GENERIC_INT8.update(before)

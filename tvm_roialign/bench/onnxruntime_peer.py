@@ -8,6 +8,7 @@ installed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import tempfile
@@ -39,6 +40,16 @@ def cpu_session(path: str, threads: int):
     return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
+@contextlib.contextmanager
+def quantizer_workdir():
+    """A temporary working directory for ONNX Runtime's quantizer, removed after: its
+    pre-processing and ``quantize_static`` write scratch files (``sym_shape_infer_temp.onnx``,
+    ``<uuid>.data`` of external weights) into the working directory. Paths given to the quantizer
+    inside it must be absolute."""
+    with tempfile.TemporaryDirectory(prefix="ort-quantize-") as tmp, contextlib.chdir(tmp):
+        yield tmp
+
+
 def quantized_int8(path: str, out: str, calibration: dict[str, list[np.ndarray]],
                    reduce_range: bool = False) -> str:
     """ONNX Runtime's own int8 model of the ONNX file ``path``, written to ``out``:
@@ -57,16 +68,16 @@ def quantized_int8(path: str, out: str, calibration: dict[str, list[np.ndarray]]
         def get_next(self):
             return next(self.feeds, None)
 
-    prepared = out + ".pre.onnx"
-    try:
-        quant_pre_process(path, prepared)
-    except Exception:  # noqa: BLE001 - ONNX Runtime's shape inference: the file as it is
-        prepared = path
-    quantize_static(prepared, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    reduce_range=reduce_range, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8)
-    if prepared != path:
-        os.remove(prepared)
+    path, out = os.path.abspath(path), os.path.abspath(out)
+    with quantizer_workdir() as tmp:
+        prepared = os.path.join(tmp, "prepared.onnx")
+        try:
+            quant_pre_process(path, prepared)
+        except Exception:  # noqa: BLE001 - ONNX Runtime's shape inference: the file as it is
+            prepared = path
+        quantize_static(prepared, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        reduce_range=reduce_range, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8)
     return out
 
 
@@ -108,4 +119,12 @@ def max_box_diff(ort_outputs, reference: dict) -> float | None:
     return float(np.abs(boxes - ref).max()) if boxes.size else 0.0
 
 
-__all__ = ["OPSET", "OnnxRuntimeDetector", "available", "cpu_session", "max_box_diff"]
+__all__ = [
+    "OPSET",
+    "OnnxRuntimeDetector",
+    "available",
+    "cpu_session",
+    "max_box_diff",
+    "quantized_int8",
+    "quantizer_workdir",
+]

@@ -181,12 +181,14 @@ def _bounds(args) -> tuple[int, int]:
 
 
 def compile_main(args, target, out: Path, layout: str, t_start: float, link_note=None,
-                 precision: str = "fp32") -> int:
+                 plan=None) -> int:
     """``compile`` of a whole detector (``layout``: NHWC or NCHW); ``t_start``: when ``main``
     started (the total time printed counts from it); ``link_note``: how ``out`` is linked
-    (:func:`tvm_roialign.linking.choose_library`)."""
+    (:func:`tvm_roialign.linking.choose_library`); ``plan``: the build's
+    :class:`~tvm_roialign.precision.PrecisionPlan`, resolved by ``compile`` (None: fp32)."""
     from ..models._torchvision import file_origin, weights_origin
     from ..models.detection import DETECTORS, DetectorConfig, build_torch_detector, compile_detector
+    from ..precision.policy import FP32
     from ..runtime.detector import accepted_sizes
     from ..target import describe
 
@@ -216,8 +218,8 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
             fast = build_fast(args)
             artifact = compile_detector(
                 model, sizes, target, layout, progress=progress, name=name, fast=fast,
-                precision=precision, fp32_layers=getattr(args, "fp32_layers", None),
-                calibration=getattr(args, "calibrate", None) if precision == "int8" else None,
+                precision=plan or FP32, fp32_layers=getattr(args, "fp32_layers", None),
+                calibration=getattr(args, "calibrate", None) if plan and plan.precision == "int8" else None,
             )
             times["import_s"], times["build_s"] = artifact.import_s, artifact.compile_s
             # an exported program holds its weights: the file they are fixed in

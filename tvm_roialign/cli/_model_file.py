@@ -212,9 +212,9 @@ def check_int8_calibration(path: Path, mod) -> None:
     """Before the build: ``--precision int8`` of a model file calibrates on photos, which needs
     ``main`` to take one float32 image batch of static size; a one-line error otherwise, naming
     ``--input-shapes`` where static shapes would do (an ONNX model's dynamic batch or size)."""
-    from ..models.calibration_photos import _image_layout
+    from ..precision.calibration import image_layout
 
-    if _image_layout(mod) is not None:
+    if image_layout(mod) is not None:
         return
     inputs = signature(mod)
     takes = ", ".join(

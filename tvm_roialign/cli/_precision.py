@@ -8,19 +8,18 @@ import sys
 from ._common import CLIError
 
 HELP_PRECISION = (
-    "fp32, bf16 (convolutions and matmuls in bf16 with fp32 accumulation, on AMX; "
-    "a target without AMX builds fp32, with a note saying why), int8 (quantized "
-    "convolutions and matmuls calibrated on photos, --calibrate, on AMX-INT8, AVX512-VNNI, AVX-VNNI, "
-    "AVX2 or the AArch64 dot product; detectors with compile NAME) or "
-    "auto (bf16 where the target has AMX bf16, else fp32; the summary says which); an ONNX QDQ "
-    "model (already quantized) keeps its own int8 quantization whatever this says"
+    "fp32, bf16 (convolutions and matmuls in bf16 with fp32 accumulation, on AMX or AArch64 bf16; "
+    "elsewhere fp32, with a note saying why), int8 (quantized convolutions and matmuls calibrated "
+    "on photos, --calibrate, on AMX-INT8, AVX512-VNNI, AVX-VNNI, AVX2 or the AArch64 dot product; "
+    "elsewhere fp32, with a note) or auto (bf16 where the target has AMX bf16, else fp32; the "
+    "summary says which); an ONNX QDQ model keeps its own int8 quantization"
 )
 
 
 #: ``--precision``'s help in ``maskrcnn``, which runs the detector in pieces that int8 does not calibrate
 HELP_PIECES_PRECISION = (
-    "fp32, bf16 (convolutions and matmuls in bf16 with fp32 accumulation, on AMX; a target without "
-    "AMX builds fp32, with a note saying why) or auto (bf16 where the target has AMX bf16, else fp32); "
+    "fp32, bf16 (convolutions and matmuls in bf16 with fp32 accumulation, on AMX or AArch64 bf16; "
+    "elsewhere fp32, with a note saying why) or auto (bf16 where the target has AMX bf16, else fp32); "
     "int8 detectors: tvm-roialign compile NAME --precision int8"
 )
 
@@ -30,7 +29,7 @@ def add_precision_arguments(p, detector: bool = True, pieces: bool = False) -> N
     p.add_argument("--precision", default="fp32", metavar="{fp32,bf16,int8,auto}",
                    help=HELP_PIECES_PRECISION if pieces else HELP_PRECISION)
     if detector:
-        from ..models.detector_precision import DEFAULT_FP32_LAYERS, FP32_LAYERS
+        from ..precision.layers import DEFAULT_FP32_LAYERS, FP32_LAYERS
 
         p.add_argument(
             "--fp32-layers",
@@ -45,8 +44,8 @@ def add_precision_arguments(p, detector: bool = True, pieces: bool = False) -> N
 def check_precision_arguments(args) -> None:
     """A one-line error for a ``--precision`` or ``--fp32-layers`` value that is not one of the
     choices (before anything is built)."""
-    from ..models.detector_precision import parse_fp32_layers
-    from ..pipeline_phases import PRECISION_CHOICES
+    from ..precision.layers import parse_fp32_layers
+    from ..precision.policy import PRECISION_CHOICES
 
     if args.precision not in PRECISION_CHOICES:
         raise CLIError(
@@ -67,18 +66,29 @@ def reject_fp32_layers(args) -> None:
         )
 
 
-def resolve_precision(args, target) -> str:
-    """The precision the build uses (:func:`~tvm_roialign.pipeline_phases.chosen_precision`):
-    a note on stderr (unless ``-q``) where bf16 falls back to fp32; for ``auto``, what it chose
-    in ``args.precision_line`` (the summary prints it)."""
-    from ..pipeline_phases import chosen_precision
+def resolve_precision(args, target, model=None, note=None):
+    """The build's :class:`~tvm_roialign.precision.PrecisionPlan`, resolved once here
+    (:func:`~tvm_roialign.precision.resolve`; bf16 only where it runs faster than fp32) and handed
+    down to the build: its notes to ``note`` (default: stderr, unless ``-q``); for ``auto``, what it
+    chose in ``args.precision_line`` (the summary prints it). ``model``: the imported model file (an
+    ONNX QDQ model keeps its own quantization; ``--calibrate`` and ``--keep-fp32`` have nothing to
+    calibrate or keep in it: a one-line error)."""
+    from ..precision.policy import resolve
 
     check_precision_arguments(args)
-    precision, note = chosen_precision(args.precision, target)
-    args.precision_line = note if args.precision == "auto" else None
-    if note and args.precision != "auto" and not args.quiet:
-        print(f"note: {note}", file=sys.stderr)
-    return precision
+    plan = resolve(target, args.precision, model, avx512_bf16=False)
+    if plan.quantized and (getattr(args, "calibrate", None) is not None or getattr(args, "keep_fp32", None)):
+        raise CLIError(
+            f"--calibrate and --keep-fp32 apply to fp32 models: {args.model!r} is already quantized "
+            "(ONNX QDQ) and keeps its own scales"
+        )
+    args.precision_line = plan.summary
+    for line in plan.notes:
+        if note is not None:
+            note(f"note: {line}")
+        elif not args.quiet:
+            print(f"note: {line}", file=sys.stderr)
+    return plan
 
 
 def print_precision_line(args) -> None:
@@ -86,33 +96,6 @@ def print_precision_line(args) -> None:
     line = getattr(args, "precision_line", None)
     if line:
         print(line)
-
-
-def model_precision(args, target, imported, progress) -> tuple[str, int | None]:
-    """``(precision, qdq_weights)`` of a model file: :func:`resolve_precision`'s and None, or for an
-    ONNX QDQ model its own quantization whatever ``--precision`` (int8 where the target has int8
-    kernels for its weights, else fp32: fake-quant float, with a note) and its weights' largest
-    magnitude; a one-line error for ``--calibrate`` and ``--keep-fp32``, which have nothing to
-    calibrate or keep."""
-    from ..passes.qdq_contractions import has_qdq, qdq_weight_peak
-    from ..pipeline_phases import qdq_note
-
-    if not has_qdq(imported):
-        return resolve_precision(args, target), None
-    if args.calibrate is not None or args.keep_fp32:
-        raise CLIError(
-            f"--calibrate and --keep-fp32 apply to fp32 models: {args.model!r} is already quantized "
-            "(ONNX QDQ) and keeps its own scales"
-        )
-    args.precision_line = None
-    if args.precision == "bf16":
-        progress.note("note: --precision bf16: the model is already quantized (ONNX QDQ): it keeps "
-                      "its own int8 quantization")
-    weights = qdq_weight_peak(imported)
-    note = qdq_note(target, weights)
-    if note is not None:
-        progress.note(f"note: {note}")
-    return ("fp32" if note else "int8"), weights
 
 
 def precision_label(meta: dict) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from pathlib import Path
 
 from . import _detector
@@ -35,7 +34,6 @@ from ._dump_code import DUMP_FORMATS, dump_formats, write_dumps
 from ._precision import (
     add_precision_arguments,
     check_precision_arguments,
-    model_precision,
     precision_label,
     print_precision_line,
     resolve_precision,
@@ -206,8 +204,8 @@ class _LastRelaxModule:
             self.mod = mod
 
 
-def _precision(args, target) -> str:
-    """A detector's precision (:func:`resolve_precision`), after the one-line errors of the int8
+def _precision(args, target):
+    """A detector's precision plan (:func:`resolve_precision`), after the one-line errors of the int8
     options (``--keep-fp32`` counts a model's layers; a detector's are ``--fp32-layers``)."""
     _int8_options(args)
     if args.keep_fp32 is not None:
@@ -218,10 +216,10 @@ def _precision(args, target) -> str:
     return resolve_precision(args, target)
 
 
-def _checked_precision(args, target, detector: bool) -> str | None:
+def _checked_precision(args, target, detector: bool):
     """A detector's :func:`_precision`; for a model file, its own one-line errors (its existence,
     the options of detector names) and those of the precision options, None: its precision is
-    resolved once it is imported (:func:`_model_precision`: a QDQ model keeps its own)."""
+    resolved once it is imported (:func:`resolve_precision` of the model: a QDQ model keeps its own)."""
     if detector:
         return _precision(args, target)
     check_model_file(Path(args.model), _detector.alternatives())
@@ -254,14 +252,14 @@ def _mode(args) -> str:
     return "exact" if getattr(args, "fast", None) is False else "fast"
 
 
-def _build_options(args, precision: str) -> dict:
-    """The pipeline's options of a model file's build: :func:`_int8_options` for int8, and no
-    Winograd in the exact mode."""
-    options = _int8_options(args) if precision == "int8" else {}
+def _build_options(args, plan) -> dict:
+    """The pipeline's options of a model file's build: :func:`_int8_options` for a calibrated int8
+    build, and no Winograd in the exact mode."""
+    options = _int8_options(args) if plan.precision == "int8" and not plan.quantized else {}
     return {**options, "winograd": 0} if _mode(args) == "exact" else options
 
 
-def _build(mod, target, records, precision: str = "fp32", build_options=None):
+def _build(mod, target, records, plan, build_options=None):
     """The pipeline's build without its own layout conversion (``--desired-layout`` decided it):
     ``(Built, the last Relax module)``; the records' coverage is printed by :func:`main`, not
     reported by the records. ``build_options``: :func:`_build_options`."""
@@ -278,11 +276,8 @@ def _build(mod, target, records, precision: str = "fp32", build_options=None):
         config=dict(ctx.config),
         instruments=[*ctx.instruments, instrument],
     ):
-        options = build_options or {}
-        with warnings.catch_warnings():
-            # a QDQ model without int8 kernels: main has said so in a note
-            warnings.filterwarnings("ignore", message=r"quantized \(ONNX QDQ\) model")
-            built = build(mod, target, tuning_records=records, layout=None, precision=precision, **options)
+        built = build(mod, target, tuning_records=records, layout=None, precision=plan,
+                      **(build_options or {}))
     return built, instrument.mod
 
 
@@ -290,8 +285,7 @@ def _printed_by_main(_coverage) -> None:
     """The records' report in ``compile``: :func:`main` prints the coverage the build returns."""
 
 
-def _build_keeping_layouts(imported, mod, layouts, target, records, progress, precision: str = "fp32",
-                           build_options=None):
+def _build_keeping_layouts(imported, mod, layouts, target, records, progress, plan, build_options=None):
     """:func:`_build` of ``mod``; where that fails and ``mod`` is ``imported`` converted, the
     conversion again with every converted op checked to legalize (the ops that do not keep their
     layout, with a note), and its build. ``(built, the last Relax module, the module built)``."""
@@ -304,7 +298,7 @@ def _build_keeping_layouts(imported, mod, layouts, target, records, progress, pr
 
     try:
         with native_stderr_dropped_on_failure():
-            return (*_build(mod, target, records, precision, build_options), mod)
+            return (*_build(mod, target, records, plan, build_options), mod)
     except Exception as err:  # noqa: BLE001
         failure = CLIError(f"build for target {describe(target)} failed: {first_line(err)}")
     if not layouts or mod.same_as(imported):
@@ -319,7 +313,7 @@ def _build_keeping_layouts(imported, mod, layouts, target, records, progress, pr
         progress.note(note)
     progress(f"build for {describe(target)}, those ops in their own layout")
     try:
-        return (*_build(checked, target, records, precision, build_options), checked)
+        return (*_build(checked, target, records, plan, build_options), checked)
     except Exception as err:  # noqa: BLE001
         raise CLIError(f"build for target {describe(target)} failed: {first_line(err)}") from None
 
@@ -343,7 +337,6 @@ def _export(executable, out: Path, target, link_note, progress) -> None:
 def main(args) -> int:
     from .._version import __version__
     from ..linking import choose_library
-    from ..pipeline_phases import precision_metadata
     from ..profiling import kernel_signatures
     from ..runtime.artifact_check import RECORD_KEY, library_record
     from ..target import describe, target_config
@@ -354,24 +347,24 @@ def main(args) -> int:
     formats = dump_formats(args.dump_code)
     out, link_note = choose_library(output_path(args.output, "-o", LIBRARY_SUFFIXES), target)
     detector = _detector.is_detector(args.model)
-    precision = _checked_precision(args, target, detector)
+    plan = _checked_precision(args, target, detector)
     if detector:
         layouts, layout_name, _ = options
         layout = layout_name if layouts else "NCHW"
-        return _detector.compile_main(args, target, out, layout, t_start, link_note, precision)
+        return _detector.compile_main(args, target, out, layout, t_start, link_note, plan)
     times = {}
     with progress_session(args.quiet) as progress:
         records = open_records(args.tuning_records, target, report=_printed_by_main)
         imported, mod, layout_name = _import_and_convert(args, options, progress, times)
-        precision, qdq_weights = model_precision(args, target, imported, progress)
-        if precision == "int8" and qdq_weights is None:
+        plan = resolve_precision(args, target, imported, progress.note)
+        if plan.precision == "int8" and not plan.quantized:
             check_int8_calibration(Path(args.model), imported)
         progress(f"build for {describe(target)}")
         t0 = time.perf_counter()
         # the built module also gives the kernels' signatures, for run --rpc --profile
         built, tir_mod, mod = _build_keeping_layouts(
             imported, mod, options[0], target, records, progress,
-            "fp32" if qdq_weights is not None else precision, _build_options(args, precision),
+            plan, _build_options(args, plan),
         )
         times["build_s"] = time.perf_counter() - t0
         executable = built.executable
@@ -387,7 +380,7 @@ def main(args) -> int:
         "target": target_config(target),
         "layout": layout_name,
         "mode": _mode(args),
-        **precision_metadata(precision, target, qdq_weights),
+        **plan.metadata(),
         "inputs": signature(mod),
         "times": times,
         "kernels": kernel_signatures(tir_mod) if tir_mod is not None else [],

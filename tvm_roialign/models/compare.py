@@ -9,8 +9,8 @@ by label and box IoU, not equality). A detection dict holds ``boxes [n, 4]``,
 ``labels [n]``, ``scores [n]`` and optionally ``masks`` (``[n, H, W]`` or ``[n, 1, H, W]``
 probabilities) and ``keypoints [n, K, 3]``, as NumPy arrays or CPU tensors. Only NumPy is needed.
 
-A build in the default mode (direct convolutions) is judged by :func:`compare_detections`
-(:data:`CRITERIA`: every detection equal to eager's); a fast build (Winograd convolutions) by
+An exact build (direct convolutions) is judged by :func:`compare_detections` (:data:`CRITERIA`:
+every detection equal to eager's); a fast build (Winograd convolutions, the default mode) by
 :func:`compare_fast` (:data:`FAST_CRITERIA`: the detections scored at least
 :data:`FAST_SCORE_THRESHOLD` found on both sides with nearly the same box);
 :func:`compare_for_mode` picks the one of a mode. A bf16 build is judged against fp32 by

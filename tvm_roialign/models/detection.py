@@ -32,12 +32,12 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
+from ..precision.layers import detector_plan, precision_options
 from ..runtime.artifact_check import RECORD_KEY, library_record
 from ..runtime.detector import METADATA_KIND
 from .compare import compare_detections
 from .detector_import import import_detector
 from .detector_photo import add_photo_function, serves_photos
-from .detector_precision import detector_precision, precision_metadata, precision_options
 from .detector_reference import SAMPLE_PHOTOS, sample_photo, torch_detections
 from .detector_sizes import (
     ANY,
@@ -148,34 +148,34 @@ def compile_detector(
     fast : bool
         True (the default, :data:`DEFAULT_FAST`): Winograd 3x3 convolutions, detections by
         :data:`~.compare.FAST_CRITERIA`; False: direct ones, by :data:`~.compare.CRITERIA`.
-    precision, fp32_layers, calibration : str; str | list of str | None; str | list | None
-        ``"fp32"``, ``"bf16"``, ``"int8"`` (for any size only) or ``"auto"`` (docs/precision.md,
-        docs/int8.md); the layers kept in fp32 (:mod:`.detector_precision`, e.g. ``"rpn"``);
-        int8's photos (None: the sample photos; a directory; ``[H, W, 3]`` uint8 arrays)
+    precision, fp32_layers, calibration : str | PrecisionPlan; str | list of str | None; str | list | None
+        ``"fp32"``, ``"bf16"``, ``"int8"`` (any size only), ``"auto"`` or the caller's
+        :class:`~tvm_roialign.precision.PrecisionPlan`; the layers kept in fp32
+        (:mod:`tvm_roialign.precision.layers`, e.g. ``"rpn"``); int8's photos (None: the sample photos; a directory; ``[H, W, 3]`` uint8 arrays)
     """
     from ..pipeline import build
     from ..target import parse_target, target_config
 
     progress = progress or (lambda _msg: None)
     target = parse_target(target)
-    precision, kept = detector_precision(precision, target, fp32_layers)
-    _check_int8(precision, image_sizes, calibration)
+    plan, kept = detector_plan(precision, target, fp32_layers)
+    _check_int8(plan.precision, image_sizes, calibration)
     model, name = _torch_model(model, config, name, progress)
     progress(_import_message(model, image_sizes))
     t0 = time.perf_counter()
     mod, meta = _import(model, image_sizes, layout, target, offset_trick_max_numel)
-    _check_int8(precision, image_sizes, calibration, meta)
+    _check_int8(plan.precision, image_sizes, calibration, meta)
     import_s = time.perf_counter() - t0
     progress(f"build for {target.kind.name}")
     t0 = time.perf_counter()  # import_detector converted the layout
-    options = {**graph_options(model, fast), **precision_options(model, precision, kept, calibration)}
+    options = {**graph_options(model, fast), **precision_options(model, plan, kept, calibration)}
     executable = build(mod, target, layout=None, **options).executable
     compile_s = time.perf_counter() - t0
     meta = {
         **{"kind": METADATA_KIND, "model": name or type(model).__name__},
         **meta,
         **{"layout": layout, "mode": build_mode(fast)},
-        **precision_metadata(precision, target, kept),
+        **plan.metadata(kept),
         **{"target": target_config(target), "import_s": import_s, "compile_s": compile_s},
     }
     return DetectorArtifact(executable, mod, meta, import_s, compile_s)

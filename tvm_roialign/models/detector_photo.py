@@ -22,15 +22,13 @@ import tvm
 from tvm import relax, tirx
 from tvm.s_tir import Schedule
 
+from ..runtime.detector import PHOTO_FUNCTION
 from ..runtime.transform import TransformSettings, feature_heights, min_height_for_scales, pooler_scales
 from ..strategies.base import mark_scheduled
 from ..topi import photo as kernels
 from ..topi.photo_keypoints import heatmaps_to_keypoints
 
 __all__ = ["PHOTO_FUNCTION", "add_photo_function", "lowest_heights", "serves_photos", "transform_photo"]
-
-#: The artifact's photo-in, detections-out function.
-PHOTO_FUNCTION = "detect_photo"
 
 #: The outputs of :data:`PHOTO_FUNCTION` per output of the network that it reads.
 _OUTPUTS = ("boxes", "labels", "scores")

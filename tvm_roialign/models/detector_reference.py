@@ -1,32 +1,10 @@
-"""Sample photos that installed packages ship and torchvision eager's detections on a photo: what
+"""Sample photos (:mod:`tvm_roialign.runtime.sample_photos`) and torchvision eager's detections on a photo: what
 tests and benchmarks compare a detector artifact against (re-exported by
 :mod:`tvm_roialign.models.detection`)."""
 
 from __future__ import annotations
 
-from ..runtime.detector import read_image
-
-#: Photos that installed packages ship: scikit-image's and matplotlib's.
-SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "grace_hopper")
-
-
-def sample_photo(name: str):
-    """An RGB photo ``[H, W, 3]`` uint8 that an installed package ships: scikit-image's
-    ``astronaut`` (512x512), ``coffee`` (400x600), ``chelsea`` (300x451), ``rocket`` (427x640),
-    or matplotlib's ``grace_hopper`` (600x512)."""
-    import numpy as np
-
-    if name == "grace_hopper":
-        from matplotlib import cbook
-
-        return read_image(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
-    if name not in SAMPLE_PHOTOS:
-        raise ValueError(
-            f"unknown sample photo {name!r}: use one of {', '.join(SAMPLE_PHOTOS)}"
-        )
-    from skimage import data
-
-    return np.ascontiguousarray(getattr(data, name)(), dtype=np.uint8)
+from ..runtime.sample_photos import SAMPLE_PHOTOS, sample_photo
 
 
 def torch_detections(model, rgb) -> dict:

@@ -19,62 +19,20 @@ pipeline applies this pass only for a target that has them.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import tvm
 from tvm import relax
 
 from ..topi.bf16_contraction import TILE_K, Epilogue, bf16_contraction, pack_weight_vnni
-from ._contraction_spec import conv_geometry, conv_weight, dims, matmul_weight
-from ._mutator import FunctionRewriter, is_op_call, rewrite_module
+from ._contraction_spec import TAP_CHANNELS, call_contraction, dims
+from ._contraction_spec import contraction_spec as _contraction_spec
+from ._mutator import FunctionRewriter, rewrite_module
 from .bf16_plan import plan_chains
-
-#: a conv with a kernel larger than 1x1 over a multiple of this many input channels gathers its taps
-#: as they are (each fills whole vectors of the gather); over fewer, its kernel rows are padded
-TAP_CHANNELS = 16
-
-
-def _conv_spec(call):
-    """``(matrix [K, N], geometry, rows, out_shape)`` of a convertible conv2d, else None."""
-    found = conv_weight(call)
-    if found is None:
-        return None
-    hwio, out_shape = found
-    kh, kw, channels, outputs = hwio.shape
-    attrs = call.attrs
-    # narrow taps (an RGB stem): each kernel row's run of kw * c inputs padded to one tile's depth
-    row_taps = kh * kw > 1 and channels % TAP_CHANNELS != 0
-    pads = [int(p) for p in attrs.padding]
-    symmetric = len(pads) != 4 or pads[:2] == pads[2:]
-    dilation = tuple(int(d) for d in attrs.dilation)
-    if row_taps and (kw * channels > TILE_K or dilation != (1, 1) or not symmetric):
-        return None
-    geometry = conv_geometry(call, hwio, out_shape, row_taps)
-    if row_taps:
-        matrix = np.zeros((kh, TILE_K, outputs), np.float32)
-        matrix[:, : kw * channels] = hwio.reshape(kh, kw * channels, outputs)
-        return matrix.reshape(kh * TILE_K, outputs), geometry, geometry.rows, out_shape
-    return hwio.reshape(kh * kw * channels, outputs), geometry, geometry.rows, out_shape
-
-
-def _matmul_spec(call):
-    """``(matrix [K, N], None, rows, out_shape)`` of a convertible matmul, else None."""
-    found = matmul_weight(call)
-    if found is None:
-        return None
-    matrix, rows, out_shape = found
-    return matrix, None, rows, out_shape
-
 
 def contraction_spec(call):
     """What :func:`bf16_contraction` needs of ``call`` (a conv2d or matmul), or None when it is
     not converted."""
-    if is_op_call(call, "relax.nn.conv2d"):
-        return _conv_spec(call)
-    if is_op_call(call, "relax.matmul"):
-        return _matmul_spec(call)
-    return None
+    return _contraction_spec(call, row_tap_depth=TILE_K)
 
 
 def _is_bits(expr) -> bool:
@@ -140,18 +98,10 @@ class _BF16Rewriter(FunctionRewriter):
             relu=chain.relu,
             bits_out=chain.bits_out,
         )
-        compute = functools.partial(
-            bf16_contraction,
-            rows=rows,
-            reduction=int(matrix.shape[0]),
-            out_shape=list(out_shape),
-            geometry=geometry,
-            epilogue=epilogue,
-            in_hw=in_hw,
-        )
-        name = "bf16_conv2d" if geometry is not None else "bf16_matmul"
         packed = relax.const(pack_weight_vnni(matrix))
-        return self.builder_.call_te(compute, x, packed, *extra, primfunc_name_hint=name)
+        return call_contraction(self.builder_, bf16_contraction, "bf16", x, packed, *extra, rows=rows,
+                                reduction=int(matrix.shape[0]), out_shape=out_shape, geometry=geometry,
+                                epilogue=epilogue, in_hw=in_hw)
 
 
 @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.BF16Contractions")
@@ -170,4 +120,4 @@ class BF16Contractions:  # pylint: disable=too-few-public-methods
         )
 
 
-__all__ = ["BF16Contractions"]
+__all__ = ["TAP_CHANNELS", "BF16Contractions"]

@@ -18,7 +18,6 @@ numbered in the order the rewriter visits them, the same in the observed copy an
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -32,11 +31,8 @@ from ..topi.int8_contraction import (
     pack_weight_quads,
     quantize_weight,
 )
-from ._contraction_spec import conv_geometry, conv_weight, dims, matmul_weight
-from ._mutator import FunctionRewriter, is_op_call, rewrite_module
-
-#: a conv with a kernel larger than 1x1 is taken when its input channels are a multiple of this
-TAP_CHANNELS = 16
+from ._contraction_spec import TAP_CHANNELS, call_contraction, contraction_spec, dims
+from ._mutator import FunctionRewriter, rewrite_module
 
 #: values of each observed tensor kept per calibration run (a strided subsample, and its extremes)
 SAMPLES = 1 << 16
@@ -46,27 +42,6 @@ CLIP_FACTORS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.45, 0.4, 0.35, 0.3, 0.25, 0.2)
 
 #: the global packed function the observed copy calls: ``(x, (index,)) -> copy of x``
 OBSERVER = "tvm_roialign.int8_observe"
-
-
-def _conv_spec(call):
-    """``(matrix [K, N], rows, out_shape, geometry)`` of a conv the pass takes, else None."""
-    found = conv_weight(call)
-    if found is None:
-        return None
-    hwio, out_shape = found
-    kh, kw, channels, outputs = hwio.shape
-    if kh * kw > 1 and channels % TAP_CHANNELS:
-        return None
-    geometry = conv_geometry(call, hwio, out_shape)
-    return hwio.reshape(kh * kw * channels, outputs), geometry.rows, out_shape, geometry
-
-
-def _matmul_spec(call):
-    found = matmul_weight(call)
-    if found is None:
-        return None
-    matrix, rows, out_shape = found
-    return matrix, rows, out_shape, None
 
 
 class _Int8Rewriter(FunctionRewriter):
@@ -85,11 +60,7 @@ class _Int8Rewriter(FunctionRewriter):
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = self.visit_expr_post_order(call)
-        spec = None
-        if is_op_call(call, "relax.nn.conv2d"):
-            spec = _conv_spec(call)
-        elif is_op_call(call, "relax.matmul"):
-            spec = _matmul_spec(call)
+        spec = contraction_spec(call)  # narrow taps (an RGB stem) stay fp32
         if spec is None:
             return call
         index, self.index = self.index, self.index + 1
@@ -110,7 +81,7 @@ class _Int8Rewriter(FunctionRewriter):
         return self.keep is not None and bool(self.keep(matrix))
 
     def _emit(self, call, spec, act: ActivationQuant):
-        matrix, rows, out_shape, geometry = spec
+        matrix, geometry, rows, out_shape = spec
         q, w_scale = quantize_weight(matrix, self.weight_limit)
         return emit_int8_contraction(self.builder_, call.args[0], q, w_scale, act, rows, out_shape, geometry)
 
@@ -122,17 +93,9 @@ def emit_int8_contraction(builder, x, q, w_scale, act: ActivationQuant, rows, ou
     if geometry is None and len(dims(x)) != 2:
         x = builder.emit(relax.op.reshape(x, [rows, q.shape[0]]))
     correction, scale = dequant_constants(q, w_scale, act)
-    compute = functools.partial(
-        int8_contraction,
-        rows=rows,
-        reduction=int(q.shape[0]),
-        out_shape=list(out_shape),
-        act=act,
-        geometry=geometry,
-    )
-    name = "int8_conv2d" if geometry is not None else "int8_matmul"
     constants = [relax.const(v) for v in (pack_weight_quads(q), correction, scale)]
-    return builder.call_te(compute, x, *constants, primfunc_name_hint=name)
+    return call_contraction(builder, int8_contraction, "int8", x, *constants, rows=rows,
+                            reduction=int(q.shape[0]), out_shape=out_shape, geometry=geometry, act=act)
 
 
 def observed_module(mod: tvm.IRModule) -> tvm.IRModule:
@@ -189,7 +152,7 @@ class Int8Contractions:  # pylint: disable=too-few-public-methods
     takes them, to calibrate when the pass runs. ``keep_fp32``: the contractions left in fp32, as
     positions (in that order; negative from the end), or as a predicate of a contraction's
     ``[K, N]`` weight (as :class:`~.bf16_contractions.BF16Contractions` takes it; a detector's
-    layers by name: :func:`~tvm_roialign.models.detector_precision.keeps_fp32`). ``weight_limit``:
+    layers by name: :func:`~tvm_roialign.precision.layers.keeps_fp32`). ``weight_limit``:
     the weights' range ``[-limit, limit]`` of the target's kernels; ``keep_call``: a predicate of a
     contraction's call, true for those another rewrite runs faster in fp32 (Winograd's convs on
     AVX2)."""
@@ -227,6 +190,7 @@ class Int8Contractions:  # pylint: disable=too-few-public-methods
 
 __all__ = [
     "OBSERVER",
+    "TAP_CHANNELS",
     "Int8Contractions",
     "clipped_range",
     "emit_int8_contraction",

@@ -33,10 +33,10 @@ import tvm
 from tvm import relax
 
 from ..topi.int8_contraction import ActivationQuant
-from ._contraction_spec import conv_geometry, conv_weight, dims, is_f32, matmul_weight
+from ._contraction_spec import TAP_CHANNELS, conv_geometry, conv_weight, dims, is_f32, matmul_weight
 from ._mutator import FunctionRewriter, const_value, is_op_call, rewrite_module
 from .fold_permute_dims import FoldPermuteDims
-from .int8_contractions import TAP_CHANNELS, emit_int8_contraction
+from .int8_contractions import emit_int8_contraction
 
 _LAYOUT_OPS = ("relax.permute_dims", "relax.reshape")
 _QUANTIZED = {"uint8": 0, "int8": 128}  # the shift that makes the quantized values uint8
@@ -242,7 +242,7 @@ class QDQContractions:  # pylint: disable=too-few-public-methods
     """A QDQ model's quantized conv2d (NHWC) and matmul as int8 contractions (module docstring);
     the ``permute_dims`` pairs the rewrite leaves (NCHW Q/DQ between NHWC convs) folded.
     ``weight_limit``: the largest weight magnitude the target's kernels take exactly
-    (:func:`~tvm_roialign.schedules.int8_contraction.int8_weight_limit`); a layer beyond it stays
+    (:func:`~tvm_roialign.schedules.lowp.int8.int8_weight_limit`); a layer beyond it stays
     as imported, and so does a conv or matmul for which ``keep_layer(call)`` is true (those fp32 runs
     faster: a short reduction, on AVX2 the convs Winograd takes)."""
 

@@ -5,7 +5,7 @@ XFEATURE_XTILEDATA)``); without it the first tile instruction kills the process 
 package's runtime asks before it runs a library (:func:`tvm_roialign.host.request_amx`, which turns a
 refusal into a one-line error), but a library is also loaded by TVM's own API, from C++ or another
 language. So every scheduled PrimFunc whose kernels configure AMX tiles (root block annotated
-:data:`AMX_TILES`) starts with
+:data:`~tvm_roialign.schedules.intrin.amx.AMX_TILES`) starts with
 the request, once per call (the kernel's blocks call the micro-kernel many times): one system call,
 which returns at once when the state is already granted.
 """
@@ -16,15 +16,14 @@ import tvm
 from tvm import tirx
 from tvm.s_tir.stmt import SBlock, SBlockRealize
 
+from ..schedules.intrin.amx import AMX_TILES
+
 #: ``syscall`` numbers and arguments (x86-64 Linux)
 _SYS_ARCH_PRCTL = 158
 _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 
 
-#: The annotation of a scheduled function's root block whose kernels configure AMX tiles (set by
-#: :class:`tvm_roialign.schedules.bf16_contraction.BF16Contraction`).
-AMX_TILES = "tvm_roialign.amx_tiles"
 
 
 def _configures_tiles(func: tirx.PrimFunc) -> bool:

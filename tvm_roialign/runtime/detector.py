@@ -40,6 +40,7 @@ from .transform import (
 
 __all__ = [
     "METADATA_KIND",
+    "PHOTO_FUNCTION",
     "Detector",
     "accepted_sizes",
     "detect_to_files",
@@ -51,6 +52,10 @@ __all__ = [
 
 #: ``"kind"`` of a detector artifact's metadata.
 METADATA_KIND = "detector"
+
+#: the artifact's function that takes a photo as it is (``[H, W, 3]`` uint8) and returns its
+#: detections (:mod:`tvm_roialign.models.detector_photo` makes it; int8 calibration runs it)
+PHOTO_FUNCTION = "detect_photo"
 
 
 def read_metadata(library) -> dict:

@@ -1,22 +1,25 @@
-"""The package's schedule rules (dlight style: ``ScheduleRule.apply(func, target, tunable)``).
-
-Every rule shares one guard and one set of helpers (:mod:`.base`): ``apply`` returns None for
-anything that is not a TIR PrimFunc and for a target the rule does not serve. RoIAlign's rules
-(:mod:`.roi_align_cpu`, :mod:`.roi_align_gpu`, and the hand-scheduled adaptive-grid kernel
-:mod:`.roi_align_kernel`) are applied by the strategies of :mod:`tvm_roialign.strategies` when an op
-is legalized; the model's CPU rules below by the pipeline.
+"""The package's schedule rules (dlight style: ``ScheduleRule.apply(func, target, tunable)``), in
+sub-packages by concern: :mod:`.roi_align` (RoIAlign's rules and its hand-scheduled adaptive-grid
+kernel, applied by :mod:`tvm_roialign.strategies` when an op is legalized), :mod:`.contraction` (the
+fp32 conv and matmul rules and the register-tiled contraction they share), :mod:`.lowp` (the bf16 and
+int8 contraction rules) and :mod:`.intrin` (their 32 x 32 block micro-kernels as TensorIntrins, one
+file per instruction family). What every rule shares stays here: the guard and helpers
+(:mod:`.base`), the target's vector width, registers and caches (:mod:`.target_info`), vectorizable
+math (:mod:`.vector_math`), and the general rules (:mod:`.elementwise`, :mod:`.row_reduction`,
+:mod:`.transpose`, :mod:`.fallback`).
 
 Each model rule recognizes one kind of fused PrimFunc and returns a schedule, or None to let the next
 rule try. All are :class:`~.base.CPURule` subclasses (llvm targets only, a fresh schedule handed to
-their ``schedule(sch, func, target)``). :func:`default_rules` is the ordered list the pipeline applies
-(first match wins), ending with :class:`CPUDefault`, which schedules anything left. Tiles and vector
-lanes come from the target (:func:`~.target_info.cpu_info`), never from the machine the compiler
-runs on.
+their ``schedule(sch, func, target)``; ``apply`` returns None for anything that is not a TIR PrimFunc
+and for a target the rule does not serve). :func:`default_rules` is the ordered list the pipeline
+applies (first match wins), ending with :class:`CPUDefault`, which schedules anything left. Tiles and
+vector lanes come from the target (:func:`~.target_info.cpu_info`), never from the machine the
+compiler runs on.
 
 ==============================  ========================================================================
 rule                            what
 ==============================  ========================================================================
-:class:`BF16Contraction`       bf16 conv2d / matmul (``precision="bf16"``) on AMX tiles (TensorIntrin)
+:class:`BF16Contraction`       bf16 conv2d / matmul (``precision="bf16"``): AMX, AVX512-BF16, ARM bfdot
 :class:`Int8Contraction`       int8 conv2d / matmul (``precision="int8"``): AMX, VNNI, AVX2, ARM dot
 :class:`Conv2DNHWC`             NHWC conv2d + epilogue: register tile, packed constant weights
 :class:`DepthwiseConv2DNHWC`    NHWC depthwise conv2d + epilogue: taps unrolled over a channel vector
@@ -37,17 +40,17 @@ never offered to the rules.
 from __future__ import annotations
 
 from .base import CPURule
-from .bf16_contraction import BF16Contraction
-from .conv2d_nhwc import Conv2DNHWC
-from .depthwise import DepthwiseConv2DNHWC
+from .contraction.conv2d_nhwc import Conv2DNHWC
+from .contraction.depthwise import DepthwiseConv2DNHWC
+from .contraction.grouped import GroupedConv2DNHWC
+from .contraction.matmul import Matmul
+from .contraction.winograd import WinogradTransforms
 from .elementwise import Elementwise
 from .fallback import CPUDefault
-from .grouped import GroupedConv2DNHWC
-from .int8_contraction import Int8Contraction
-from .matmul import Matmul
+from .lowp.bf16 import BF16Contraction
+from .lowp.int8 import Int8Contraction
 from .row_reduction import RowReduction
 from .target_info import CPUInfo, cpu_info
-from .winograd import WinogradTransforms
 
 
 def default_rules() -> list:

@@ -9,7 +9,7 @@ rest to the rule's :meth:`Rule.schedule_func`, which by default opens a schedule
 :class:`CPURule` is the base of the model's CPU rules: a schedule step that TIR refuses (any
 exception) means None, so that the next rule gets the untouched function, and a function whose
 buffers have compound symbolic extents (``(h - 1) // 4 + 1``) is handed to the rule with a variable
-of its own for each (:mod:`.symbolic_extents`): the rules' arithmetic on such extents is exact only
+of its own for each (:mod:`~tvm_roialign.schedules.symbolic_extents`): the rules' arithmetic on such extents is exact only
 in that form.
 
 The helpers: :func:`find_block`, :func:`find_main_reduction` and :func:`block_infos` (blocks by
@@ -182,7 +182,7 @@ def same_output_shape(sch: Schedule, writer, consumer) -> bool:
     """Whether ``consumer`` writes a buffer of the shape ``writer`` writes, or, for static shapes,
     one of as many elements (provably, a symbolic batch being the same factor of both) with the same
     static last axis (a conv's output with its height and width merged into one axis,
-    :mod:`.conv_rows`, read by a consumer that writes ``[N, H, W, C]``)."""
+    :mod:`~tvm_roialign.schedules.contraction.conv_rows`, read by a consumer that writes ``[N, H, W, C]``)."""
 
     def shape(block):
         writes = sch.get(block).writes
@@ -235,7 +235,7 @@ class CPURule(Rule, CPUScheduleRule):
 
     The float32 functions named in a rule's ``vector_ops`` (``exp``, ``sigmoid``, ``erf``) are
     rewritten, in what it schedules, into arithmetic LLVM vectorizes
-    (:func:`~.vector_math.vectorize_math`) where the rule vectorizes them: the contraction
+    (:func:`~tvm_roialign.schedules.vector_math.vectorize_math`) where the rule vectorizes them: the contraction
     rules' epilogues carry a model's activations (SiLU, sigmoid gates, GELU), the elementwise rule
     the rest (a GELU outside its matmul). Not in the fallback rule, whose reductions (a softmax)
     keep the exponentials in scalar loops, where the C library's call is as fast."""

@@ -1,6 +1,6 @@
 """Rule: functions made only of spatial (injective) blocks: elementwise ops, broadcasts, padding,
 slices, concatenation, layout transforms; a transpose that moves the innermost axis is tiled by
-:mod:`.transpose`.
+:mod:`~tvm_roialign.schedules.transpose`.
 
 Producers are inlined into their consumers where TIR allows it; each remaining block is fused into
 one loop, cut into vectors of the target's width (when the innermost axis is a multiple of it, so

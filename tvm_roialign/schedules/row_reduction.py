@@ -16,7 +16,7 @@ library) in every consumer. Here each row is one step of a parallel loop:
   or 49 tokens) as many independent scalar chains, the reduction first made harmless past the
   row's end (its loads clamped to the last element, a sum adding 0 there:
   :func:`_padding_safe`), so that the last partial step runs unguarded;
-* ``exp`` and ``erf`` as arithmetic (:mod:`.vector_math`), which LLVM vectorizes.
+* ``exp`` and ``erf`` as arithmetic (:mod:`~tvm_roialign.schedules.vector_math`), which LLVM vectorizes.
 
 The partial sums change the order of the additions, not what is added: results stay within
 float32 rounding of the reference (the tests compare with float64).

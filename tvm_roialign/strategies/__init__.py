@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import tvm
 
-from ..schedules.roi_align_cpu import RoIAlignCPU
-from ..schedules.roi_align_gpu import RoIAlignCUDA, RoIAlignMetal
+from ..schedules.roi_align.cpu import RoIAlignCPU
+from ..schedules.roi_align.gpu import RoIAlignCUDA, RoIAlignMetal
 from .base import Strategy
 from .cpu_kernel import cpu_adaptive_kernel
 from .targets import is_arm, is_cuda, is_llvm, is_metal, is_x86

@@ -16,7 +16,7 @@ import tvm
 from tvm import te
 from tvm.s_tir.dlight import ScheduleRule
 
-from ..schedules.roi_align import GATHERED_CHANNELS_ATTR, LAYOUT_ATTR
+from ..schedules.roi_align.base import GATHERED_CHANNELS_ATTR, LAYOUT_ATTR
 from ..topi._sampling import index_dtype_for
 
 __all__ = [

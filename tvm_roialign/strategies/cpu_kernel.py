@@ -1,10 +1,10 @@
 """The x86 and ARM strategies' kernel: from the op's attributes to the hand-scheduled CPU kernel of
-:mod:`tvm_roialign.schedules.roi_align_kernel`, for RoIAlign with an adaptive grid or NHWC data, and
+:mod:`tvm_roialign.schedules.roi_align.kernel`, for RoIAlign with an adaptive grid or NHWC data, and
 for the RoI family with adaptive grids.
 
 :func:`cpu_adaptive_kernel` tells the ops of the RoI family apart by their attributes, checks them
 as the op's TE compute does, picks the vector lanes
-(:func:`~tvm_roialign.schedules.roi_align_cpu.vector_lanes`) and the channel blocking, and returns
+(:func:`~tvm_roialign.schedules.roi_align.cpu.vector_lanes`) and the channel blocking, and returns
 the kernel as a TE extern op; it returns None (the TE path is used) for a static grid
 (``sampling_ratio > 0``) in NCHW or of a family op, a symbolic channel count, or arguments the TE
 compute would reject (so that it raises its own error).
@@ -15,9 +15,9 @@ from __future__ import annotations
 from tvm import te
 
 from ..schedules.base import largest_divisor_lanes
-from ..schedules.roi_align_cpu import vector_lanes
-from ..schedules.roi_align_kernel import roi_align_adaptive_cpu
-from ..schedules.roi_align_kernel_constants import FamilyKernel, channel_block_for
+from ..schedules.roi_align.cpu import vector_lanes
+from ..schedules.roi_align.kernel import roi_align_adaptive_cpu
+from ..schedules.roi_align.kernel_constants import FamilyKernel, channel_block_for
 from ..topi._sampling import (
     accumulate_dtype,
     data_dims,

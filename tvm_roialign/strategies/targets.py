@@ -2,7 +2,7 @@
 
 The x86 and ARM strategies take the vectorized bin-major CPU rule (vector width from the target's
 CPU features, NEON's 128 bits on ARM: :func:`tvm_roialign.schedules.target_info.cpu_info`); CUDA
-and Metal take the GPU rule (:mod:`tvm_roialign.schedules.roi_align_gpu`).
+and Metal take the GPU rule (:mod:`tvm_roialign.schedules.roi_align.gpu`).
 """
 
 from __future__ import annotations

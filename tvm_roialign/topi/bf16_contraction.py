@@ -19,7 +19,7 @@ buffer the function allocates to fp32, which the tile loads cannot read):
 * ``bf16_output``: the :class:`Epilogue` (bias, residual, ReLU) on the sums; fp32 in the op's output
   shape, or bf16 rows ``[Mp, N]`` (uint16).
 
-The schedule is :class:`tvm_roialign.schedules.bf16_contraction.BF16Contraction`.
+The schedule is :class:`tvm_roialign.schedules.lowp.bf16.BF16Contraction`.
 """
 
 from __future__ import annotations
@@ -29,17 +29,22 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import te, tirx
 
+from .contraction_geometry import (
+    ConvGeometry,
+    gather_conv,
+    gemm_row,
+    nhwc_reader,
+    pack_columns,
+    round_up,
+    unflatten,
+)
+
 #: rows, reduction and columns are padded to multiples of these (the AMX micro-kernel's block)
 TILE_M, TILE_K, TILE_N = 32, 32, 32
 
 GATHER_A = "bf16_gather_a"
 CONTRACTION = "bf16_contraction"
 OUTPUT = "bf16_output"
-
-
-def _round_up(value, multiple: int):
-    """``value`` (an int, or a symbolic row count) rounded up to a multiple of ``multiple``."""
-    return (value + multiple - 1) // multiple * multiple
 
 
 def to_bf16_bits(array: np.ndarray) -> np.ndarray:
@@ -51,12 +56,7 @@ def to_bf16_bits(array: np.ndarray) -> np.ndarray:
 
 def pack_weight_vnni(weight: np.ndarray) -> np.ndarray:
     """``weight [K, N]`` (float) -> bf16 bits ``[Np / 32, Kp / 2, 32, 2]``, zero-padded (see module)."""
-    k, n = weight.shape
-    kp, np_ = _round_up(k, TILE_K), _round_up(n, TILE_N)
-    padded = np.zeros((kp, np_), np.float32)
-    padded[:k, :n] = weight
-    packed = padded.reshape(kp // 2, 2, np_ // TILE_N, TILE_N).transpose(2, 0, 3, 1)
-    return to_bf16_bits(packed)
+    return to_bf16_bits(pack_columns(np.asarray(weight, np.float32), TILE_K, 2, np.float32))
 
 
 def bf16_bits(value):
@@ -71,35 +71,6 @@ def bf16_value(bits):
     return tirx.reinterpret("float32", bits.astype("uint32") << tirx.const(16, "uint32"))
 
 
-@dataclass(frozen=True)
-class ConvGeometry:
-    """An NHWC conv2d as a GEMM: output ``[n, oh, ow, o]``, kernel ``kh x kw`` over ``c`` channels
-    (``n``, ``oh``, ``ow`` ints, or expressions of a symbolic image size)."""
-
-    n: object
-    oh: object
-    ow: object
-    kh: int
-    kw: int
-    c: int
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
-    #: narrow taps (an RGB stem): the reduction runs over kernel rows, each a run of ``kw * c``
-    #: elements contiguous in the (padded) input, zero-padded to :data:`TILE_K`
-    row_taps: bool = False
-
-    @property
-    def rows(self):
-        return self.n * self.oh * self.ow
-
-    @property
-    def reduction(self) -> int:
-        if self.row_taps:
-            return self.kh * TILE_K
-        return self.kh * self.kw * self.c
-
-
 PADDED_INPUT = "bf16_padded_input"
 
 
@@ -111,7 +82,7 @@ def _gather_row_taps(x: te.Tensor, g: ConvGeometry, in_hw):
     (ph, pw), c = g.padding, g.c
     extra = -(-(TILE_K - g.kw * c) // c)
     shape = (x.shape[0], height + 2 * ph, width + 2 * pw + extra, c)
-    read = _reader(x, height, width)
+    read = nhwc_reader(x, height, width)
 
     def padded(b, y, x_, ch):
         iy, ix = y - ph, x_ - pw
@@ -135,37 +106,6 @@ def _gather_row_taps(x: te.Tensor, g: ConvGeometry, in_hw):
     return value
 
 
-def _reader(x: te.Tensor, height, width):
-    """Index ``x`` (NHWC, or bf16 rows ``[Mp, c]`` of an image ``height x width``) as NHWC."""
-    if len(x.shape) == 4:
-        return lambda b, y, x_, ch: x[b, y, x_, ch]
-    return lambda b, y, x_, ch: x[(b * height + y) * width + x_, ch]
-
-
-def _gather_conv(x: te.Tensor, g: ConvGeometry, in_hw):
-    """``(m, k) -> x`` value of im2col row ``m`` column ``k`` (zero outside the image); ``x`` is
-    NHWC or bf16 rows ``[Mp, c]`` (uint16) of an ``in_hw`` image."""
-    height, width = in_hw
-    zero = tirx.const(0, x.dtype)
-    read = _reader(x, height, width)
-
-    def value(m, k):
-        b = m // (g.oh * g.ow)
-        oy = m // g.ow % g.oh
-        ox = m % g.ow
-        ky = k // (g.kw * g.c)
-        kx = k // g.c % g.kw
-        ch = k % g.c
-        iy = oy * g.stride[0] - g.padding[0] + ky * g.dilation[0]
-        ix = ox * g.stride[1] - g.padding[1] + kx * g.dilation[1]
-        inside = tirx.all(iy >= 0, iy < height, ix >= 0, ix < width)
-        safe_y = tirx.max(tirx.min(iy, height - 1), 0)
-        safe_x = tirx.max(tirx.min(ix, width - 1), 0)
-        return tirx.if_then_else(inside, read(b, safe_y, safe_x, ch), zero)
-
-    return value
-
-
 @dataclass(frozen=True)
 class Epilogue:
     """What the contraction's output stage applies to each fp32 sum, in this order: ``+ bias[n]``,
@@ -181,19 +121,7 @@ class Epilogue:
 
 def bf16_rows(rows):
     """The row count of a bf16 activation of ``rows`` GEMM rows: padded to whole 32-row blocks."""
-    return _round_up(rows, TILE_M)
-
-
-def _unflatten(m, out_shape, rows) -> tuple:
-    """The output indices (all but the channel) of GEMM row ``m`` (clamped to the real rows)."""
-    safe = tirx.min(m, rows - 1)
-    dims, idx = out_shape[:-1], []
-    for j, dim in enumerate(dims):
-        inner = 1
-        for later in dims[j + 1:]:
-            inner = inner * later
-        idx.append(safe // inner % dim)
-    return tuple(idx)
+    return round_up(rows, TILE_M)
 
 
 def direct_operand(geometry: ConvGeometry | None, reduction: int, bits_in: bool) -> bool:
@@ -217,7 +145,7 @@ def bf16_contraction(x: te.Tensor, packed: te.Tensor, *extra: te.Tensor, rows, r
     then padded to ``Mp = ceil(rows / 32) * 32``, so every 32-row block the micro-kernel loads
     and stores lies inside the buffers, its padding rows never read back as real rows."""
     bits_in = str(x.dtype) == "uint16"
-    mp, kp = _round_up(rows, TILE_M), _round_up(reduction, TILE_K)
+    mp, kp = round_up(rows, TILE_M), round_up(reduction, TILE_K)
     np_ = int(packed.shape[0]) * TILE_N
     if direct_operand(geometry, reduction, bits_in):
         a = x
@@ -226,7 +154,7 @@ def bf16_contraction(x: te.Tensor, packed: te.Tensor, *extra: te.Tensor, rows, r
             source = lambda m, k: x[m, k]
         else:
             hw = in_hw if in_hw is not None else (x.shape[1], x.shape[2])
-            source = (_gather_row_taps if geometry.row_taps else _gather_conv)(x, geometry, hw)
+            source = (_gather_row_taps if geometry.row_taps else gather_conv)(x, geometry, hw)
         zero = tirx.const(0, "uint16")
 
         def gather(m, k):
@@ -257,7 +185,7 @@ def _output(acc, extra, epilogue: Epilogue, rows, mp, out_shape):
     def residual_value(m, n, idx):
         if str(residual.dtype) == "uint16":
             return bf16_value(residual[m, n])
-        return residual[idx] if idx is not None else residual[(*_unflatten(m, out_shape, rows), n)]
+        return residual[idx] if idx is not None else residual[(*unflatten(m, out_shape, rows), n)]
 
     def value(m, n, idx=None):
         v = acc[m, n]
@@ -273,10 +201,7 @@ def _output(acc, extra, epilogue: Epilogue, rows, mp, out_shape):
         return te.compute((mp, columns), lambda m, n: bf16_bits(value(m, n)), name=OUTPUT)
 
     def output(*idx):
-        row = idx[0]
-        for dim, i in zip(out_shape[1:-1], idx[1:-1]):
-            row = row * dim + i
-        return value(row, idx[-1], tuple(idx))
+        return value(gemm_row(idx, out_shape), idx[-1], tuple(idx))
 
     return te.compute(out_shape, output, name=OUTPUT)
 

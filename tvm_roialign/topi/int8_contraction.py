@@ -16,7 +16,7 @@
   ``(acc - z * sum_k B[k, n]) * s * w_scale[n]`` (the zero point's share removed with the
   weights' column sums, computed at compile time).
 
-The schedule is :class:`tvm_roialign.schedules.int8_contraction.Int8Contraction`.
+The schedule is :class:`tvm_roialign.schedules.lowp.int8.Int8Contraction`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import te, tirx
 
-from .bf16_contraction import ConvGeometry
+from .contraction_geometry import ConvGeometry, gather_conv, gemm_row, pack_columns, round_up
 
 #: rows, reduction and columns are padded to multiples of these (the AMX micro-kernel's block)
 TILE_M, TILE_K, TILE_N = 32, 64, 32
@@ -34,10 +34,6 @@ TILE_M, TILE_K, TILE_N = 32, 64, 32
 GATHER_A = "int8_gather_a"
 CONTRACTION = "int8_contraction"
 OUTPUT = "int8_output"
-
-
-def _round_up(value, multiple: int):
-    return (value + multiple - 1) // multiple * multiple
 
 
 @dataclass(frozen=True)
@@ -84,18 +80,14 @@ def quantize_weight(weight: np.ndarray, limit: int = 127) -> tuple[np.ndarray, n
 
 def pack_weight_quads(q: np.ndarray) -> np.ndarray:
     """``q [K, N]`` int8 -> ``[Np / 32, Kp / 4, 32, 4]``, zero-padded (see module)."""
-    k, n = q.shape
-    kp, np_ = _round_up(k, TILE_K), _round_up(n, TILE_N)
-    padded = np.zeros((kp, np_), np.int8)
-    padded[:k, :n] = q
-    return np.ascontiguousarray(padded.reshape(kp // 4, 4, np_ // TILE_N, TILE_N).transpose(2, 0, 3, 1))
+    return pack_columns(q, TILE_K, 4, np.int8)
 
 
 def dequant_constants(q: np.ndarray, w_scale: np.ndarray, act: ActivationQuant):
     """``(correction int32 [Np], scale fp32 [Np])`` of the output stage: ``zero * sum_k q[k, n]``
     and ``act.scale * w_scale[n]`` (zero in the padding columns)."""
     n = q.shape[1]
-    np_ = _round_up(n, TILE_N)
+    np_ = round_up(n, TILE_N)
     correction = np.zeros(np_, np.int32)
     correction[:n] = act.zero * q.astype(np.int64).sum(axis=0)
     scale = np.zeros(np_, np.float32)
@@ -108,27 +100,6 @@ def widen(value):
     return value.astype("int32")
 
 
-def _gather_conv(x: te.Tensor, g: ConvGeometry, quantize, zero):
-    """``(m, k) -> quantized x`` of im2col row ``m`` column ``k`` (the zero point outside the image)."""
-    height, width = x.shape[1], x.shape[2]
-
-    def value(m, k):
-        b = m // (g.oh * g.ow)
-        oy = m // g.ow % g.oh
-        ox = m % g.ow
-        ky = k // (g.kw * g.c)
-        kx = k // g.c % g.kw
-        ch = k % g.c
-        iy = oy * g.stride[0] - g.padding[0] + ky * g.dilation[0]
-        ix = ox * g.stride[1] - g.padding[1] + kx * g.dilation[1]
-        inside = tirx.all(iy >= 0, iy < height, ix >= 0, ix < width)
-        safe_y = tirx.max(tirx.min(iy, height - 1), 0)
-        safe_x = tirx.max(tirx.min(ix, width - 1), 0)
-        return tirx.if_then_else(inside, quantize(x[b, safe_y, safe_x, ch]), zero)
-
-    return value
-
-
 def int8_contraction(x: te.Tensor, packed: te.Tensor, correction: te.Tensor, scale: te.Tensor,
                      rows, reduction: int, out_shape, act: ActivationQuant,
                      geometry: ConvGeometry | None = None) -> te.Tensor:
@@ -136,7 +107,7 @@ def int8_contraction(x: te.Tensor, packed: te.Tensor, correction: te.Tensor, sca
     input of a conv of ``geometry``; ``packed`` the :func:`pack_weight_quads` weights,
     ``correction`` and ``scale`` the :func:`dequant_constants` of the output stage. ``rows`` may
     be symbolic (padded to ``ceil(rows / 32) * 32`` gathered rows)."""
-    mp, kp = _round_up(rows, TILE_M), _round_up(reduction, TILE_K)
+    mp, kp = round_up(rows, TILE_M), round_up(reduction, TILE_K)
     np_ = int(packed.shape[0]) * TILE_N
     zero = tirx.const(act.zero, "uint8")
     inv = tirx.const(1.0 / act.scale, "float32")
@@ -146,7 +117,7 @@ def int8_contraction(x: te.Tensor, packed: te.Tensor, correction: te.Tensor, sca
         q = tirx.round(scaled) + tirx.const(float(act.zero), "float32")
         return tirx.max(tirx.min(q, tirx.const(255.0, "float32")), tirx.const(0.0, "float32")).astype("uint8")
 
-    source = _gather_conv(x, geometry, quantize, zero) if geometry is not None else (
+    source = gather_conv(x, geometry, (x.shape[1], x.shape[2]), quantize, zero) if geometry is not None else (
         lambda m, k: quantize(x[m, k])
     )
 
@@ -165,26 +136,11 @@ def int8_contraction(x: te.Tensor, packed: te.Tensor, correction: te.Tensor, sca
     out_shape = list(out_shape)
 
     def output(*idx):
-        row = idx[0]
-        for dim, i in zip(out_shape[1:-1], idx[1:-1]):
-            row = row * dim + i
         n = idx[-1]
-        return (acc[row, n] - correction[n]).astype("float32") * scale[n]
+        return (acc[gemm_row(idx, out_shape), n] - correction[n]).astype("float32") * scale[n]
 
     return te.compute(out_shape, output, name=OUTPUT)
 
 
-__all__ = [
-    "CONTRACTION",
-    "GATHER_A",
-    "OUTPUT",
-    "TILE_K",
-    "TILE_M",
-    "TILE_N",
-    "ActivationQuant",
-    "dequant_constants",
-    "int8_contraction",
-    "pack_weight_quads",
-    "quantize_weight",
-    "widen",
-]
+__all__ = ["CONTRACTION", "GATHER_A", "OUTPUT", "TILE_K", "TILE_M", "TILE_N", "ActivationQuant",
+           "dequant_constants", "int8_contraction", "pack_weight_quads", "quantize_weight", "widen"]

@@ -19,9 +19,9 @@ from tvm import relax
 from ...host import use_usable_cores
 from ...passes import ConvertLayout, desired_layouts
 from ...pipeline import build
+from ...precision.layers import detector_plan, precision_options
 from ...target import describe, device_or_none, parse_target
 from ..detection import DEFAULT_FAST, graph_options
-from ..detector_precision import detector_precision, precision_options
 from .pieces import (
     count_permutes,
     export_piece,
@@ -181,8 +181,9 @@ class TVMMaskRCNN:
         use_usable_cores()  # TVM's pool, before constant folding runs the first kernel
         self.model = model
         self.target = parse_target(target)
-        self.precision, kept = detector_precision(precision, self.target, fp32_layers, pieces=True)
-        self.options = precision_options(model, self.precision, kept)
+        self.plan, kept = detector_plan(precision, self.target, fp32_layers, pieces=True)
+        self.precision = self.plan.precision
+        self.options = precision_options(model, self.plan, kept)
         self.layout = layout
         self.device = device_or_none(self.target)
         self.progress = progress or (lambda _msg: None)
