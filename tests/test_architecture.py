@@ -126,7 +126,7 @@ def test_no_import_cycle_between_modules():
 #: units of lower layers (and, within itself, anything that makes no cycle). Units of one layer do
 #: not import each other. The README's package map follows this order.
 LAYERS = (
-    ("_version", "_registry", "host", "profiling", "remote"),  # standard library and TVM only
+    ("_version", "_names", "_registry", "host", "profiling", "remote"),  # standard library and TVM only
     ("topi", "target", "linking", "runtime"),  # TE computes; targets; linking; running artifacts
     ("schedules",),  # schedule rules and tensor intrinsics
     ("strategies",),  # RoIAlign's per-target strategies
@@ -137,7 +137,7 @@ LAYERS = (
     ("tuning",),  # MetaSchedule tasks, records, search
     ("pipeline",),  # build(): the phases composed with the tuned schedules
     ("models", "testing"),  # detectors and classifiers compiled whole; test references
-    ("__init__",),  # the package's face
+    ("_api", "__init__"),  # the package's face (its names and registration)
     ("bench",),  # the measuring harness
     ("cli",),  # the command line
     ("__main__",),

@@ -39,15 +39,8 @@ from .transform import (
 )
 
 __all__ = [
-    "METADATA_KIND",
-    "PHOTO_FUNCTION",
-    "Detector",
-    "accepted_sizes",
-    "detect_to_files",
-    "is_detector",
-    "precision_suffix",
-    "read_image",
-    "read_metadata",
+    "METADATA_KIND", "PHOTO_FUNCTION", "Detector", "accepted_sizes", "detect_to_files", "is_detector",
+    "precision_suffix", "read_image", "read_metadata",
 ]
 
 #: ``"kind"`` of a detector artifact's metadata.
@@ -233,10 +226,9 @@ class Detector:
         height = max(r[0] for r in resized)
         strides = self._pooler_strides()
         lowest = bucket["min_resized_height"] if bucket else None
-        if height < 1:  # torchvision's resize fails on it
-            lowest = 1
-        elif strides is not None:
+        if strides is not None and height >= 1:  # (torchvision's resize fails under 1)
             lowest = min_height_at(strides, padded[0], self.settings.size_divisible)
+        lowest = 1 if height < 1 else lowest
         if lowest is not None and height < lowest:
             raise ValueError(self._too_thin(what, resized, padded, lowest, strides))
         if bucket is None:
