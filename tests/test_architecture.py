@@ -137,7 +137,8 @@ LAYERS = (
     ("tuning",),  # MetaSchedule tasks, records, search
     ("pipeline",),  # build(): the phases composed with the tuned schedules
     ("models", "testing"),  # detectors and classifiers compiled whole; test references
-    ("_api", "__init__"),  # the package's face (its names and registration)
+    ("_api",),  # the package's names and their registration
+    ("__init__",),  # the package's face
     ("bench",),  # the measuring harness
     ("cli",),  # the command line
     ("__main__",),
