@@ -90,6 +90,7 @@ def main(argv=None) -> int:
     parser.add_argument("--exact", action="store_true")
     parser.add_argument("--out", default="/tmp/profile_compile.so")
     parser.add_argument("--depth", type=int, default=2, help="pass nesting shown")
+    parser.add_argument("--min-s", type=float, default=0.05, help="shortest step shown (CPU s)")
     parser.add_argument("--cprofile", default=None)
     args = parser.parse_args(argv)
     profiler = None
@@ -133,6 +134,8 @@ def _print(artifact, args, weights: int) -> None:
     print(f"import_s {artifact.import_s:.1f}, compile_s {artifact.compile_s:.1f}")
     print(f"{'step':<64} {'wall s':>8} {'cpu s':>8}")
     for depth, name, wall, cpu in ROWS:
+        if depth > 0 and cpu < args.min_s:
+            continue
         print(f"{'  ' * depth + name:<64} {wall:8.2f} {cpu:8.2f}")
     size = os.path.getsize(args.out)
     print(f"library {size / 2**20:.1f} MiB; fp32 weights {weights / 2**20:.1f} MiB; "
