@@ -30,8 +30,10 @@ relax_pipeline="tvm_roialign_cpu")`` works after ``import tvm_roialign``). Its p
 5. **default schedule rules** (:func:`tvm_roialign.schedules.default_rules`): register-tiled conv2d
    and matmul with packed weights and fused epilogues, elementwise, then the ``CPUDefault``
    fallback. Functions marked ``tirx.is_scheduled`` (RoIAlign's strategies) are never touched;
-   then the AMX kernels ask Linux for the tile state themselves
+   the AMX kernels ask Linux for the tile state themselves
    (:class:`~tvm_roialign.passes.RequestAMXState`: a library may be run from C++);
+   then kernels that came out equal (a pyramid's per-level copies) are merged
+   (:class:`~tvm_roialign.passes.MergeEqualKernels`);
 6. **pack weights at compile time**: ``SplitLayoutRewritePreproc`` moves the weight-packing stages
    the schedules asked for into functions of their own, :class:`~tvm_roialign.passes.FoldLayoutRewrite`
    evaluates them on the constant weights with NumPy (``FoldConstant`` takes any other form),
@@ -105,7 +107,7 @@ def cpu_pipeline(
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    from .passes import FoldLayoutRewrite, RequestAMXState
+    from .passes import FoldLayoutRewrite, MergeEqualKernels, RequestAMXState
 
     prepare = prepare_pipeline(target, **graph_options) if target is not None else None
 
@@ -127,6 +129,7 @@ def cpu_pipeline(
                 from .schedules.symbolic_report import symbolic_report_pass
 
                 phases.append(symbolic_report_pass(symbolic_report))
+            phases.append(MergeEqualKernels())  # the rules' equal kernels compiled once
             if pack_weights:
                 # 6. weight packing at compile time
                 phases += [

@@ -26,6 +26,8 @@
   calibrated on photos (``precision="int8"``);
 * :class:`QDQContractions` (:mod:`.qdq_contractions`): an ONNX QDQ model's quantized conv2d /
   matmul as int8 contractions with the model's own scales;
+* :class:`MergeEqualKernels` (:mod:`.merge_equal_kernels`): structurally equal PrimFuncs (a
+  pyramid's per-level copies of a kernel, once scheduled) merged into one, compiled once;
 * :func:`desired_layouts` (:mod:`.desired_layouts`): the ConvertLayout dictionary for a whole model
   in NHWC (or NCHW).
 """
@@ -44,6 +46,7 @@ from .fold_permute_dims import FoldPermuteDims
 from .hoist_activations import HoistActivations
 from .int8_contractions import Int8Contractions
 from .layout import register
+from .merge_equal_kernels import MergeEqualKernels
 from .normalize_squeeze_axes import NormalizeSqueezeAxes
 from .pad_channels import PadChannels
 from .qdq_contractions import QDQContractions
@@ -65,6 +68,7 @@ __all__ = [
     "FoldPermuteDims",
     "HoistActivations",
     "Int8Contractions",
+    "MergeEqualKernels",
     "NormalizeSqueezeAxes",
     "PadChannels",
     "QDQContractions",
