@@ -19,8 +19,8 @@ import time
 import numpy as np
 import tvm
 
-from tvm_roialign.runtime.sample_photos import sample_photo
 from tvm_roialign.runtime import Detector
+from tvm_roialign.runtime.sample_photos import sample_photo
 
 
 def _kernel(library, name: str):

@@ -102,6 +102,7 @@ def main(argv=None) -> int:
     t_all, c_all = time.perf_counter(), _cpu()
     with step("import tvm_roialign (tvm, torch)"):
         import tvm
+
         import tvm_roialign  # noqa: F401
         from tvm_roialign.models import detection
 

@@ -15,7 +15,6 @@ from tvm import relax
 from tvm_roialign.pipeline import build
 from tvm_roialign.testing import run_first
 
-
 #: float32 results against a float64 reference: relative to the largest output
 RTOL = 2e-5
 

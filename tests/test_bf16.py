@@ -149,7 +149,8 @@ def test_aarch64_bf16_target_assembly_has_bfdot():
 
 def test_bf16_without_bf16_instructions_builds_fp32_with_a_note():
     layer = torch.nn.Linear(64, 64, bias=False)
-    with pytest.warns(UserWarning, match="precision bf16: .* has no AMX, AVX512-BF16 or AArch64 bf16; building fp32"):
+    note = "precision bf16: .* has no AMX, AVX512-BF16 or AArch64 bf16; building fp32"
+    with pytest.warns(UserWarning, match=note):
         built = build(_module(layer, torch.randn(32, 64)), AVX512_ONLY, precision="bf16")
     assert "dpbf16ps" not in _asm(built.executable)
 

@@ -139,8 +139,8 @@ def test_fp32_layers_are_found_in_the_imported_graph():
     from _tiny_rcnn import tiny_rcnn
 
     from tvm_roialign.models.detection import import_detector
-    from tvm_roialign.precision.layers import FP32_LAYERS, keeps_fp32
     from tvm_roialign.passes import BF16Contractions
+    from tvm_roialign.precision.layers import FP32_LAYERS, keeps_fp32
 
     model = tiny_rcnn(masks=True, seed=0, detections_per_img=20)
     mod, _ = import_detector(model, None)

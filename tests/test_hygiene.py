@@ -88,7 +88,9 @@ def _git(*args: str) -> list[str]:
     return [line for line in run.stdout.split("\0") if line]
 
 
-def tree_faults(root: Path, tracked: list[str], untracked: list[str], limit: int = MAX_TRACKED_BYTES) -> list[str]:
+def tree_faults(
+    root: Path, tracked: list[str], untracked: list[str], limit: int = MAX_TRACKED_BYTES
+) -> list[str]:
     """What the tree should not hold: tracked files over ``limit`` bytes, entries of the root
     (tracked, or untracked and not ignored) that are not :data:`ROOT_ENTRIES`, and scratch files
     (:data:`SCRATCH`) at the root, ignored or not."""
@@ -96,7 +98,9 @@ def tree_faults(root: Path, tracked: list[str], untracked: list[str], limit: int
     for name in tracked:
         path = root / name
         if path.is_file() and path.stat().st_size > limit:
-            faults.append(f"{name}: {path.stat().st_size / 2**20:.1f} MB tracked (at most {limit / 2**20:.0f} MB)")
+            faults.append(
+                f"{name}: {path.stat().st_size / 2**20:.1f} MB tracked (at most {limit / 2**20:.0f} MB)"
+            )
     for name in sorted({n.split("/")[0] for n in (*tracked, *untracked)} - ROOT_ENTRIES):
         faults.append(f"{name}: not one of the root's entries ({', '.join(sorted(ROOT_ENTRIES))})")
     for pattern in SCRATCH:

@@ -27,9 +27,9 @@ from tvm import relax
 
 from tvm_roialign.frontend import from_exported_program
 from tvm_roialign.host import cpu_flags, request_amx
-from tvm_roialign.precision.calibration import calibration_inputs
 from tvm_roialign.passes.int8_contractions import clipped_range
 from tvm_roialign.pipeline import build
+from tvm_roialign.precision.calibration import calibration_inputs
 from tvm_roialign.schedules.lowp.int8 import int8_instructions, int8_pays
 from tvm_roialign.target import parse_target
 from tvm_roialign.testing import generic_int8, run_first

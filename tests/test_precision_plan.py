@@ -42,7 +42,9 @@ def test_a_qdq_model_is_resolved_once(tmp_path, capsys, resolves):
     resolves.clear()  # quantize_static's own imports do not count
     out = tmp_path / "q.so"
     target = "llvm -mcpu=haswell"  # AVX2: the reduce_range model's weights fit its kernels
-    code, _, err = run_cli(["compile", path, "--target", target, "-o", str(out), "--precision", "int8"], capsys)
+    code, _, err = run_cli(
+        ["compile", path, "--target", target, "-o", str(out), "--precision", "int8"], capsys
+    )
     assert code == 0, err
     assert len(resolves) == 1 and resolves[0].quantized and resolves[0].precision == "int8"
     meta = json.loads((tmp_path / "q.so.json").read_text())

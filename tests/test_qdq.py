@@ -49,8 +49,8 @@ from tvm_roialign.pipeline import build
 from tvm_roialign.pipeline_phases import prepare_pipeline
 from tvm_roialign.precision import qdq_note, resolve
 from tvm_roialign.target import parse_target
-from tvm_roialign.topi.int8_contraction import TILE_N
 from tvm_roialign.testing import run_first
+from tvm_roialign.topi.int8_contraction import TILE_N
 
 #: output quanta the builds may differ from the references by (module docstring)
 QUANTA = 2

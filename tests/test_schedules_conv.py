@@ -25,7 +25,6 @@ from _schedules import (
 )
 from _targets import NATIVE as HOST
 from tvm import relax
-from tvm.s_tir.dlight.base.transform import ApplyDefaultSchedule
 
 from tvm_roialign.pipeline import build
 from tvm_roialign.schedules import Conv2DNHWC, DepthwiseConv2DNHWC, GroupedConv2DNHWC, cpu_info

@@ -3,8 +3,6 @@ results equal a float64 reference, one parallel step per row."""
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 from _schedules import (

@@ -13,8 +13,7 @@ from tvm import relax
 from tvm_roialign.passes import TakesAsSlices
 from tvm_roialign.pipeline import build
 from tvm_roialign.profiling import profile_vm
-from tvm_roialign.testing import op_calls
-from tvm_roialign.testing import run_first
+from tvm_roialign.testing import op_calls, run_first
 
 
 def _module(shape, index, axis):

@@ -163,7 +163,9 @@ def test_build_returns_the_coverage_of_its_records(tuned, tiny, tol):
     assert isinstance(built, Built) and reported == [built.coverage]
     assert built.coverage.total == 2 and not built.coverage.untuned
     assert str(built.coverage).startswith("tuning records for 2 of 2 conv2d/matmul tasks: ")
-    np.testing.assert_allclose(run_first(built.executable, x), expected, rtol=tol["float32"], atol=tol["float32"])
+    np.testing.assert_allclose(
+        run_first(built.executable, x), expected, rtol=tol["float32"], atol=tol["float32"]
+    )
     assert build(mod, TARGET).coverage is None
     # the phase-4 pass itself: its coverage goes where the pass says
     sink = []

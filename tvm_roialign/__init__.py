@@ -31,11 +31,12 @@ detector runtime and the benchmarks size the pool to the usable cores where they
 from __future__ import annotations
 
 import importlib
+import itertools
 import sys
 from pathlib import Path
 
 from ._names import PUBLIC_NAMES
-from ._version import __version__
+from ._version import __version__ as __version__
 
 __all__ = list(PUBLIC_NAMES)
 
@@ -48,7 +49,7 @@ def _command_line_process() -> bool:
     if sys.argv[0] == "-m":  # runpy finds the module of ``python -m`` (this package's import)
         args = sys.orig_argv
         return f"-m{__name__}" in args or any(
-            a == "-m" and b == __name__ for a, b in zip(args, args[1:])
+            a == "-m" and b == __name__ for a, b in itertools.pairwise(args)
         )
     return Path(sys.argv[0]).name.startswith("tvm-roialign")
 
@@ -61,4 +62,4 @@ def __getattr__(name: str):
 
 
 if not _command_line_process():
-    from ._api import *  # noqa: E402, F403 - registers
+    from ._api import *  # noqa: F403 - registers

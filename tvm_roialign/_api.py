@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import contextlib
 
+# The F401 waivers and the redundant alias below mark re-exports: the names of PUBLIC_NAMES.
 from . import (
     _registry,
-    frontend,
-    passes,
-    strategies,
-    topi,
+    frontend,  # noqa: F401
+    passes,  # noqa: F401
+    strategies,  # noqa: F401
+    topi,  # noqa: F401
 )
 from . import pipeline as _pipeline
 from ._names import PUBLIC_NAMES
-from ._version import __version__
+from ._version import __version__ as __version__
 from .ops import multiscale_roi_align as _multiscale_roi_align_op
 from .ops import nms as _nms_op
 from .ops import ps_roi_align as _ps_roi_align_op
@@ -23,12 +24,12 @@ from .ops import quantized_roi_align as _quantized_roi_align_op
 from .ops import roi_align as _roi_align_op
 from .ops import roi_align_rotated as _roi_align_rotated_op
 from .ops.multiscale_roi_align import (
-    make_multiscale_roi_align as multiscale_roi_align,
+    make_multiscale_roi_align as multiscale_roi_align,  # noqa: F401
 )
-from .ops.ps_roi_align import make_ps_roi_align as ps_roi_align
-from .ops.quantized_roi_align import make_quantized_roi_align as quantized_roi_align
-from .ops.roi_align import make_roi_align as roi_align
-from .ops.roi_align_rotated import make_roi_align_rotated as roi_align_rotated
+from .ops.ps_roi_align import make_ps_roi_align as ps_roi_align  # noqa: F401
+from .ops.quantized_roi_align import make_quantized_roi_align as quantized_roi_align  # noqa: F401
+from .ops.roi_align import make_roi_align as roi_align  # noqa: F401
+from .ops.roi_align_rotated import make_roi_align_rotated as roi_align_rotated  # noqa: F401
 from .passes import layout as _layout_pass
 from .passes import layout_clip as _layout_clip
 from .passes import layout_qdq as _layout_qdq

@@ -102,8 +102,8 @@ def _int8_pass(target: tvm.target.Target, plan, calibration, keep_fp32=(), winog
     those of the plan's kernels."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    from .precision.calibration import calibration_entry, calibration_inputs
     from .passes import Int8Contractions
+    from .precision.calibration import calibration_entry, calibration_inputs
     from .precision.policy import FP32
     from .target import parse_target
 

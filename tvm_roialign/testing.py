@@ -355,7 +355,10 @@ def run_executable(executable, *arrays, function: str = "main"):
     import tvm
     from tvm import relax
 
-    vm = executable if isinstance(executable, relax.VirtualMachine) else relax.VirtualMachine(executable, tvm.cpu())
+    if isinstance(executable, relax.VirtualMachine):
+        vm = executable
+    else:
+        vm = relax.VirtualMachine(executable, tvm.cpu())
     result = vm[function](*[tvm.runtime.tensor(np.ascontiguousarray(a)) for a in arrays])
     if isinstance(result, (list, tuple)) or (hasattr(result, "__len__") and not hasattr(result, "numpy")):
         return [r.numpy() for r in result]

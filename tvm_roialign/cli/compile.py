@@ -21,6 +21,7 @@ from ._common import (
     output_path,
     resolve_target,
 )
+from ._dump_code import DUMP_FORMATS, dump_formats, write_dumps
 from ._model_file import (
     LIBRARY_SUFFIXES,
     check_int8_calibration,
@@ -30,7 +31,6 @@ from ._model_file import (
     signature,
     symbolic_inputs_note,
 )
-from ._dump_code import DUMP_FORMATS, dump_formats, write_dumps
 from ._precision import (
     add_precision_arguments,
     check_precision_arguments,
@@ -40,7 +40,6 @@ from ._precision import (
 )
 from ._progress import progress_session
 from ._tuning import add_records_argument, open_records, print_coverage
-
 
 HELP_TARGET = (
     "native (this machine's CPU), llvm or llvm-generic (portable: generic CPU, as tvmc's 'llvm'), "

@@ -126,8 +126,7 @@ def compile_detector(
         function for every photo (a symbolic padded size within
         :data:`~tvm_roialign.frontend.detection.ANY_SIDES`). Sizes: one function per padded
         size they get from torchvision's transform (:func:`bucket_sizes`; ``"all"``: every
-        padded size), each compiled for its size. Not used for an exported program (its own
-        size).
+        padded size), each compiled for its size. Not used for an exported program (its own size).
     target : str | dict | tvm.target.Target | None
         Anything :func:`tvm_roialign.target.parse_target` takes: a short name (``"native"``,
         ``"llvm-generic"``, ``"aarch64"``, ``"cuda"``...), a tvmc string, a JSON/dict target or a
@@ -151,7 +150,8 @@ def compile_detector(
     precision, fp32_layers, calibration : str | PrecisionPlan; str | list of str | None; str | list | None
         ``"fp32"``, ``"bf16"``, ``"int8"`` (any size only), ``"auto"`` or the caller's
         :class:`~tvm_roialign.precision.PrecisionPlan`; the layers kept in fp32
-        (:mod:`tvm_roialign.precision.layers`, e.g. ``"rpn"``); int8's photos (None: the sample photos; a directory; ``[H, W, 3]`` uint8 arrays)
+        (:mod:`tvm_roialign.precision.layers`, e.g. ``"rpn"``); int8's photos (None: the sample photos; a
+        directory; ``[H, W, 3]`` uint8 arrays)
     """
     from ..pipeline import build
     from ..target import parse_target, target_config

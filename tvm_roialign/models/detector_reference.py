@@ -1,5 +1,5 @@
-"""Sample photos (:mod:`tvm_roialign.runtime.sample_photos`) and torchvision eager's detections on a photo: what
-tests and benchmarks compare a detector artifact against (re-exported by
+"""Sample photos (:mod:`tvm_roialign.runtime.sample_photos`) and torchvision eager's detections on a photo:
+what tests and benchmarks compare a detector artifact against (re-exported by
 :mod:`tvm_roialign.models.detection`)."""
 
 from __future__ import annotations

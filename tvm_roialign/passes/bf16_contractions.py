@@ -29,6 +29,7 @@ from ._contraction_spec import contraction_spec as _contraction_spec
 from ._mutator import FunctionRewriter, rewrite_module
 from .bf16_plan import plan_chains
 
+
 def contraction_spec(call):
     """What :func:`bf16_contraction` needs of ``call`` (a conv2d or matmul), or None when it is
     not converted."""

@@ -208,7 +208,8 @@ def qdq_note(target: tvm.target.Target, weights: int = 127) -> str | None:
     if kind is None and not _generic(target):
         return (
             f"quantized (ONNX QDQ) model: target {describe(target)} has no int8 kernels (AMX-INT8, "
-            "AVX512-VNNI, AVX-VNNI, AVX2, AArch64 dot product); its quantized layers run in float (fake-quant)"
+            "AVX512-VNNI, AVX-VNNI, AVX2, AArch64 dot product); its quantized layers run in float "
+            "(fake-quant)"
         )
     limit = int8_weight_limit(kind)
     if weights <= limit:
@@ -251,7 +252,9 @@ def resolve(target: tvm.target.Target, asked: str = "fp32", model: tvm.IRModule 
     if asked == "auto":
         chosen, why = auto_precision(target)
         plan = _bf16(target, avx512_bf16) if chosen == "bf16" else FP32
-        return PrecisionPlan(plan.precision, "auto", plan.kernels, summary=f"precision auto: {chosen} ({why})")
+        return PrecisionPlan(
+            plan.precision, "auto", plan.kernels, summary=f"precision auto: {chosen} ({why})"
+        )
     if asked == "bf16":
         return _bf16(target, avx512_bf16)
     if asked == "int8":

@@ -9,7 +9,6 @@ a reduction too short for the kernels, on AVX2 the convs Winograd takes).
 from __future__ import annotations
 
 import numpy as np
-import tvm
 
 
 def qdq_passes(plan, calibration=None, keep_fp32=None, winograd: int = 0,

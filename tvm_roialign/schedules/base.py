@@ -9,8 +9,8 @@ rest to the rule's :meth:`Rule.schedule_func`, which by default opens a schedule
 :class:`CPURule` is the base of the model's CPU rules: a schedule step that TIR refuses (any
 exception) means None, so that the next rule gets the untouched function, and a function whose
 buffers have compound symbolic extents (``(h - 1) // 4 + 1``) is handed to the rule with a variable
-of its own for each (:mod:`~tvm_roialign.schedules.symbolic_extents`): the rules' arithmetic on such extents is exact only
-in that form.
+of its own for each (:mod:`~tvm_roialign.schedules.symbolic_extents`): the rules' arithmetic on such extents
+is exact only in that form.
 
 The helpers: :func:`find_block`, :func:`find_main_reduction` and :func:`block_infos` (blocks by
 name, kind or dlight's analysis),
@@ -235,8 +235,8 @@ class CPURule(Rule, CPUScheduleRule):
 
     The float32 functions named in a rule's ``vector_ops`` (``exp``, ``sigmoid``, ``erf``) are
     rewritten, in what it schedules, into arithmetic LLVM vectorizes
-    (:func:`~tvm_roialign.schedules.vector_math.vectorize_math`) where the rule vectorizes them: the contraction
-    rules' epilogues carry a model's activations (SiLU, sigmoid gates, GELU), the elementwise rule
+    (:func:`~tvm_roialign.schedules.vector_math.vectorize_math`) where the rule vectorizes them: the
+    contraction rules' epilogues carry a model's activations (SiLU, sigmoid gates, GELU), the elementwise rule
     the rest (a GELU outside its matmul). Not in the fallback rule, whose reductions (a softmax)
     keep the exponentials in scalar loops, where the C library's call is as fast."""
 

@@ -115,7 +115,8 @@ def pack_columns(weight: np.ndarray, depth: int, group: int, dtype) -> np.ndarra
     kp, np_ = round_up(k, depth), round_up(n, BLOCK_N)
     padded = np.zeros((kp, np_), dtype)
     padded[:k, :n] = weight
-    return np.ascontiguousarray(padded.reshape(kp // group, group, np_ // BLOCK_N, BLOCK_N).transpose(2, 0, 3, 1))
+    blocks = padded.reshape(kp // group, group, np_ // BLOCK_N, BLOCK_N)
+    return np.ascontiguousarray(blocks.transpose(2, 0, 3, 1))
 
 
 __all__ = [

@@ -173,8 +173,8 @@ def rows_pos(c: Contraction) -> int:
 def symbolic_tile(c: Contraction) -> bool:
     """Whether the axis the register tile splits (:func:`rows_pos`) has a symbolic extent: the
     tile's region of the accumulator then has no static size, and the accumulator is laid out
-    per tile (see :func:`~tvm_roialign.schedules.contraction.schedule._tile_accumulator`), its tile kept under TVM's stack limit.
-    Symbolic outer axes (a batch of maps) leave the tile's size static."""
+    per tile (see :func:`~tvm_roialign.schedules.contraction.schedule._tile_accumulator`), its tile kept under
+    TVM's stack limit. Symbolic outer axes (a batch of maps) leave the tile's size static."""
     return c.extents[rows_pos(c)] is None
 
 

@@ -1,11 +1,12 @@
 """Rule: a fused NHWC conv2d (HWIO weights) with its epilogue (bias, batch-norm, residual add, ReLU).
 
-The conv block is a :class:`~tvm_roialign.schedules.contraction.schedule.Contraction` (output channels are the columns; image,
-height and width the rows; kernel height, width and input channels the reduction), scheduled with
-:func:`~tvm_roialign.schedules.contraction.schedule.schedule_contraction`: a register tile of ``rows`` consecutive output pixels
-by ``cols`` vectors of output channels (with a static height and width, whatever the batch, the pixels of an
-image are one row axis of ``H * W`` (:mod:`~tvm_roialign.schedules.contraction.conv_rows`), so a tile runs on into the next image row;
-with a symbolic size, the pixels of one image row), constant weights packed at compile time into
+The conv block is a :class:`~tvm_roialign.schedules.contraction.schedule.Contraction` (output channels are the
+columns; image, height and width the rows; kernel height, width and input channels the reduction), scheduled
+with :func:`~tvm_roialign.schedules.contraction.schedule.schedule_contraction`: a register tile of ``rows``
+consecutive output pixels by ``cols`` vectors of output channels (with a static height and width, whatever the
+batch, the pixels of an image are one row axis of ``H * W``
+(:mod:`~tvm_roialign.schedules.contraction.conv_rows`), so a tile runs on into the next image row; with a
+symbolic size, the pixels of one image row), constant weights packed at compile time into
 ``[O / (cols * lanes), KH, KW, I, cols * lanes]``, the epilogue inlined into the tile's write-back.
 
 The zero-padding stage legalization puts in front of the conv (``pad_temp``) is computed as its own
@@ -13,8 +14,9 @@ parallel, vectorized pass over the input: inlined into the conv it would put a b
 of every broadcast load of the inner loop. A producer that is a plain copy (``pad_temp`` of a 1x1
 conv without padding) is inlined. Grouped and depthwise convs (whose weight shares the channel
 axis with the data) and NCHW convs are not contractions of this form: depthwise NHWC ones go to
-:class:`~tvm_roialign.schedules.contraction.depthwise.DepthwiseConv2DNHWC`, grouped NHWC ones to :class:`~tvm_roialign.schedules.contraction.grouped.GroupedConv2DNHWC`,
-the others to :class:`~tvm_roialign.schedules.fallback.CPUDefault`.
+:class:`~tvm_roialign.schedules.contraction.depthwise.DepthwiseConv2DNHWC`, grouped NHWC ones to
+:class:`~tvm_roialign.schedules.contraction.grouped.GroupedConv2DNHWC`, the others to
+:class:`~tvm_roialign.schedules.fallback.CPUDefault`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """One row axis for the output pixels of a static NHWC conv: ``(h, w)`` -> ``h * W + w``.
 
-The register tile of :mod:`~tvm_roialign.schedules.contraction.schedule` takes ``rows`` consecutive points of the innermost row
-axis. With the image's width as that axis, a narrow feature map wastes the tile: 14 or 7 pixels
-(the last stages of an image model at 224) fit no tile of the 6 rows a 16-register target wants, so
+The register tile of :mod:`~tvm_roialign.schedules.contraction.schedule` takes ``rows`` consecutive points of
+the innermost row axis. With the image's width as that axis, a narrow feature map wastes the tile: 14 or 7
+pixels (the last stages of an image model at 224) fit no tile of the 6 rows a 16-register target wants, so
 the tile computes padding rows or the model falls back to a tall, thin tile (14 x 1 vectors: a
 load per multiply-add). As one axis of ``H * W`` pixels, the tile's rows run on into the next image
 row and only the last tile of the image is partial (196 pixels: 32 tiles of 6 and one of 4). The
@@ -12,8 +12,8 @@ is computed once per tap, outside the channel loop the multiply-adds run in.
 :func:`flatten_rows` rewrites the conv block's iteration (``transform_block_layout``) and the
 layout of the buffer it writes (``transform_layout``: ``[N, H, W, C]`` -> ``[N, H * W, C]``, which
 every consumer then reads as ``[n, h * W + w, c]``), so that the block is again a
-:class:`~tvm_roialign.schedules.contraction.analysis.Contraction`, with two row axes. Only where the extents are static
-and the conv writes an intermediate buffer of the function (a parameter keeps its shape). The batch
+:class:`~tvm_roialign.schedules.contraction.analysis.Contraction`, with two row axes. Only where the extents
+are static and the conv writes an intermediate buffer of the function (a parameter keeps its shape). The batch
 may be symbolic: Mask R-CNN's mask head runs its 14x14 convs on one map per detection (its 3x3
 256 -> 256 conv measured in docs/benchmarks.md, "Schedules and host settings").
 """
@@ -62,8 +62,8 @@ def flatten_rows(sch: Schedule, block) -> bool:
 
 def _flatten_consumer(sch: Schedule, block, rows: list[int], columns: int) -> None:
     """Give the epilogue after ``block`` the same row axis: its intermediate blocks inlined into
-    the last one (as :func:`~tvm_roialign.schedules.base.inline_epilogue` would), whose ``(n, h, w, c)`` iteration
-    becomes ``(n, h * W + w, c)``, so that it reads the conv's output at ``[n, m, c]`` and can be
+    the last one (as :func:`~tvm_roialign.schedules.base.inline_epilogue` would), whose ``(n, h, w, c)``
+    iteration becomes ``(n, h * W + w, c)``, so that it reads the conv's output at ``[n, m, c]`` and can be
     inlined into the tile's write-back. Left as it is (correct, not fused) where it cannot."""
     while inline_one_intermediate(sch, block):
         pass

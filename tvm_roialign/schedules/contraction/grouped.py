@@ -11,17 +11,18 @@ group, the group an outer parallel axis:
   vectors when a group has fewer channels, as ResNeXt 32x4d's first stages), so that a tile never
   spans two groups and its input channels are one broadcast per row;
 * a register tile of ``rows`` consecutive output pixels by ``cols`` vectors, the largest the
-  target's register file holds (:func:`~tvm_roialign.schedules.contraction.tiles.pick_tile`), ``rows`` dividing the width
-  (a symbolic width: one pixel per tile, so no loop of the image is cut);
+  target's register file holds (:func:`~tvm_roialign.schedules.contraction.tiles.pick_tile`), ``rows``
+  dividing the width (a symbolic width: one pixel per tile, so no loop of the image is cut);
 * constant weights packed at compile time into ``[O / (cols * lanes), KH, KW, cg_in, cols * lanes]``
-  (:func:`~tvm_roialign.schedules.contraction.schedule.pack_weight`), so that a tile's weight vectors are contiguous along the
-  reduction;
+  (:func:`~tvm_roialign.schedules.contraction.schedule.pack_weight`), so that a tile's weight vectors are
+  contiguous along the reduction;
 * row tiles outside the groups when all the weights fit in half of L2 (the image rows are read
   once), else groups outermost; image, rows and groups fused into one parallel loop (with
   symbolic sizes the two outer ones);
 * the epilogue inlined into the tile's write-back, the padding stage its own vectorized pass.
 
-Depthwise convs (one input channel per group) are :class:`~tvm_roialign.schedules.contraction.depthwise.DepthwiseConv2DNHWC`'s.
+Depthwise convs (one input channel per group) are
+:class:`~tvm_roialign.schedules.contraction.depthwise.DepthwiseConv2DNHWC`'s.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Rule: dense / matmul / batched matmul (``[..., M, K] x [..., K, N]`` or ``x [N, K]^T``) + epilogue.
 
-The matmul block is a :class:`~tvm_roialign.schedules.contraction.schedule.Contraction` (``N`` the columns, ``M`` the rows, ``K``
-the reduction), register-tiled by :func:`~tvm_roialign.schedules.contraction.schedule.schedule_contraction` with a constant weight
-packed at compile time into ``[N / (cols * lanes), K, cols * lanes]``.
+The matmul block is a :class:`~tvm_roialign.schedules.contraction.schedule.Contraction` (``N`` the columns,
+``M`` the rows, ``K`` the reduction), register-tiled by
+:func:`~tvm_roialign.schedules.contraction.schedule.schedule_contraction` with a constant weight packed at
+compile time into ``[N / (cols * lanes), K, cols * lanes]``.
 
 When ``a`` does not fit in half of L2 and several column blocks read it (the ``[1000, 12544] x
 [12544, 1024]`` fc6 of a box head), the reduction is cut into chunks (GEMM blocking, the order of
@@ -14,7 +15,8 @@ pass. (Chunks sized for all rows' slice of ``a``, with column blocks outside row
 write the output once per chunk: slower than no chunks at all; docs/benchmarks.md.)
 
 A ``b`` computed at run time whose columns the target's vector does not divide (attention's
-``q @ k^T``) is padded and packed into the tile's panels at each call (:mod:`~tvm_roialign.schedules.contraction.runtime_matmul`).
+``q @ k^T``) is padded and packed into the tile's panels at each call
+(:mod:`~tvm_roialign.schedules.contraction.runtime_matmul`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ vector width: attention's scores ``q @ k^T`` (``[heads, tokens, d] x [heads, d, 
 columns for ViT-B/16 at 224, 49 for a Swin window).
 
 A constant weight gets padded output channels from the graph (:class:`~tvm_roialign.passes.PadChannels`);
-a run-time ``b`` cannot, and without it the register tile of :mod:`~tvm_roialign.schedules.contraction.schedule` has no vector that
-divides the columns (the matmul ran as scalar multiply-adds). Here:
+a run-time ``b`` cannot, and without it the register tile of
+:mod:`~tvm_roialign.schedules.contraction.schedule` has no vector that divides the columns (the matmul ran as
+scalar multiply-adds). Here:
 
 * the block's column domain is padded to a multiple of the register tile's width
   (``sch.pad_einsum``), which gives ``b`` a zero-padded copy made at each call, laid out as the
@@ -13,8 +14,8 @@ divides the columns (the matmul ran as scalar multiply-adds). Here:
   the work that reads it);
 * the register tile runs on the padded columns (its padding columns multiply zeros), and its
   write-back copies the real columns only, with the epilogue inlined into it;
-* the tile (``rows x cols`` vectors) is the one :func:`~tvm_roialign.schedules.contraction.tiles.pick_tile` gives the
-  padded column count that costs the fewest vector multiply-adds, padding rows and columns
+* the tile (``rows x cols`` vectors) is the one :func:`~tvm_roialign.schedules.contraction.tiles.pick_tile`
+  gives the padded column count that costs the fewest vector multiply-adds, padding rows and columns
   counted, weighted by the loads a step issues beyond one per multiply-add
   (:func:`padded_tiling`).
 """
@@ -53,8 +54,8 @@ def padded_tiling(c: Contraction, info: CPUInfo) -> Tiling:
     """The register tile and its padded column count (``cols * lanes`` divides it).
 
     For each padded count of column vectors (from the real count up to one more tile of the
-    widest ``cols``), :func:`~tvm_roialign.schedules.contraction.tiles.pick_tile` gives its tile; the cost is the
-    vector multiply-adds of the padded rows and columns, times ``(rows + cols) / (rows * cols)``
+    widest ``cols``), :func:`~tvm_roialign.schedules.contraction.tiles.pick_tile` gives its tile; the cost is
+    the vector multiply-adds of the padded rows and columns, times ``(rows + cols) / (rows * cols)``
     where a step issues more loads than multiply-adds (both issue two per cycle)."""
     lanes = info.lanes(c.dtype)
     vectors = -(-c.num_columns // lanes)

@@ -1,8 +1,9 @@
 """The schedule of the register-tiled contraction that the conv2d and matmul rules share.
 
 What a contraction is, and the role of each loop (``B`` batch, ``M`` rows, ``N`` columns, ``R``
-reduction), is :mod:`~tvm_roialign.schedules.contraction.analysis`; the tile a target gets is :mod:`~tvm_roialign.schedules.contraction.tiles`.
-The schedule (:func:`schedule_contraction`) is the classic CPU micro-kernel:
+reduction), is :mod:`~tvm_roialign.schedules.contraction.analysis`; the tile a target gets is
+:mod:`~tvm_roialign.schedules.contraction.tiles`. The schedule (:func:`schedule_contraction`) is the classic
+CPU micro-kernel:
 
 * a register tile of ``rows`` consecutive points of the innermost ``M`` axis by ``cols`` vectors
   of the column axis, accumulated in a ``local`` buffer that LLVM keeps in vector registers; the

@@ -36,8 +36,8 @@ _LOOP_INSTRUCTIONS = 2
 #: workspaces)
 _MAX_STACK_BYTES = 1024
 #: loads a row of the register tile costs when its extent is symbolic: the row index is clamped
-#: (:func:`~tvm_roialign.schedules.contraction.schedule.unguard_rows`) before the broadcast load (outside the reduction loop, so
-#: not in the instructions a step issues)
+#: (:func:`~tvm_roialign.schedules.contraction.schedule.unguard_rows`) before the broadcast load (outside the
+#: reduction loop, so not in the instructions a step issues)
 _SYMBOLIC_ROW_LOADS = 2
 #: row extents a symbolic one is assumed to take when a tile is chosen for it: the widths of the
 #: feature maps of an image model at 224 to 480 pixels (stride 2 to 32) and of a batch of rows
@@ -72,7 +72,8 @@ def pick_tile(
     L2 (:data:`_L2_VECTORS_PER_CYCLE`), and cannot be shorter than the latency of one accumulator
     chain (:data:`_LATENCY_CHAINS`). The tile with the best throughput under this model wins, then
     the one with the fewest loads per multiply-add. A row of a symbolic extent costs
-    :data:`_SYMBOLIC_ROW_LOADS` loads (its index is clamped, see :func:`~tvm_roialign.schedules.contraction.schedule.unguard_rows`).
+    :data:`_SYMBOLIC_ROW_LOADS` loads (its index is clamped, see
+    :func:`~tvm_roialign.schedules.contraction.schedule.unguard_rows`).
     """
     best, best_key = (1, 1), None
     for cols in range(1, min(vectors, 8) + 1):

@@ -1,5 +1,6 @@
 """Rule: the input and output transforms of a Winograd convolution
-(:class:`tvm_roialign.passes.WinogradConv2D`); its batched matrix product goes to :class:`~tvm_roialign.schedules.contraction.matmul.Matmul`.
+(:class:`tvm_roialign.passes.WinogradConv2D`); its batched matrix product goes to
+:class:`~tvm_roialign.schedules.contraction.matmul.Matmul`.
 
 Both transforms are written as one select over the position in the tile of explicit sums with
 constant coefficients. Unrolling that position (the ``a*a`` transformed points of the input, the

@@ -70,7 +70,7 @@ def _amx(name: str, *args):
 def block_desc(kind: AMXKind, kc: int, zero_init: bool):
     """The description the micro-kernels of ``kind`` share (with the block's init where
     ``zero_init``)."""
-    g, groups, value = kind.group, kc // kind.group, kind.value
+    g, value = kind.group, kind.value
     a_dtype, b_dtype, c_dtype = kind.a_dtype, kind.b_dtype, kind.c_dtype
     zero = tirx.const(0, c_dtype)
 
@@ -100,7 +100,7 @@ def block_desc(kind: AMXKind, kc: int, zero_init: bool):
 
 
 def _impl(kind: AMXKind, kc: int, zero_init: bool):
-    g, groups, step, steps = kind.group, kc // kind.group, kind.step, kc // kind.step
+    g, step, steps = kind.group, kind.step, kc // kind.step
     a_dtype, b_dtype, c_dtype = kind.a_dtype, kind.b_dtype, kind.c_dtype
     a_bytes, dot = kind.element_bytes, kind.instruction
     b_rows = ROW_BYTES // 4  # groups of B per step: one tile of 16 rows
@@ -146,9 +146,9 @@ def _impl(kind: AMXKind, kc: int, zero_init: bool):
 
 def amx_intrin(kind: AMXKind, kc: int, zero_init: bool = False) -> str:
     """The name of ``kind``'s micro-kernel over ``kc`` reduction elements (a multiple of
-    ``kind.step``), registered on first use (:func:`~tvm_roialign.schedules.intrin.register.register_block_intrin`).
-    ``zero_init``: the block's whole reduction (a block with its init; the accumulators start from
-    ``tilezero`` instead of a load of ``C``)."""
+    ``kind.step``), registered on first use
+    (:func:`~tvm_roialign.schedules.intrin.register.register_block_intrin`). ``zero_init``: the block's whole
+    reduction (a block with its init; the accumulators start from ``tilezero`` instead of a load of ``C``)."""
     return register_block_intrin(
         f"tvm_roialign_amx_{kind.name}",
         kind.step,
@@ -179,5 +179,5 @@ def amx_int8_intrin(kc: int, zero_init: bool = False) -> str:
     return amx_intrin(INT8, kc, zero_init)
 
 
-__all__ = ["AMX_TILES", "BF16", "BLOCK", "INT8", "AMXKind", "amx_bf16_intrin", "amx_int8_intrin", "amx_intrin",
-           "block_desc"]
+__all__ = ["AMX_TILES", "BF16", "BLOCK", "INT8", "AMXKind", "amx_bf16_intrin", "amx_int8_intrin",
+           "amx_intrin", "block_desc"]

@@ -45,7 +45,8 @@ def _impl(kc: int, zero_init: bool):
 
 def avx2_int8_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 64), registered
-    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx.amx_int8_intrin`."""
+    with ``TensorIntrin`` on first use; ``zero_init`` as
+    :func:`~tvm_roialign.schedules.intrin.amx.amx_int8_intrin`."""
     return register_block_intrin("tvm_roialign_avx2_int8", INT8.step, kc, zero_init, INT8.desc, _impl)
 
 

@@ -1,11 +1,11 @@
 """The AVX512-BF16 micro-kernel as a TensorIntrin: the AMX kernel's 32 x 32 block on ``vdpbf16ps``.
 
-The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx`): ``C[i, j] += f32(A[i, k]) * f32(B[0, k // 2,
-j, k % 2])`` over a 32 x 32 block and ``kc`` reduction elements, the weights in the pair layout. The
-implementation runs the block as four groups of 8 rows, each held in 16 vector accumulators (8 rows
-x 2 vectors of 16 fp32); a step over one pair of reduction elements loads the pair of weights of the
-32 columns (two vectors of 16 pairs), broadcasts each row's pair of activations and issues 16
-``vdpbf16ps`` (each lane: ``acc += a0 * b0 + a1 * b1``).
+The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx`):
+``C[i, j] += f32(A[i, k]) * f32(B[0, k // 2, j, k % 2])`` over a 32 x 32 block and ``kc`` reduction elements,
+the weights in the pair layout. The implementation runs the block as four groups of 8 rows, each held in 16
+vector accumulators (8 rows x 2 vectors of 16 fp32); a step over one pair of reduction elements loads the pair
+of weights of the 32 columns (two vectors of 16 pairs), broadcasts each row's pair of activations and issues
+16 ``vdpbf16ps`` (each lane: ``acc += a0 * b0 + a1 * b1``).
 
 TVM 0.27 hands LLVM a bf16 vector as 16-bit integers (its bf16 legalization), while the intrinsic
 ``llvm.x86.avx512bf16.dpbf16ps.512`` takes ``<32 x bfloat>``: the call goes through a small LLVM
@@ -72,7 +72,8 @@ def _impl(kc: int, zero_init: bool):
 
 def avx512_bf16_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 32), registered
-    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx.amx_bf16_intrin`."""
+    with ``TensorIntrin`` on first use; ``zero_init`` as
+    :func:`~tvm_roialign.schedules.intrin.amx.amx_bf16_intrin`."""
     return register_block_intrin("tvm_roialign_avx512_bf16", BF16.step, kc, zero_init, BF16.desc, _impl)
 
 

@@ -1,12 +1,12 @@
 """The AArch64 bf16 micro-kernel as a TensorIntrin: the AMX kernel's 32 x 32 block on ``BFDOT``.
 
-The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx`): ``C[i, j] += f32(A[i, k]) * f32(B[0, k // 2,
-j, k % 2])`` over a 32 x 32 block and ``kc`` reduction elements, the weights in the pair layout (the
-x86 kernels' packing serves as it is: ``BFDOT``'s lane is ``acc + a0 b0 + a1 b1`` over one pair, like
-``vdpbf16ps``'s). The implementation runs the block as sixteen 4 x 16 sub-blocks, each held in 16
-vector accumulators (4 rows x 4 vectors of 4 fp32, half of the 32 NEON registers); a step over one
-pair of reduction elements loads the pairs of the 16 columns (four 128-bit vectors), broadcasts each
-row's pair of activations and issues 16 ``bfdot``.
+The description is the AMX kernel's (:mod:`~tvm_roialign.schedules.intrin.amx`):
+``C[i, j] += f32(A[i, k]) * f32(B[0, k // 2, j, k % 2])`` over a 32 x 32 block and ``kc`` reduction elements,
+the weights in the pair layout (the x86 kernels' packing serves as it is: ``BFDOT``'s lane is
+``acc + a0 b0 + a1 b1`` over one pair, like ``vdpbf16ps``'s). The implementation runs the block as sixteen 4 x
+16 sub-blocks, each held in 16 vector accumulators (4 rows x 4 vectors of 4 fp32, half of the 32 NEON
+registers); a step over one pair of reduction elements loads the pairs of the 16 columns (four 128-bit
+vectors), broadcasts each row's pair of activations and issues 16 ``bfdot``.
 
 ``BFDOT`` was chosen over ``BFMMLA`` (2 x 4 by 4 x 2 per instruction): it needs no other weight
 layout, and its accumulators are rows of the output as they are. Without FEAT_EBF16 the instruction
@@ -86,7 +86,8 @@ def _impl(kc: int, zero_init: bool):
 
 def neon_bf16_intrin(kc: int, zero_init: bool = False) -> str:
     """The name of the micro-kernel over ``kc`` reduction elements (a multiple of 32), registered
-    with ``TensorIntrin`` on first use; ``zero_init`` as :func:`~tvm_roialign.schedules.intrin.amx.amx_bf16_intrin`."""
+    with ``TensorIntrin`` on first use; ``zero_init`` as
+    :func:`~tvm_roialign.schedules.intrin.amx.amx_bf16_intrin`."""
     return register_block_intrin("tvm_roialign_neon_bf16", BF16.step, kc, zero_init, BF16.desc, _impl)
 
 

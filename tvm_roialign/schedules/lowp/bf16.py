@@ -5,9 +5,10 @@ The function has up to three stages, ``bf16_gather_a`` (activations as bf16, im2
 ``bf16_contraction`` (the GEMM, fp32 accumulation) and ``bf16_output`` (the real rows and columns in
 the op's shape), followed by whatever elementwise epilogue fusion gave it. The GEMM's row count is
 static or (an any-size image) ``ceil(M / 32) * 32`` of a symbolic ``M``. The GEMM is cut into
-32 x 32 output blocks, each computed by the AMX micro-kernel (:mod:`~tvm_roialign.schedules.intrin.amx`; without AMX the
-AVX512-BF16 one, :mod:`~tvm_roialign.schedules.intrin.avx512_bf16`; on AArch64 the ``bfdot`` one, :mod:`~tvm_roialign.schedules.intrin.neon_bf16`,
-all three on the same weight layout) over ``kc`` reduction elements:
+32 x 32 output blocks, each computed by the AMX micro-kernel (:mod:`~tvm_roialign.schedules.intrin.amx`;
+without AMX the AVX512-BF16 one, :mod:`~tvm_roialign.schedules.intrin.avx512_bf16`; on AArch64 the ``bfdot``
+one, :mod:`~tvm_roialign.schedules.intrin.neon_bf16`, all three on the same weight layout) over ``kc``
+reduction elements:
 
 * when one operand's whole reduction fits in half of L2 (``kc`` = the reduction), the blocks that
   share the other operand's rows run one after another, in one parallel loop, each block's
@@ -32,7 +33,7 @@ from __future__ import annotations
 from ...topi.bf16_contraction import CONTRACTION, GATHER_A, OUTPUT
 from ..base import CPURule, find_block, inline_epilogue, loop_extent, static_int, try_step
 from ..elementwise import schedule_injective_block, schedule_rest
-from ..intrin.amx import BF16, AMX_TILES, BLOCK, amx_bf16_intrin
+from ..intrin.amx import AMX_TILES, BF16, BLOCK, amx_bf16_intrin
 from ..intrin.avx512_bf16 import avx512_bf16_intrin
 from ..intrin.neon_bf16 import neon_bf16_intrin
 from ..target_info import cpu_info

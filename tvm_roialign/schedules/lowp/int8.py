@@ -7,9 +7,9 @@ The function has three stages, ``int8_gather_a`` (activations quantized to uint8
 conv), ``int8_contraction`` (the GEMM, int32 accumulation) and ``int8_output`` (dequantized to fp32
 in the op's shape), followed by whatever elementwise epilogue fusion gave it (bias, residual add,
 ReLU), inlined into the output stage. The GEMM is cut into 32 x 32 output blocks, each computed by
-the micro-kernel (:mod:`~tvm_roialign.schedules.intrin.amx`, :mod:`~tvm_roialign.schedules.intrin.vnni`, :mod:`~tvm_roialign.schedules.intrin.neon_int8`) over
-``kc`` reduction elements, with the loop order and the reduction chunks of the bf16 contraction
-(:func:`choose_blocking`, for operands of one byte).
+the micro-kernel (:mod:`~tvm_roialign.schedules.intrin.amx`, :mod:`~tvm_roialign.schedules.intrin.vnni`,
+:mod:`~tvm_roialign.schedules.intrin.neon_int8`) over ``kc`` reduction elements, with the loop order and the
+reduction chunks of the bf16 contraction (:func:`choose_blocking`, for operands of one byte).
 
 Targets with none of them are not served: the graph pass emits these functions only for targets with
 one, or under :func:`tvm_roialign.testing.generic_int8`, whose functions the generic rules schedule.
@@ -22,7 +22,7 @@ import functools
 from ...topi.int8_contraction import CONTRACTION, GATHER_A, OUTPUT
 from ..base import CPURule, find_block, inline_epilogue, static_int
 from ..elementwise import schedule_injective_block, schedule_rest
-from ..intrin.amx import INT8, AMX_TILES, BLOCK, amx_int8_intrin
+from ..intrin.amx import AMX_TILES, BLOCK, INT8, amx_int8_intrin
 from ..intrin.avx2 import avx2_int8_intrin
 from ..intrin.neon_int8 import neon_int8_intrin
 from ..intrin.vnni import avx_vnni_intrin, vnni_intrin

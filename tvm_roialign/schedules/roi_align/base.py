@@ -1,11 +1,12 @@
 """What RoIAlign's schedule rules share: the PrimFunc they recognize, and their guard.
 
-The rules (:class:`~tvm_roialign.schedules.roi_align.cpu.RoIAlignCPU`, :class:`~tvm_roialign.schedules.roi_align.gpu.RoIAlignGPU`) find the
-blocks ``roi_align_acc`` (the reduction over the sampling grid) and ``roi_align`` (the output) by
-name. Every RoIAlign-like compute of this package (``roi_align``, ``multiscale_roi_align``, the RoI
-family) names its blocks so, with loops ``(K, C, PH, PW)`` in NCHW or ``(K, PH, PW, C)`` in NHWC,
-and records its layout in the PrimFunc attribute ``roi_align.layout``; one rule then serves all of
-them. Unlike the model's :class:`~tvm_roialign.schedules.base.CPURule`\\ s, a RoIAlign rule lets a refused step raise.
+The rules (:class:`~tvm_roialign.schedules.roi_align.cpu.RoIAlignCPU`,
+:class:`~tvm_roialign.schedules.roi_align.gpu.RoIAlignGPU`) find the blocks ``roi_align_acc`` (the reduction
+over the sampling grid) and ``roi_align`` (the output) by name. Every RoIAlign-like compute of this package
+(``roi_align``, ``multiscale_roi_align``, the RoI family) names its blocks so, with loops ``(K, C, PH, PW)``
+in NCHW or ``(K, PH, PW, C)`` in NHWC, and records its layout in the PrimFunc attribute ``roi_align.layout``;
+one rule then serves all of them. Unlike the model's :class:`~tvm_roialign.schedules.base.CPURule`\\ s, a
+RoIAlign rule lets a refused step raise.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ channel vectors. NCHW spreads rois: a roi's bins accumulate channels-last and it
 row by row once they are all done (its channels are ``PH * PW`` elements apart in the output).
 
 Vector lanes (:func:`vector_lanes`, one policy for x86 and ARM, also used by the adaptive-grid kernel
-of :mod:`~tvm_roialign.schedules.roi_align.kernel`) are counted in *data* elements of one vector register: 2 for float64, 4
-for float32 and 8 for float16 in a 128-bit register (NEON, SSE), 16 / 32 with AVX-512. float16 data
-are accumulated in float32, so a float16 vector is one full-width load of data widened into two
+of :mod:`~tvm_roialign.schedules.roi_align.kernel`) are counted in *data* elements of one vector register: 2
+for float64, 4 for float32 and 8 for float16 in a 128-bit register (NEON, SSE), 16 / 32 with AVX-512. float16
+data are accumulated in float32, so a float16 vector is one full-width load of data widened into two
 float32 registers (ARM ``fcvtl``/``fcvtl2``, x86 ``vcvtph2ps``) that take one multiply-add each;
 counting in accumulator elements instead would halve every load.
 """
@@ -23,6 +23,7 @@ from tvm.s_tir import Schedule
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 
 from ..base import buffer_dtypes, find_block, largest_divisor_lanes, loop_extent
+from ..target_info import cpu_info
 from .base import (
     GATHERED_CHANNELS_ATTR,
     NESTED_ACC_BLOCK,
@@ -30,15 +31,14 @@ from .base import (
     find_roi_blocks,
     layout_of,
 )
-from ..target_info import cpu_info
 
 __all__ = ["RoIAlignCPU", "vector_bits", "vector_lanes"]
 
 
 def vector_bits(target: tvm.target.Target) -> int:
     """Width of the target's vector registers, from the package's one target-info layer
-    (:func:`~tvm_roialign.schedules.target_info.cpu_info`, which the conv/matmul rules use too): NEON's 128 bits on ARM
-    (SVE's width is not known at compile time), 128 / 256 / 512 for SSE / AVX2 / AVX-512 x86 CPUs
+    (:func:`~tvm_roialign.schedules.target_info.cpu_info`, which the conv/matmul rules use too): NEON's 128
+    bits on ARM (SVE's width is not known at compile time), 128 / 256 / 512 for SSE / AVX2 / AVX-512 x86 CPUs
     by their features."""
     return cpu_info(target).vector_bits
 

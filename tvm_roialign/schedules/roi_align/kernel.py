@@ -1,10 +1,11 @@
 """Hand-scheduled CPU kernel for RoIAlign: adaptive sampling grids (``sampling_ratio <= 0``) in
 both layouts, and static grids in NHWC (the strategy's choice, :mod:`tvm_roialign.strategies.cpu_kernel`).
 
-The work runs in the order of the feature rows it reads (:mod:`~tvm_roialign.schedules.roi_align.kernel_order`): bin rows
-for adaptive grids (each bin accumulated over its whole grid at once), sample rows for static grids
-(accumulating in the output), so that each worker sweeps a band of the map that stays in its cache.
-The per-sample parts are :mod:`~tvm_roialign.schedules.roi_align.kernel_samples`.
+The work runs in the order of the feature rows it reads
+(:mod:`~tvm_roialign.schedules.roi_align.kernel_order`): bin rows for adaptive grids (each bin accumulated
+over its whole grid at once), sample rows for static grids (accumulating in the output), so that each worker
+sweeps a band of the map that stays in its cache. The per-sample parts are
+:mod:`~tvm_roialign.schedules.roi_align.kernel_samples`.
 
 With an adaptive grid the sampling loops' extents depend on the roi, so the TE compute of
 :mod:`tvm_roialign.topi.roi_align` nests them in a block per output element and no schedule can
@@ -17,15 +18,16 @@ move them outside the channel loop. This kernel is written in TVMScript already 
 * for each sample the four corner positions and weights are computed once, as scalars (the row
   terms are loop-invariant in the sample loop unless the roi is rotated), and then applied to all
   channels in an inner loop, vectorized by
-  :func:`~tvm_roialign.schedules.roi_align.cpu.vector_lanes` (the largest power of two up to it that divides ``C``;
-  the TE schedule's policy);
+  :func:`~tvm_roialign.schedules.roi_align.cpu.vector_lanes` (the largest power of two up to it that divides
+  ``C``; the TE schedule's policy);
 * the bin's output is written once, after the grid (divided by ``max(grid_h * grid_w, 1)`` in
   ``avg`` mode; 0 for an empty grid in every mode).
 
-The RoI family takes the same kernel (:class:`~tvm_roialign.schedules.roi_align.kernel_constants.FamilyKernel`):
-``roi_align_rotated`` turns each sample about the roi's centre (its geometry from
-:func:`~tvm_roialign.topi._sampling.rotated_roi_geometry`), ``ps_roi_align`` reads data channel
-``(c * PH + ph) * PW + pw`` for output channel ``c`` of bin ``(ph, pw)`` (strided vector loads).
+The RoI family takes the same kernel
+(:class:`~tvm_roialign.schedules.roi_align.kernel_constants.FamilyKernel`): ``roi_align_rotated`` turns each
+sample about the roi's centre (its geometry from :func:`~tvm_roialign.topi._sampling.rotated_roi_geometry`),
+``ps_roi_align`` reads data channel ``(c * PH + ph) * PW + pw`` for output channel ``c`` of bin ``(ph, pw)``
+(strided vector loads).
 
 NHWC reads the channel vectors of the feature map directly. NCHW first copies the feature map to
 channels-last (``[N, H, W, C]``, a workspace the size of ``data``, in parallel over rows) so that
@@ -159,7 +161,8 @@ def _bin_row_kernel(c: KernelConstants, reader: RoiReader):
 
 def _sample_row_kernel(c: KernelConstants, reader: RoiReader):
     """Static grids: sample rows in the order of the feature rows they read, each chunk of bin
-    rows on one worker (:mod:`~tvm_roialign.schedules.roi_align.kernel_order`); NCHW accumulates channels-last first."""
+    rows on one worker (:mod:`~tvm_roialign.schedules.roi_align.kernel_order`); NCHW accumulates channels-last
+    first."""
 
     @T.prim_func(s_tir=True)
     def kernel(d: T.handle, r: T.handle, o: T.handle):

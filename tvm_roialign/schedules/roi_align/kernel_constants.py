@@ -1,6 +1,6 @@
-"""What the adaptive-grid CPU kernel (:mod:`~tvm_roialign.schedules.roi_align.kernel`) is built from: the RoI family's part
-(:class:`FamilyKernel`), the channel blocking (:func:`channel_block_for`) and the record of dtypes,
-shapes, extents and scalar constants its TVMScript reads (:class:`KernelConstants`).
+"""What the adaptive-grid CPU kernel (:mod:`~tvm_roialign.schedules.roi_align.kernel`) is built from: the RoI
+family's part (:class:`FamilyKernel`), the channel blocking (:func:`channel_block_for`) and the record of
+dtypes, shapes, extents and scalar constants its TVMScript reads (:class:`KernelConstants`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The order in which the CPU RoIAlign kernel (:mod:`~tvm_roialign.schedules.roi_align.kernel`) visits its work, so that
-work reading the same rows of the feature map runs together and finds them in the core's cache.
+"""The order in which the CPU RoIAlign kernel (:mod:`~tvm_roialign.schedules.roi_align.kernel`) visits its
+work, so that work reading the same rows of the feature map runs together and finds them in the core's cache.
 
 The kernel's work items are *bin rows* ``(roi, ph)`` or, with a static sampling grid, *sample rows*
 ``(roi, ph, iy)`` (item ``row * row_samples + iy``). Each item has a key, ``batch * H + y``, ``y``

@@ -1,6 +1,6 @@
-"""The per-sample parts of the CPU RoIAlign kernel (:mod:`~tvm_roialign.schedules.roi_align.kernel`): a roi's geometry from
-its row of the rois buffer (:class:`RoiReader`), the expressions of one sample and of the reduction
-(the TE compute's float operations in the same order), and the statements that add one sample to
+"""The per-sample parts of the CPU RoIAlign kernel (:mod:`~tvm_roialign.schedules.roi_align.kernel`): a roi's
+geometry from its row of the rois buffer (:class:`RoiReader`), the expressions of one sample and of the
+reduction (the TE compute's float operations in the same order), and the statements that add one sample to
 a bin's channel accumulator, write a finished bin, and copy an NCHW map to channels-last.
 
 The channel loops are vectorized and hold whole expressions, no statements: TVM's vectorizer does
