@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import tvm
+if TYPE_CHECKING:  # annotations only: the CLI reads the choices before it imports TVM
+    import tvm
 
 #: the ``precision`` values a build takes
 PRECISIONS = ("fp32", "bf16", "int8")
