@@ -37,7 +37,7 @@ from .base import (
 )
 from .contraction import pack_weight
 from .contraction_analysis import Contraction, weight_bytes
-from .contraction_tiles import pick_tile
+from .contraction_tiles import STACK_TILE_BYTES, pick_tile
 from .elementwise import schedule_producers, schedule_rest
 from .target_info import cpu_info
 from .vector_math import ALL_OPS
@@ -86,8 +86,14 @@ def _grouped_conv(sch) -> tuple[Contraction, int] | None:
 def _schedule_grouped(sch, c: Contraction, per_group: int, lanes: int, info) -> None:
     """Tile, pack and order the grouped conv ``c`` (see the module docstring)."""
     width = c.extents[2]
+    # a static tile's accumulator stays under TVM's stack limit (a larger one: a heap workspace)
     rows, cols = pick_tile(
-        width, per_group // lanes, info.vector_registers, lanes * 4, dividing_rows=True
+        width,
+        per_group // lanes,
+        info.vector_registers,
+        lanes * 4,
+        STACK_TILE_BYTES,
+        dividing_rows=True,
     )
     if width is None:
         rows = 1
