@@ -26,7 +26,7 @@ from tvm.s_tir import Schedule
 from .base import inline_epilogue
 from .contraction import schedule_contraction, unguard_rows
 from .contraction_analysis import Contraction, analyze_contraction, rows_pos, weight_bytes
-from .contraction_tiles import Tiling, pick_tile
+from .contraction_tiles import STACK_TILE_BYTES, Tiling, pick_tile
 from .elementwise import schedule_producers, schedule_rest
 from .target_info import CPUInfo
 
@@ -61,7 +61,10 @@ def padded_tiling(c: Contraction, info: CPUInfo) -> Tiling:
     rows_extent = c.extents[rows_pos(c)]
     best, best_cost = None, None
     for padded in range(vectors, vectors + 8):
-        rows, cols = pick_tile(rows_extent, padded, info.vector_registers, lanes * 4)
+        # the accumulator (:func:`~.contraction.schedule_contraction`'s) under TVM's stack bound
+        rows, cols = pick_tile(
+            rows_extent, padded, info.vector_registers, lanes * 4, STACK_TILE_BYTES
+        )
         padded_rows = -(-rows_extent // rows) * rows
         cost = padded * padded_rows * max(1.0, (rows + cols) / (rows * cols))
         if best_cost is None or cost < best_cost:
