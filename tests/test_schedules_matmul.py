@@ -87,7 +87,8 @@ def test_attention_matmul_with_ragged_columns(batch, m, k, n, transpose_b, scale
 
 
 def test_attention_matmul_tile_fits_every_target():
-    """The padded tile of q @ k^T holds in the register file of AVX2, AVX-512 and NEON, and its
+    """The padded tile of q @ k^T holds in the register file of AVX2, AVX-512 and NEON, its
+    accumulator under TVM's 1 KiB stack bound (else a heap workspace per parallel step), and its
     width divides the padded columns."""
     from tvm_roialign.schedules.contraction.analysis import Contraction
     from tvm_roialign.schedules.contraction.runtime_matmul import padded_tiling
@@ -100,6 +101,7 @@ def test_attention_matmul_tile_fits_every_target():
             tiling = padded_tiling(c, info)
             assert tiling.lanes == bits // 32
             assert tiling.rows * tiling.cols + tiling.cols + 1 <= registers
+            assert tiling.rows * tiling.cols * bits // 8 < 1024
             assert tiling.rows <= m
 
 

@@ -11,6 +11,7 @@ from _schedules import conv_module, fused_primfuncs, matmul_module, parallel_loo
 from _targets import NATIVE as HOST
 from tvm.s_tir.dlight.base.transform import ApplyDefaultSchedule
 
+from tvm_roialign.pipeline import build
 from tvm_roialign.schedules import Conv2DNHWC, CPUDefault, Elementwise, Matmul, cpu_info
 from tvm_roialign.schedules.base import pick_lanes
 from tvm_roialign.schedules.contraction.tiles import pick_tile
@@ -163,3 +164,36 @@ def test_tiny_contractions_run_serially(config, rng):
     with target:
         scheduled = Conv2DNHWC().apply(conv, target, False).mod["main"]
     assert bool(parallel_loops(scheduled)) == multi
+
+
+@pytest.mark.parametrize(
+    "mcpu",
+    ["haswell", "znver3", "skylake-avx512", "sapphirerapids", "znver4", "neoverse-n1"],
+)
+def test_register_tile_stays_on_the_stack(mcpu, rng):
+    """On every target family (AVX2 of Intel and AMD, AVX-512 of Intel and of Zen 4, AArch64) the
+    fp32 register tile fits the register file and its accumulator is under TVM's stack bound (a
+    ``global`` buffer of 1 KiB or more is a heap workspace at every parallel step: AVX-512's
+    6 x 4 zmm are 1.5 KiB), static or symbolic rows; a 1x1 conv built for the target (cross, not
+    run) calls no ``TVMBackendAllocWorkspace``."""
+    from tvm_roialign.schedules.contraction.analysis import Contraction
+    from tvm_roialign.schedules.contraction.tiles import choose_tiling
+
+    triple = "aarch64-linux-gnu" if mcpu.startswith("neoverse") else "x86_64-linux-gnu"
+    target = tvm.target.Target({"kind": "llvm", "mtriple": triple, "mcpu": mcpu})
+    info = cpu_info(target)
+    for rows, columns in [(3136, 64), (784, 96), (196, 256), (14, 512), (None, 256), (49, 2048)]:
+        c = Contraction(None, "MNR", [rows, columns, 256], 1, 0, 1, 1, 2, "float32")
+        tiling = choose_tiling(c, info)
+        assert tiling.lanes == min(info.lanes(), 16)
+        assert tiling.rows * tiling.cols + tiling.cols + 1 <= info.vector_registers
+        assert tiling.rows * tiling.cols * tiling.lanes * 4 < 1024, (rows, columns, tiling)
+    # the largest tiles within both bounds: 14 accumulators of 256-bit AVX2, 24 of 128-bit NEON,
+    # 15 of 512-bit AVX-512 (the stack's 1023 bytes), where the columns allow
+    c = Contraction(None, "MNR", [3136, 256, 256], 1, 0, 1, 1, 2, "float32")
+    tiling = choose_tiling(c, info)
+    assert tiling.rows * tiling.cols >= {128: 24, 256: 12, 512: 14}[info.vector_bits], tiling
+    weight = rng.standard_normal((1, 1, 16, 256)).astype("float32")
+    mod = conv_module((1, 14, 14, 16), weight, np.zeros(256, "float32"), 1, 0, 1, 1, "NHWC")
+    asm = build(mod, target).executable.mod.imports[0].inspect_source("asm")
+    assert "TVMBackendAllocWorkspace" not in asm

@@ -170,14 +170,6 @@ def rows_pos(c: Contraction) -> int:
     return c.roles.rindex("M")
 
 
-def symbolic_tile(c: Contraction) -> bool:
-    """Whether the axis the register tile splits (:func:`rows_pos`) has a symbolic extent: the
-    tile's region of the accumulator then has no static size, and the accumulator is laid out
-    per tile (see :func:`~tvm_roialign.schedules.contraction.schedule._tile_accumulator`), its tile kept under
-    TVM's stack limit. Symbolic outer axes (a batch of maps) leave the tile's size static."""
-    return c.extents[rows_pos(c)] is None
-
-
 def reduction_size(c: Contraction) -> int:
     """The product of ``c``'s (static) reduction extents: one output's multiply-adds."""
     size = 1
@@ -196,6 +188,5 @@ __all__ = [
     "analyze_contraction",
     "reduction_size",
     "rows_pos",
-    "symbolic_tile",
     "weight_bytes",
 ]

@@ -41,7 +41,7 @@ from ..target_info import cpu_info
 from ..vector_math import ALL_OPS
 from .analysis import Contraction, weight_bytes
 from .schedule import pack_weight
-from .tiles import pick_tile
+from .tiles import STACK_TILE_BYTES, pick_tile
 
 #: narrowest vector worth a tile (below it the fallback's scalar code does as well)
 _MIN_LANES = 4
@@ -87,8 +87,14 @@ def _grouped_conv(sch) -> tuple[Contraction, int] | None:
 def _schedule_grouped(sch, c: Contraction, per_group: int, lanes: int, info) -> None:
     """Tile, pack and order the grouped conv ``c`` (see the module docstring)."""
     width = c.extents[2]
+    # a static tile's accumulator stays under TVM's stack limit (a larger one: a heap workspace)
     rows, cols = pick_tile(
-        width, per_group // lanes, info.vector_registers, lanes * 4, dividing_rows=True
+        width,
+        per_group // lanes,
+        info.vector_registers,
+        lanes * 4,
+        STACK_TILE_BYTES,
+        dividing_rows=True,
     )
     if width is None:
         rows = 1

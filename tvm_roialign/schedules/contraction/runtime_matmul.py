@@ -29,7 +29,7 @@ from ..elementwise import schedule_producers, schedule_rest
 from ..target_info import CPUInfo
 from .analysis import Contraction, analyze_contraction, rows_pos, weight_bytes
 from .schedule import schedule_contraction, unguard_rows
-from .tiles import Tiling, pick_tile
+from .tiles import STACK_TILE_BYTES, Tiling, pick_tile
 
 
 def constant_weight(sch: Schedule, c: Contraction) -> bool:
@@ -62,7 +62,10 @@ def padded_tiling(c: Contraction, info: CPUInfo) -> Tiling:
     rows_extent = c.extents[rows_pos(c)]
     best, best_cost = None, None
     for padded in range(vectors, vectors + 8):
-        rows, cols = pick_tile(rows_extent, padded, info.vector_registers, lanes * 4)
+        # the accumulator (:func:`~.contraction.schedule_contraction`'s) under TVM's stack bound
+        rows, cols = pick_tile(
+            rows_extent, padded, info.vector_registers, lanes * 4, STACK_TILE_BYTES
+        )
         padded_rows = -(-rows_extent // rows) * rows
         cost = padded * padded_rows * max(1.0, (rows + cols) / (rows * cols))
         if best_cost is None or cost < best_cost:

@@ -2,11 +2,12 @@
 :class:`~tvm_roialign.schedules.contraction.analysis.Contraction` gets on a target (:func:`choose_tiling`).
 
 The tile is one the target's register file holds (``rows * cols`` accumulators, ``cols`` weight
-vectors and one broadcast), scored by the throughput of one step of the reduction and, among
-equals, by its loads per multiply-add (:func:`pick_tile`): with 32 vector registers (AVX-512,
-AArch64) ``6 x 4`` vectors where the sizes allow, with 16 (AVX2) ``6 x 2``, the shapes of the
-vendor libraries' SGEMM micro-kernels; column blocks go outermost unless all the weights fit in
-half of L2.
+vectors and one broadcast) and whose accumulator TVM puts on the stack (under 1 KiB), scored by
+the throughput of one step of the reduction and, among equals, by its loads per multiply-add
+(:func:`pick_tile`): with 32 vector registers ``6 x 4`` vectors on AArch64 where the sizes allow,
+``7 x 2`` or ``5 x 3`` on AVX-512 (its ``6 x 4`` zmm, 1.5 KiB, would be a heap workspace), with 16
+(AVX2) ``6 x 2``, the shapes of the vendor libraries' SGEMM micro-kernels; column blocks go
+outermost unless all the weights fit in half of L2.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from ..base import pick_lanes
 from ..target_info import CPUInfo
-from .analysis import Contraction, reduction_size, rows_pos, symbolic_tile, weight_bytes
+from .analysis import Contraction, reduction_size, rows_pos, weight_bytes
 
 #: largest register tile (accumulators) considered; beyond it the gain is nil and spills start
 _MAX_ACCUMULATORS = 28
@@ -32,9 +33,11 @@ _LAUNCH_CYCLES = 4096
 #: multiply-adds, loads and the loop's own two share them)
 _ISSUE_PER_CYCLE = 3
 _LOOP_INSTRUCTIONS = 2
-#: TVM's limit for a buffer on the stack (``runtime::kMaxStackAlloca``; larger ones are heap
-#: workspaces)
+#: TVM's limit for a ``global`` buffer on the stack (``runtime::kMaxStackAlloca``, exclusive: one
+#: of 1024 bytes or more is a heap workspace, allocated and freed at every parallel step)
 _MAX_STACK_BYTES = 1024
+#: the largest accumulator tile (bytes) of a register tile, which TVM puts on the stack
+STACK_TILE_BYTES = _MAX_STACK_BYTES - 1
 #: loads a row of the register tile costs when its extent is symbolic: the row index is clamped
 #: (:func:`~tvm_roialign.schedules.contraction.schedule.unguard_rows`) before the broadcast load (outside the
 #: reduction loop, so not in the instructions a step issues)
@@ -206,9 +209,10 @@ def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
         c.num_columns // lanes,
         info.vector_registers,
         lanes * 4,
-        # the accumulator of a tile over a symbolic row extent must stay under TVM's stack limit
-        # (see contraction._tile_accumulator)
-        _MAX_STACK_BYTES - 1 if symbolic_tile(c) else None,
+        # the accumulator (a ``global`` buffer compacted to the tile, contraction.
+        # _tile_accumulator) stays under TVM's stack limit, static or symbolic: a larger one is a
+        # heap workspace at every parallel step (AVX-512's 6 x 4 zmm: 1.5 KiB; 5 x 3 or 7 x 2 fit)
+        STACK_TILE_BYTES,
     )
     return Tiling(
         lanes,
@@ -222,6 +226,7 @@ def choose_tiling(c: Contraction, info: CPUInfo) -> Tiling | None:
 
 __all__ = [
     "NOMINAL_ROWS",
+    "STACK_TILE_BYTES",
     "Tiling",
     "choose_tiling",
     "pick_tile",
