@@ -5,6 +5,7 @@ product would take long)."""
 
 from __future__ import annotations
 
+import math
 import time
 
 #: the matrix side of the peak measurement
@@ -75,8 +76,11 @@ def matrix_peaks(precisions=("fp32", "bf16", "int8"), seconds: float = 1.0) -> d
 #: a timed runtime -> the precision of its matrix products (None: not a matrix-unit column)
 RUNTIME_PRECISION = {
     "tvm": "fp32", "tvm_bf16": "bf16", "tvm_int8": "int8", "onnxruntime": "fp32",
-    "onnxruntime_int8": "int8", "openvino_f32": "fp32", "openvino_default": None,
+    "onnxruntime_int8": "int8", "openvino_f32": "fp32", "openvino_default": None, "openvino_int8": "int8",
 }
+
+#: the int8 peers of :func:`int8_table`
+INT8_PEERS = {"onnxruntime_int8": "ORT int8", "openvino_int8": "OV int8 (NNCF)"}
 
 
 def precision_table(rows: dict, peaks: dict) -> tuple[list[str], list[list[str]]]:
@@ -93,4 +97,28 @@ def precision_table(rows: dict, peaks: dict) -> tuple[list[str], list[list[str]]
             peak = peaks.get({"f32": "fp32"}.get(precision, precision))
             share = f"{100 * achieved / peak:.0f}%" if peak else "-"
             body.append([name, runtime, precision, f"{seconds * 1e3:.2f}", f"{achieved:.0f}", share])
+    return head, body
+
+
+def int8_table(rows: dict) -> tuple[list[str], list[list[str]]]:
+    """Per model: our int8 (``tvm_int8``) and the int8 peers' ms, our speed over each (peer time /
+    ours), and the geometric mean and lowest of those ratios over the models."""
+    peers = [p for p in INT8_PEERS if any(p in r["seconds"] for r in rows.values())]
+    head = ["model", "TVM int8 ms", *[f"{INT8_PEERS[p]} ms" for p in peers],
+            *[f"x vs {INT8_PEERS[p]}" for p in peers]]
+    body, ratios = [], {p: [] for p in peers}
+    for name, row in rows.items():
+        s = row["seconds"]
+        if "tvm_int8" not in s:
+            continue
+        cells = [name, f"{s['tvm_int8'] * 1e3:.2f}", *[f"{s[p] * 1e3:.2f}" if p in s else "-" for p in peers]]
+        for p in peers:
+            if p in s:
+                ratios[p].append(s[p] / s["tvm_int8"])
+            cells.append(f"{s[p] / s['tvm_int8']:.2f}" if p in s else "-")
+        body.append(cells)
+    blank = ["" for _ in peers]
+    means = [f"{math.exp(sum(map(math.log, r)) / len(r)):.2f}" if r else "-" for r in ratios.values()]
+    body.append(["geometric mean", "", *blank, *means])
+    body.append(["lowest", "", *blank, *[f"{min(r):.2f}" if r else "-" for r in ratios.values()]])
     return head, body

@@ -1,12 +1,17 @@
-"""A detector's any-size artifacts (the fast default, ``--exact`` and ``--precision bf16``) against
+"""A detector's any-size artifacts (the fast default, ``--exact``, ``--precision bf16`` and, with
+``--builds ...,int8``, ``--precision int8``) against
 OpenVINO in f32 and at its default precision with every head kept (the converted model returns the
 masks or keypoints: :func:`tvm_roialign.bench.openvino_peer.detector_model`), and PyTorch eager;
+with ``int8`` among the builds also OpenVINO's int8 of a Mask R-CNN, NNCF's ``nncf.quantize``
+calibrated on the five sample photos resized to the photo's size
+(:func:`tvm_roialign.bench.openvino_peer.detector_int8`: without the mask pasting, returning the
+28x28 mask probabilities), beside OpenVINO f32 of that same unpasted model;
 astronaut, coffee and portrait; the runners take turns, median of ``--repeat`` rounds; each fp32 build's
 detections checked against eager's by its mode's criterion. ``--model``:
 Mask R-CNN (the default), Faster R-CNN or Keypoint R-CNN (ResNet-50 FPN).
 
     python benchmarks/bench_detector_peers.py [--model maskrcnn|fasterrcnn|keypointrcnn]
-        [--repeat 5] [--workdir /tmp] [--builds exact,fast,bf16]
+        [--repeat 5] [--workdir /tmp] [--builds exact,fast,bf16,int8] [--reuse]
         [--out benchmarks/results/detector_peers.json]
 """
 
@@ -27,7 +32,8 @@ from bench_anyphoto import photos
 from tvm_roialign.host import use_usable_cores
 
 PHOTOS = ("astronaut", "coffee", "portrait")
-BUILDS = {"tvm exact": {"fast": False}, "tvm fast": {"fast": True}, "tvm bf16": {"precision": "bf16"}}
+BUILDS = {"tvm exact": {"fast": False}, "tvm fast": {"fast": True}, "tvm bf16": {"precision": "bf16"},
+          "tvm int8": {"precision": "int8"}}
 #: ``--model``'s names: the torchvision detectors (:data:`tvm_roialign.models.detection.DETECTORS`)
 MODELS = {
     "maskrcnn": "maskrcnn_resnet50_fpn",
@@ -40,7 +46,7 @@ def _image(rgb) -> torch.Tensor:
     return torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0
 
 
-def _artifacts(model, workdir: str, builds: list[str], short: str) -> dict:
+def _artifacts(model, workdir: str, builds: list[str], short: str, reuse: bool = False) -> dict:
     from tvm_roialign.models import detection as det
     from tvm_roialign.runtime import Detector
 
@@ -49,6 +55,10 @@ def _artifacts(model, workdir: str, builds: list[str], short: str) -> dict:
         options = BUILDS[label]
         start = time.perf_counter()
         path = os.path.join(workdir, f"{short}_{label.split()[1]}.so")
+        if reuse and os.path.exists(path):
+            out[label] = Detector(path)
+            print(f"{label}: {path} as built before", file=sys.stderr, flush=True)
+            continue
         out[label] = Detector(det.compile_detector(model, None, target="native", **options).export(path))
         print(f"{label}: built in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return out
@@ -68,8 +78,30 @@ def _runners(model, artifacts: dict, rgb, threads: int) -> dict:
     runners = {label: (lambda d=artifact: d(rgb)) for label, artifact in artifacts.items()}
     runners["OV f32"] = lambda: f32(array)
     runners[f"OV default ({default.precision})"] = lambda: default(array)
+    if "tvm int8" in artifacts:
+        runners.update(_openvino_int8(model, image, threads))
     runners["eager"] = eager
     return runners
+
+
+def _openvino_int8(model, image, threads: int) -> dict:
+    """OpenVINO f32 and its NNCF int8 (default precision elsewhere) of the unpasted detector."""
+    import tempfile
+
+    import torch.nn.functional as F
+
+    from tvm_roialign.bench.openvino_peer import OpenVINOModel, detector_int8, detector_model
+    from tvm_roialign.models import detection as det
+
+    size = tuple(image.shape[-2:])
+    calibration = [F.interpolate(_image(det.sample_photo(n))[None], size=size, mode="bilinear")[0].numpy()
+                   for n in det.SAMPLE_PHOTOS]
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as folder:
+        int8 = OpenVINOModel(detector_int8(model, image, calibration, folder), threads, None)
+    print(f"OV int8: NNCF quantized in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    unpasted, array = OpenVINOModel(detector_model(model, image, paste=False), threads, "f32"), image.numpy()
+    return {"OV f32 unpasted": lambda: unpasted(array), "OV int8 (NNCF, unpasted)": lambda: int8(array)}
 
 
 def _checks(model, artifacts: dict, rgb) -> dict:
@@ -103,6 +135,9 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default="/tmp", help="where the three artifacts are written")
     parser.add_argument("--builds", default="exact,fast,bf16", help="TVM builds timed, comma-separated")
     parser.add_argument("--out", default="benchmarks/results/detector_peers.json")
+    parser.add_argument("--reuse", action="store_true",
+                        help="load WORKDIR/MODEL_BUILD.so where it exists (same model, seed and target) "
+                             "instead of compiling it again")
     args = parser.parse_args(argv)
     builds = [f"tvm {b.strip()}" for b in args.builds.split(",") if b.strip()]
     unknown = [b for b in builds if b not in BUILDS]
@@ -118,7 +153,7 @@ def main(argv=None) -> int:
     for name in PHOTOS:  # eager warmed up before any TVM module runs
         with torch.no_grad():
             model([_image(rgbs[name])])
-    artifacts = _artifacts(model, args.workdir, builds, args.model)
+    artifacts = _artifacts(model, args.workdir, builds, args.model, args.reuse)
     rows, checks = {}, {}
     for name in PHOTOS:
         rgb = rgbs[name]
@@ -127,6 +162,11 @@ def main(argv=None) -> int:
         rows[name] = {label: 1e3 * s for label, s in seconds.items()}
         size = "x".join(map(str, rgb.shape[:2]))
         print(name, size, {k: round(v) for k, v in rows[name].items()}, flush=True)
+        if "tvm int8" in rows[name]:
+            ms = rows[name]
+            peers = ("OV int8 (NNCF, unpasted)", "tvm fast", "tvm exact")
+            ratios = ", ".join(f"{k} {ms[k] / ms['tvm int8']:.2f}x" for k in peers if k in ms)
+            print(f"  tvm int8 speed over {ratios}", flush=True)
         for label, result in checks[name].items():
             print(f"  {label}: {_summary(result)}", flush=True)
     with open(args.out, "w") as fh:

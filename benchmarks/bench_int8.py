@@ -8,7 +8,12 @@ fp32 on the ONNX export and ONNX Runtime int8
 (``onnxruntime.quantization.quantize_static`` of the same export: QDQ, per-channel weights,
 uint8 activations, int8 weights, calibrated on the same photos), and ours on that QDQ model
 (its own scales; on a CPU whose kernels take weights within +-64, AVX2's, both on the
-``reduce_range=True`` model instead). The runners take turns in blocks of calls of
+``reduce_range=True`` model instead), and OpenVINO on the same export: f32
+(``INFERENCE_PRECISION_HINT=f32``) and its int8, NNCF's ``nncf.quantize`` of it calibrated on the
+same photos (:func:`tvm_roialign.bench.openvino_peer.nncf_int8`), at the plugin's default precision
+for the layers NNCF leaves in float (bf16 on a CPU with AVX512-BF16 or AMX: what a user gets) and
+with them pinned to f32 (skipped with ``--no-openvino`` or without ``openvino``/``nncf``). The
+runners take turns in blocks of calls of
 about 0.25 s, round after round (``_common.interleaved_blocks``; OpenMP threads sleep between
 calls); the table has the median of the rounds. Accuracy: cosine similarity and largest relative
 error (of the largest logit) of each int8 runner's logits against its fp32's, on every sample photo.
@@ -82,6 +87,22 @@ def _qdq_runner(path: Path, target):
     return lambda array: vm["main"](tvm.runtime.tensor(array)).numpy()
 
 
+def _openvino_runners(onnx_path: Path, photos, threads: int) -> dict:
+    """OpenVINO f32 and NNCF int8 (default precision elsewhere, and f32) of the ONNX file."""
+    from tvm_roialign.bench.openvino_peer import OpenVINOModel, nncf_int8
+
+    start = time.perf_counter()
+    int8 = nncf_int8(onnx_path, [p[None] for p in photos])
+    print(f"NNCF quantized the OpenVINO model in {time.perf_counter() - start:.0f} s", flush=True)
+    f32, default, pinned = (OpenVINOModel(onnx_path, threads, "f32"), OpenVINOModel(int8, threads, None),
+                            OpenVINOModel(int8, threads, "f32"))
+    return {
+        "OpenVINO f32": lambda a: f32(a)[0],
+        f"OpenVINO int8 (NNCF; {default.precision} elsewhere)": lambda a: default(a)[0],
+        "OpenVINO int8 (NNCF; f32 elsewhere)": lambda a: pinned(a)[0],
+    }
+
+
 def _accuracy(int8, fp32, photos) -> tuple[float, float]:
     """Lowest cosine and largest error relative to the largest logit, over the photos."""
     cosines, errors = [], []
@@ -98,6 +119,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="threads of every runtime (default: the cores this process may use)")
     parser.add_argument("--keep", default=None, help="a folder for the ONNX files (default: temporary)")
+    parser.add_argument("--no-openvino", dest="openvino", action="store_false",
+                        help="skip OpenVINO f32 and its NNCF int8")
     args = parser.parse_args()
     # TVM's pool sized before its first kernel: left alone, TVM 0.27 takes half the x86 cores
     # (it assumes two hyperthreads a core), one thread of two vCPUs
@@ -129,21 +152,34 @@ def main() -> None:
             "ONNX Runtime fp32": ort["fp32"],
             ort_name: ort["int8"],
         }
+        from tvm_roialign.bench.openvino_peer import available, nncf_available
+
+        openvino = (_openvino_runners(folder / "r50.onnx", photos, args.threads)
+                    if args.openvino and available() and nncf_available() else {})
+        runners.update(openvino)
         ours = _accuracy(runners["tvm-roialign int8"], runners["tvm-roialign fp32"], photos)
         kept = _accuracy(runners["tvm-roialign int8, layer1 in fp32"], runners["tvm-roialign fp32"], photos)
         theirs = _accuracy(ort["int8"], ort["fp32"], photos)
         qdq = _accuracy(runners["tvm-roialign on ONNX Runtime's int8 model"], ort["fp32"], photos)
+        theirs_ov = [(n, _accuracy(r, openvino["OpenVINO f32"], photos)) for n, r in openvino.items()
+                     if "int8" in n]
         medians = interleaved_blocks({n: (lambda r=r: r(x.numpy())) for n, r in runners.items()}, args.rounds)
     print(f"\nresnet50 1x3x224x224, median of {args.rounds} interleaved rounds")
-    print("| runner | ms | vs ONNX Runtime int8 |\n|---|---|---|")
-    base = medians[ort_name]
+    bases = {"ONNX Runtime int8": medians[ort_name]}
+    # OpenVINO's int8 as a user gets it: the first, at the plugin's default precision elsewhere
+    if len(openvino) > 1:
+        bases["OpenVINO int8"] = medians[list(openvino)[1]]
+    print("| runner | ms | " + " | ".join(f"vs {b}" for b in bases) + " |\n|---|---|" + "---|" * len(bases))
     for name, seconds in medians.items():
-        print(f"| {name} | {seconds * 1e3:.1f} | {base / seconds:.2f}x |")
+        ratios = " | ".join(f"{base / seconds:.2f}x" for base in bases.values())
+        print(f"| {name} | {seconds * 1e3:.1f} | {ratios} |")
     print(f"\nint8 against fp32 on {len(photos)} sample photos "
           "(lowest cosine, largest error / largest logit):")
     print(f"tvm-roialign: {ours[0]:.5f}, {ours[1]:.4f}; with layer1 in fp32: {kept[0]:.5f}, {kept[1]:.4f}; "
           f"ONNX Runtime: {theirs[0]:.5f}, {theirs[1]:.4f}; ours on its model (against its fp32): "
           f"{qdq[0]:.5f}, {qdq[1]:.4f}")
+    for name, (cosine, error) in theirs_ov:
+        print(f"{name} against OpenVINO f32: {cosine:.5f}, {error:.4f}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ PyTorch's OpenMP threads sleep between calls (``OMP_WAIT_POLICY=PASSIVE``, set b
 the environment sets it): spinning, they took the cores from the next runtime's turn and TVM's threads
 from theirs, which made the eager column a measure of the contention (docs/limitations.md).
 ``--precisions``: TVM's builds with ``--precision bf16`` / ``int8`` as columns beside fp32 (int8 adds
-ONNX Runtime's own ``quantize_static`` of the ONNX file, calibrated on the sample photos), and a
+ONNX Runtime's own ``quantize_static`` of the ONNX file and OpenVINO's NNCF ``nncf.quantize`` of it,
+calibrated on the sample photos, and a table of our int8 against theirs with geometric means), and a
 roofline table: each runtime's GFLOP/s (PyTorch's FlopCounterMode count of the model) over the
 matrix peak of its precision measured in the same run (``torch.mm`` fp32 / bf16, ``torch._int_mm``).
 ``--profile`` also times each TVM kernel once (:func:`tvm_roialign.profiling.profile_vm`).
@@ -55,7 +56,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from _roofline import matrix_peaks, model_gflop, precision_table
+from _roofline import int8_table, matrix_peaks, model_gflop, precision_table
 
 from tvm_roialign.cli._common import first_line
 
@@ -120,7 +121,8 @@ def _tvm_classifier(model, x, workdir: str, name: str, precision: str = "fp32"):
 
 def _peers(model, inputs, onnx_path: str, threads: int, args) -> tuple[dict, dict]:
     """``({runtime: call}, {"openvino_default_precision": ...})`` for the ONNX file's peers (with
-    ``int8`` among ``args.precisions``, ONNX Runtime's own int8 quantization of the file too,
+    ``int8`` among ``args.precisions``, ONNX Runtime's own int8 quantization of the file and
+    OpenVINO's, NNCF's ``nncf.quantize``, at the plugin's default precision elsewhere, too, both
     calibrated on the sample photos)."""
     from tvm_roialign.bench.onnxruntime_peer import cpu_session, quantized_int8
     from tvm_roialign.models.classifier_zoo import photo_batch
@@ -137,7 +139,7 @@ def _peers(model, inputs, onnx_path: str, threads: int, args) -> tuple[dict, dic
     openvino = args.openvino
     info = {}
     if openvino:
-        from tvm_roialign.bench.openvino_peer import OpenVINOModel
+        from tvm_roialign.bench.openvino_peer import OpenVINOModel, nncf_available, nncf_int8
 
         arrays = [t.numpy() for t in inputs]
         f32 = OpenVINOModel(onnx_path, threads, "f32")
@@ -145,6 +147,10 @@ def _peers(model, inputs, onnx_path: str, threads: int, args) -> tuple[dict, dic
         calls["openvino_f32"] = lambda: f32(*arrays)[0]
         calls["openvino_default"] = lambda: default(*arrays)[0]
         info["openvino_default_precision"] = default.precision
+        if "int8" in args.precisions and nncf_available():
+            photos = [p[None].numpy() for p in photo_batch()]
+            quantized = OpenVINOModel(nncf_int8(onnx_path, photos), threads, None)
+            calls["openvino_int8"] = lambda: quantized(*arrays)[0]
     return calls, info
 
 
@@ -357,7 +363,8 @@ def _parse(argv):
     parser.add_argument("--detectors", action="store_true", help="also the three detectors (minutes each)")
     parser.add_argument("--precisions", default="fp32",
                         help="TVM builds to time, comma-separated from fp32,bf16,int8 (fp32 always; "
-                             "int8 adds ONNX Runtime's int8 quantization of the ONNX file)")
+                             "int8 adds ONNX Runtime's and OpenVINO's (NNCF) int8 quantizations of the "
+                             "ONNX file)")
     parser.add_argument("--out-dir", default=str(RESULTS), help="where models.json and models.png go")
     args = parser.parse_args(argv)
     asked = [p.strip() for p in args.precisions.split(",") if p.strip()]
@@ -465,6 +472,10 @@ def report(result: dict, out: Path) -> None:
     if "matrix_peaks" in result:
         head, body = precision_table(result["classifiers"], result["matrix_peaks"])
         print_table(f"precisions and the roofline: {title}", head, body)
+        print(markdown(head, body))
+    if any("tvm_int8" in row["seconds"] for row in result["classifiers"].values()):
+        head, body = int8_table(result["classifiers"])
+        print_table(f"int8: {title}", head, body)
         print(markdown(head, body))
     for name, row in result["classifiers"].items():
         diffs = ", ".join(f"{k} {v:.1e}" for k, v in row["max_rel_diff_vs_eager"].items())

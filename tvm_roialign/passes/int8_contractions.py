@@ -18,6 +18,7 @@ numbered in the order the rewriter visits them, the same in the observed copy an
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -29,6 +30,7 @@ from ..topi.int8_contraction import (
     dequant_constants,
     int8_contraction,
     pack_weight_quads,
+    quantize_activation,
     quantize_weight,
 )
 from ._contraction_spec import TAP_CHANNELS, call_contraction, contraction_spec, dims
@@ -57,8 +59,10 @@ class _Int8Rewriter(FunctionRewriter):
     def __init__(self, mod):
         super().__init__(mod)
         self.index = 0
+        self.single_use = single_use_vars(mod)
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
+        source = call.args[0] if call.args else None
         call = self.visit_expr_post_order(call)
         spec = contraction_spec(call)  # narrow taps (an RGB stem) stay fp32
         if spec is None:
@@ -73,25 +77,58 @@ class _Int8Rewriter(FunctionRewriter):
                 relax.call_pure_packed(OBSERVER, x, relax.ShapeExpr([index]), ty_args=x.ty)
             )
             return relax.Call(call.op, [observed, *call.args[1:]], call.attrs, call.ty_args)
-        return self._emit(call, spec, ActivationQuant.from_range(*self.ranges[index]))
+        act = ActivationQuant.from_range(*self.ranges[index])
+        return self._emit(call, spec, act, prequantize=source in self.single_use)
 
     def _kept(self, call, matrix) -> bool:
         if self.keep_call is not None and self.keep_call(call):
             return True
         return self.keep is not None and bool(self.keep(matrix))
 
-    def _emit(self, call, spec, act: ActivationQuant):
+    def _emit(self, call, spec, act: ActivationQuant, prequantize: bool):
         matrix, geometry, rows, out_shape = spec
         q, w_scale = quantize_weight(matrix, self.weight_limit)
-        return emit_int8_contraction(self.builder_, call.args[0], q, w_scale, act, rows, out_shape, geometry)
+        return emit_int8_contraction(self.builder_, call.args[0], q, w_scale, act, rows, out_shape, geometry,
+                                     prequantize)
 
 
-def emit_int8_contraction(builder, x, q, w_scale, act: ActivationQuant, rows, out_shape, geometry):
+def single_use_vars(mod: tvm.IRModule) -> set:
+    """The variables of ``mod``'s Relax functions that one binding (or the returned value) reads."""
+    counts: dict = {}
+
+    def count(expr):
+        seen = set()
+
+        def visit(node):
+            if isinstance(node, relax.Var) and node not in seen:
+                seen.add(node)
+                counts[node] = counts.get(node, 0) + 1
+
+        relax.analysis.post_order_visit(expr, visit)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    count(binding.value)
+            count(func.body.body)
+    return {var for var, n in counts.items() if n == 1}
+
+
+def emit_int8_contraction(builder, x, q, w_scale, act: ActivationQuant, rows, out_shape, geometry,
+                          prequantize: bool = False):
     """The call of :func:`~tvm_roialign.topi.int8_contraction.int8_contraction` on ``x`` (a conv's
     input when ``geometry`` is given, else a matmul's, reshaped to ``[rows, K]``) with the int8
-    weight ``q`` ``[K, N]``, its per-channel ``w_scale`` and the input's quantization ``act``."""
+    weight ``q`` ``[K, N]``, its per-channel ``w_scale`` and the input's quantization ``act``.
+    ``prequantize`` (``x`` read by this contraction alone): ``x`` quantized to uint8 by a call of
+    its own first (:func:`~tvm_roialign.topi.int8_contraction.quantize_activation`), which operator
+    fusion then puts in the write-back of ``x``'s producer, so that ``x`` is never written in
+    fp32 (the same bytes the kernel would quantize)."""
     if geometry is None and len(dims(x)) != 2:
         x = builder.emit(relax.op.reshape(x, [rows, q.shape[0]]))
+    if prequantize:
+        quantize = functools.partial(quantize_activation, act=act)
+        x = builder.emit(builder.call_te(quantize, x, primfunc_name_hint="int8_quantize"))
     correction, scale = dequant_constants(q, w_scale, act)
     constants = [relax.const(v) for v in (pack_weight_quads(q), correction, scale)]
     return call_contraction(builder, int8_contraction, "int8", x, *constants, rows=rows,
@@ -196,4 +233,5 @@ __all__ = [
     "emit_int8_contraction",
     "observe_ranges",
     "observed_module",
+    "single_use_vars",
 ]

@@ -34,6 +34,7 @@ TILE_M, TILE_K, TILE_N = 32, 64, 32
 GATHER_A = "int8_gather_a"
 CONTRACTION = "int8_contraction"
 OUTPUT = "int8_output"
+QUANTIZE = "int8_quantize"
 
 
 @dataclass(frozen=True)
@@ -100,22 +101,39 @@ def widen(value):
     return value.astype("int32")
 
 
-def int8_contraction(x: te.Tensor, packed: te.Tensor, correction: te.Tensor, scale: te.Tensor,
-                     rows, reduction: int, out_shape, act: ActivationQuant,
-                     geometry: ConvGeometry | None = None) -> te.Tensor:
-    """The stages of the module docstring; ``x`` is ``[rows, reduction]`` (a matmul) or the NHWC
-    input of a conv of ``geometry``; ``packed`` the :func:`pack_weight_quads` weights,
-    ``correction`` and ``scale`` the :func:`dequant_constants` of the output stage. ``rows`` may
-    be symbolic (padded to ``ceil(rows / 32) * 32`` gathered rows)."""
-    mp, kp = round_up(rows, TILE_M), round_up(reduction, TILE_K)
-    np_ = int(packed.shape[0]) * TILE_N
-    zero = tirx.const(act.zero, "uint8")
+def _quantizer(act: ActivationQuant):
+    """``value -> uint8``: ``act``'s quantization of an fp32 value, as :meth:`ActivationQuant.quantize`."""
     inv = tirx.const(1.0 / act.scale, "float32")
 
     def quantize(value):
         scaled = value / tirx.const(act.scale, "float32") if act.divide else value * inv
         q = tirx.round(scaled) + tirx.const(float(act.zero), "float32")
         return tirx.max(tirx.min(q, tirx.const(255.0, "float32")), tirx.const(0.0, "float32")).astype("uint8")
+
+    return quantize
+
+
+def quantize_activation(x: te.Tensor, act: ActivationQuant) -> te.Tensor:
+    """``x`` (fp32) quantized to uint8 by ``act``, elementwise (stage ``int8_quantize``): the input
+    of an int8 contraction quantized before it, where it then fuses into its producer's write-back
+    (the producer writes one byte an element instead of four, and a 3x3 conv's gather copies
+    bytes instead of quantizing each element once per tap)."""
+    quantize = _quantizer(act)
+    return te.compute(x.shape, lambda *i: quantize(x(*i)), name=QUANTIZE)
+
+
+def int8_contraction(x: te.Tensor, packed: te.Tensor, correction: te.Tensor, scale: te.Tensor,
+                     rows, reduction: int, out_shape, act: ActivationQuant,
+                     geometry: ConvGeometry | None = None) -> te.Tensor:
+    """The stages of the module docstring; ``x`` is ``[rows, reduction]`` (a matmul) or the NHWC
+    input of a conv of ``geometry``, in fp32, or in uint8 already quantized by ``act``
+    (:func:`quantize_activation`); ``packed`` the :func:`pack_weight_quads` weights,
+    ``correction`` and ``scale`` the :func:`dequant_constants` of the output stage. ``rows`` may
+    be symbolic (padded to ``ceil(rows / 32) * 32`` gathered rows)."""
+    mp, kp = round_up(rows, TILE_M), round_up(reduction, TILE_K)
+    np_ = int(packed.shape[0]) * TILE_N
+    zero = tirx.const(act.zero, "uint8")
+    quantize = (lambda value: value) if str(x.dtype) == "uint8" else _quantizer(act)
 
     source = gather_conv(x, geometry, (x.shape[1], x.shape[2]), quantize, zero) if geometry is not None else (
         lambda m, k: quantize(x[m, k])
@@ -142,5 +160,6 @@ def int8_contraction(x: te.Tensor, packed: te.Tensor, correction: te.Tensor, sca
     return te.compute(out_shape, output, name=OUTPUT)
 
 
-__all__ = ["CONTRACTION", "GATHER_A", "OUTPUT", "TILE_K", "TILE_M", "TILE_N", "ActivationQuant",
-           "dequant_constants", "int8_contraction", "pack_weight_quads", "quantize_weight", "widen"]
+__all__ = ["CONTRACTION", "GATHER_A", "OUTPUT", "QUANTIZE", "TILE_K", "TILE_M", "TILE_N",
+           "ActivationQuant", "dequant_constants", "int8_contraction", "pack_weight_quads",
+           "quantize_activation", "quantize_weight", "widen"]

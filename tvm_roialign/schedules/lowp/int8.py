@@ -6,10 +6,15 @@
 The function has three stages, ``int8_gather_a`` (activations quantized to uint8, im2col'd for a
 conv), ``int8_contraction`` (the GEMM, int32 accumulation) and ``int8_output`` (dequantized to fp32
 in the op's shape), followed by whatever elementwise epilogue fusion gave it (bias, residual add,
-ReLU), inlined into the output stage. The GEMM is cut into 32 x 32 output blocks, each computed by
-the micro-kernel (:mod:`~tvm_roialign.schedules.intrin.amx`, :mod:`~tvm_roialign.schedules.intrin.vnni`,
+ReLU, and the next contraction's quantization where its input is quantized before it:
+:func:`~tvm_roialign.topi.int8_contraction.quantize_activation`), inlined into the output stage. The
+GEMM is cut into 32 x 32 output blocks, each computed by the micro-kernel
+(:mod:`~tvm_roialign.schedules.intrin.amx`, :mod:`~tvm_roialign.schedules.intrin.vnni`,
 :mod:`~tvm_roialign.schedules.intrin.neon_int8`) over ``kc`` reduction elements, with the loop order and the
 reduction chunks of the bf16 contraction (:func:`choose_blocking`, for operands of one byte).
+Where a block covers the whole reduction, its output stage runs right after it (its int32 sums stay
+in L1 instead of a pass through memory), and with the row blocks outermost and at least two a core,
+a conv's im2col rows are gathered per row block (:func:`_whole_reduction`).
 
 Targets with none of them are not served: the graph pass emits these functions only for targets with
 one, or under :func:`tvm_roialign.testing.generic_int8`, whose functions the generic rules schedule.
@@ -18,9 +23,12 @@ one, or under :func:`tvm_roialign.testing.generic_int8`, whose functions the gen
 from __future__ import annotations
 
 import functools
+import math
+
+from tvm.tirx import IndexMap
 
 from ...topi.int8_contraction import CONTRACTION, GATHER_A, OUTPUT
-from ..base import CPURule, find_block, inline_epilogue, static_int
+from ..base import CPURule, find_block, inline_epilogue, loop_extent, static_int, try_step
 from ..elementwise import schedule_injective_block, schedule_rest
 from ..intrin.amx import AMX_TILES, BLOCK, INT8, amx_int8_intrin
 from ..intrin.avx2 import avx2_int8_intrin
@@ -117,15 +125,87 @@ def _shape(sch, block, index: int = 0) -> list[int | None]:
     return [static_int(d) for d in sch.get(block).writes[index].source.ty.shape]
 
 
-def _schedule_gather(sch, gather, lanes: int) -> None:
-    rows, elements = sch.get_loops(gather)
+def _gather_lanes(sch, gather, lanes: int) -> int:
+    """The gather's vector: ``lanes`` (fp32 input, quantized in it), or for a uint8 input (quantized
+    by its producer) up to 64 bytes within one kernel tap (a divisor of the input's channels)."""
+    source = sch.get(gather).reads[0].source.ty
+    channels = static_int(source.shape[-1])
+    if str(source.dtype) != "uint8" or channels is None:
+        return lanes
+    return max(math.gcd(channels, 64), 1)
+
+
+def _schedule_gather(sch, gather, lanes: int, in_block: bool = False) -> None:
+    lanes = _gather_lanes(sch, gather, lanes)
+    rows, elements = sch.get_loops(gather)[-2:]
     _, vector = sch.split(elements, [None, lanes])
     sch.vectorize(vector)
-    sch.parallel(rows)
+    if not in_block:
+        sch.parallel(rows)
+
+
+def _output_as_rows(sch, out) -> bool:
+    """The output stage's iteration ``(i0, ..., c)`` (the op's shape, its epilogue inlined) as
+    ``(row, c)``, ``row`` the GEMM's row (``i0`` may be symbolic: a detector head's batch), so
+    that it can run per 32 x 32 block of the GEMM; False where refused (the stage unchanged)."""
+    extents = [it.dom.extent for it in sch.get(out).iter_vars]
+    if len(extents) == 2:
+        return True
+
+    def rows(*index):
+        row = index[0]
+        for extent, i in zip(extents[1:-1], index[1:-1]):
+            row = row * extent + i
+        return row, index[-1]
+
+    return try_step(sch.transform_block_layout, out, IndexMap.from_func(rows, ndim=len(extents)))
+
+
+def _fuse_output(sch, out, loop, lanes: int) -> bool:
+    """Run the output stage (dequantization and epilogue) per 32 x 32 block, right after the
+    block's GEMM under ``loop``: its int32 sums then stay in L1 (the buffer is compacted to the
+    block) instead of a pass of ``rows x columns`` int32 through memory and back."""
+    if not _output_as_rows(sch, out) or not try_step(sch.reverse_compute_at, out, loop):
+        return False
+    inner = sch.get_loops(out)[-1]
+    if (loop_extent(sch, inner) or 0) % lanes == 0:
+        _, vector = sch.split(inner, [None, lanes])
+        sch.vectorize(vector)
+    return True
+
+
+def _whole_reduction(sch, blocks, loops, intrin, rows_outer: bool, lanes: int, cores: int) -> bool:
+    """The blocks each over the whole reduction, their accumulators zeroed in the micro-kernel,
+    each block's output stage right after it. Row blocks outermost (the weights fit in L2): a
+    conv's im2col rows gathered per 32-row block too, right before the block's GEMMs, where
+    there are at least two row blocks a core (a symbolic row count is an image's: taken as
+    enough), the rows then staying in L1; else one parallel loop over the blocks. Returns whether
+    the gather ran per row block."""
+    gather, acc, out = blocks
+    m_out, n_out, m_in, n_in, k = loops
+    rows = static_int(sch.get(acc).writes[0].source.ty.shape[0])
+    per_row_block = rows_outer and gather is not None and (rows is None or rows // BLOCK >= 2 * cores)
+    spatial = [m_out, n_out] if rows_outer else [n_out, m_out]
+    sch.reorder(*spatial, m_in, n_in, k)
+    if per_row_block:
+        sch.parallel(m_out)
+        sch.compute_at(gather, m_out)
+        at = n_out
+    else:
+        at = sch.fuse(*spatial)
+        sch.parallel(at)
+    _fuse_output(sch, out, at, lanes)
+    sch.tensorize(m_in, intrin)
+    return per_row_block
+
+
+_INTRINSICS = {"amx": amx_int8_intrin, "avx512vnni": vnni_intrin, "avxvnni": avx_vnni_intrin,
+               "avx2": avx2_int8_intrin}
 
 
 class Int8Contraction(CPURule):
-    """The int8 contraction's GEMM on the target's int8 kernels, its gather and output as vector passes."""
+    """The int8 contraction's GEMM on the target's int8 kernels, its gather and output per block
+    where they fit (:func:`_whole_reduction`), else as vector passes."""
 
     # the output stage carries the model's activations (SiLU, GELU): vectorized as the fp32 rules'
     vector_ops = ALL_OPS
@@ -137,10 +217,7 @@ class Int8Contraction(CPURule):
         kind = int8_instructions(target)
         if kind is None:
             return None
-        intrin = {"amx": amx_int8_intrin, "avx512vnni": vnni_intrin, "avxvnni": avx_vnni_intrin,
-                  "avx2": avx2_int8_intrin}.get(kind)
-        if intrin is None:
-            intrin = functools.partial(neon_int8_intrin, signed=kind == "sdot")
+        intrin = _INTRINSICS.get(kind) or functools.partial(neon_int8_intrin, signed=kind == "sdot")
         if kind == "amx":
             # the function asks Linux for the tile state (passes.RequestAMXState)
             sch.annotate(find_block(sch, "root"), AMX_TILES, 1)
@@ -149,23 +226,24 @@ class Int8Contraction(CPURule):
         if None in (columns, reduction) or (rows or 0) % BLOCK or columns % BLOCK or reduction % STEP:
             return None
         kc, rows_outer = choose_blocking(rows, columns, reduction, info.l2_bytes)
+        lanes = info.lanes()
+        # the epilogue (bias, residual add, ReLU) into the output stage first: it then runs per block
+        inline_epilogue(sch, out)
         m, n, k = sch.get_loops(acc)
         m_out, m_in = sch.split(m, [None, BLOCK])
         n_out, n_in = sch.split(n, [None, BLOCK])
-        spatial = [m_out, n_out] if rows_outer else [n_out, m_out]
+        per_row_block = False
         if kc == reduction:
-            sch.reorder(*spatial, m_in, n_in, k)
-            sch.parallel(sch.fuse(*spatial))
-            sch.tensorize(m_in, intrin(kc, zero_init=True))
+            per_row_block = _whole_reduction(sch, (gather, acc, out), [m_out, n_out, m_in, n_in, k],
+                                             intrin(kc, zero_init=True), rows_outer, lanes, info.num_cores)
         else:
+            spatial = [m_out, n_out] if rows_outer else [n_out, m_out]
             k_out, k_in = sch.split(k, [None, kc])
             sch.reorder(k_out, *spatial, m_in, n_in, k_in)
             sch.parallel(sch.fuse(*spatial))
-            schedule_injective_block(sch, sch.decompose_reduction(acc, k_out), info.lanes())
+            schedule_injective_block(sch, sch.decompose_reduction(acc, k_out), lanes)
             sch.tensorize(m_in, intrin(kc))
-        lanes = info.lanes()
-        _schedule_gather(sch, gather, lanes)
-        inline_epilogue(sch, out)
+        _schedule_gather(sch, gather, lanes, per_row_block)
         schedule_rest(sch, lanes)
         return sch
 
