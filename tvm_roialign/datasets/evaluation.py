@@ -91,6 +91,33 @@ def coco_scores(detections: list[dict], data: SyntheticConfig, split: str, keypo
     return out
 
 
+#: issue 44's bounds of a build against its reference (fast against exact, bf16 and int8 against
+#: fp32): box and mask mAP within ``points`` (mAP x 100) below, and at least ``share`` of the
+#: reference's confident detections kept with the same label at box IoU >= 0.9
+PRECISION_BOUNDS = {
+    "fast": {"points": 0.3, "share": 0.99},
+    "bf16": {"points": 0.5, "share": 0.95},
+    "int8": {"points": 1.0, "share": 0.95},
+}
+
+
+def bound_of(row: str) -> dict:
+    """The bound of a build named ``row``: ``fast``, ``bf16``, or anything int8 (``ort-int8``)."""
+    return PRECISION_BOUNDS["int8" if "int8" in row else row]
+
+
+def judge(row: str, ours: dict, ref: dict) -> dict:
+    """Whether ``ours`` (:func:`coco_scores` with ``matched``, :func:`confident_matches`) holds
+    ``row``'s bound against ``ref``: ``box_drop``/``mask_drop`` (points below the reference; a
+    gain is negative), ``share``, ``holds`` and the bound in words (``text``)."""
+    bound = bound_of(row)
+    drops = {f"{k}_drop": 100 * (ref[f"{k}_map"] - ours[f"{k}_map"]) for k in ("box", "mask") if f"{k}_map" in ours}
+    share = ours["matched"]["ref_share"]
+    holds = all(d <= bound["points"] for d in drops.values()) and share >= bound["share"]
+    text = f"<= {bound['points']:g} pt, >= {100 * bound['share']:g}%"
+    return {**drops, "share": share, "holds": bool(holds), "text": text}
+
+
 def confident_matches(reference: list[dict], ours: list[dict]) -> dict:
     """:func:`~tvm_roialign.models.compare.match_confident` over the images, summed: the share of
     the reference's (fp32's) confident detections (score >= 0.5) that ``ours`` keeps with the same
@@ -113,4 +140,8 @@ def score_separation(detections: list[dict], margin: float = 0.1) -> dict:
     }
 
 
-__all__ = ["coco_results", "coco_scores", "confident_matches", "score_separation", "torch_predict"]
+__all__ = [
+    "PRECISION_BOUNDS",
+    "bound_of",
+    "judge",
+    "coco_results", "coco_scores", "confident_matches", "score_separation", "torch_predict"]
