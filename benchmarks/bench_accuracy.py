@@ -7,7 +7,8 @@ Rows: PyTorch eager fp32; our artifacts (``compile_detector``, any size, this ma
 exact (``fast=False``), fast (Winograd, the default), bf16 (fast; on AVX512-BF16 without AMX
 ``compile_detector`` builds fp32, so it is built here with the AVX512-BF16 kernels that
 ``pipeline.build`` makes when asked), int8 (fast; calibrated on ``--calibration`` train-split
-photos); ONNX Runtime's QDQ int8 (``quantize_static`` of the exported model, the same photos).
+photos); ONNX Runtime's QDQ int8 (``quantize_static`` of the exported model) and OpenVINO's
+NNCF int8 (``nncf.quantize`` of the converted model), on the same photos.
 Each row is judged by its bound (``tvm_roialign.datasets.evaluation.PRECISION_BOUNDS``):
 fast against exact, bf16 and int8 against eager fp32.
 
@@ -24,6 +25,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
 import platform
 import sys
@@ -48,11 +50,11 @@ from tvm_roialign.models import detection as det
 from tvm_roialign.models.detector_reference import torch_detections
 from tvm_roialign.runtime import Detector
 
-ROWS = ("eager", "exact", "fast", "bf16", "int8", "ort-int8")
+ROWS = ("eager", "exact", "fast", "bf16", "int8", "ort-int8", "nncf-int8")
 #: our builds: row -> (fast, precision)
 BUILDS = {"exact": (False, "fp32"), "fast": (True, "fp32"), "bf16": (True, "bf16"), "int8": (True, "int8")}
 #: the row each row's bound is taken against
-AGAINST = {"fast": "exact", "bf16": "eager", "int8": "eager", "ort-int8": "eager"}
+AGAINST = {"fast": "exact", "bf16": "eager", "int8": "eager", "ort-int8": "eager", "nncf-int8": "eager"}
 
 
 @contextlib.contextmanager
@@ -112,24 +114,59 @@ def ort_int8_runner(model, photos, calibration, workdir: Path):
     return run
 
 
-def detections(args, model, photos, calibration, key: str) -> tuple[dict, dict]:
-    """Each row's detections on the photos, and the metadata of our builds (kept under ``key``,
-    the weights' hash)."""
+def nncf_int8_runner(model, photos, calibration, workdir: Path):
+    """OpenVINO's int8 as its user makes it: the model converted for the photos' size without the
+    mask paste (tvm_roialign.bench.openvino_peer.detector_model, paste=False), saved as IR and read
+    back (``nncf.quantize`` on the converted model as it is fails: "Could not find a node
+    aten::unsqueeze/Unsqueeze_1 in NNCFGraph", the constants of its two ``If`` bodies being nodes
+    of the main graph; the IR gives each graph its own), quantized by ``nncf.quantize`` (default
+    preset: the convolutions and matmuls of backbone, FPN, RPN and heads) on the same photos, run
+    in OpenVINO's CPU plugin in f32 otherwise; the masks pasted by the package's NumPy paste."""
+    import nncf
+    import openvino as ov
+
+    from tvm_roialign.bench.openvino_peer import cpu_config, detector_model
+    from tvm_roialign.runtime.masks import paste_masks
+
+    tensor = lambda rgb: torch.from_numpy(rgb).permute(2, 0, 1).float().div(255.0).contiguous()
+    path = str(workdir / "maskrcnn_f32.xml")
+    ov.save_model(detector_model(model, tensor(photos[0]), paste=False), path, compress_to_fp16=False)
+    items = [(tensor(p).numpy(),) for p in calibration]
+    quantized = nncf.quantize(ov.Core().read_model(path), nncf.Dataset(items, list), subset_size=len(items))
+    compiled = ov.Core().compile_model(quantized, "CPU", cpu_config(torch.get_num_threads(), "f32"))
+    request = compiled.create_infer_request()
+
+    def run(rgb):
+        boxes, labels, scores, masks = (np.asarray(v) for v in request.infer([tensor(rgb).numpy()]).values())
+        height, width = rgb.shape[:2]
+        return {"boxes": boxes, "labels": labels, "scores": scores,
+                "masks": paste_masks(masks[:, 0], boxes, height, width)}
+
+    return run
+
+
+#: the peers' rows: name -> the function making a runner of a photo
+PEERS = {"ort-int8": ort_int8_runner, "nncf-int8": nncf_int8_runner}
+
+
+def detections(args, model, photos, calibration, key: str):
+    """``(row, detections on the photos, metadata of our build or None)`` of each row in turn
+    (our artifacts kept under ``key``, the weights' hash)."""
     keep = Path(args.keep or tempfile.mkdtemp(prefix="bench_accuracy_"))
     keep.mkdir(parents=True, exist_ok=True)
-    out, meta = {}, {}
     for row in args.rows:
+        meta = None
         if row == "eager":
-            out[row] = [torch_detections(model, p) for p in photos]
+            found = [torch_detections(model, p) for p in photos]
         elif row in BUILDS:
             detector = build(row, model, calibration, keep, key)
-            meta[row] = {k: detector.meta.get(k) for k in ("mode", "precision", "int8_kernels", "bf16_kernels")}
-            out[row] = [detector(p) for p in photos]
-        elif row == "ort-int8":
-            run = ort_int8_runner(model, photos, calibration, keep)
-            out[row] = [run(p) for p in photos]
+            meta = {k: detector.meta.get(k) for k in ("mode", "precision", "int8_kernels", "bf16_kernels")}
+            found = [detector(p) for p in photos]
+        else:
+            run = PEERS[row](model, photos, calibration, keep)
+            found = [run(p) for p in photos]
         print(f"ran {row}", file=sys.stderr, flush=True)
-    return out, meta
+        yield row, found, meta
 
 
 def table(dets: dict, data, photos_count: int) -> dict:
@@ -144,6 +181,12 @@ def table(dets: dict, data, photos_count: int) -> dict:
     return rows
 
 
+def _drops(row: str, bound: dict) -> str:
+    if "box_drop" not in bound:
+        return "-"
+    return f"{bound['box_drop']:+.2f}, {bound.get('mask_drop', 0):+.2f} ({AGAINST[row]})"
+
+
 def print_report(report) -> None:
     print(f"{report['cpu']}, {report['date']}; {report['images']} held-out images "
           f"({report['size']} px), calibration {report['calibration']} train photos; weights {report['weights']}")
@@ -152,7 +195,8 @@ def print_report(report) -> None:
     sep = report["separation"]
     print(f"eager fp32 scores: {sep['confident']} confident (>= 0.5, median {sep['confident_median']:.3f}), "
           f"{sep['others']} others (median {sep['others_median']:.3f}), {sep['near']} within 0.1 of 0.5")
-    head = ("build", "box mAP", "mask mAP", "box AP50", "mask AP50", "fp32 conf. matched", "bound", "holds")
+    head = ("build", "box mAP", "mask mAP", "box AP50", "mask AP50", "fp32 conf. matched",
+            "drop (box, mask) vs", "bound", "holds")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for row, r in report["rows"].items():
@@ -160,8 +204,38 @@ def print_report(report) -> None:
         share = f"{matched['ref_matched']}/{matched['ref_confident']} ({100 * matched['ref_share']:.1f}%)" if matched else "-"
         bound = r.get("bound", {})
         print(f"| {row} | {100 * r['box_map']:.2f} | {100 * r.get('mask_map', 0):.2f} | {100 * r['box_ap50']:.2f} | "
-              f"{100 * r.get('mask_ap50', 0):.2f} | {share} | {bound.get('text', '-')} | "
+              f"{100 * r.get('mask_ap50', 0):.2f} | {share} | {_drops(row, bound)} | {bound.get('text', '-')} | "
               f"{'yes' if bound.get('holds') else ('no' if bound else '-')} |")
+
+
+def merged(paths) -> dict:
+    """The reports at ``paths`` as one: their rows together (each row's figures are against the
+    eager rows, which are the same where the weights and images are), the bounds judged again."""
+    reports = [json.loads(Path(path).read_text()) for path in paths]
+    first = reports[0]
+    for other in reports[1:]:
+        for key in ("weights", "images", "size", "calibration"):
+            if other[key] != first[key]:
+                raise SystemExit(f"--merge: the reports differ in {key}: {first[key]} and {other[key]}")
+    out = {**first, "rows": {}, "builds": {}}
+    for report in reports:
+        out["rows"].update(report["rows"])
+        out["builds"].update(report["builds"])
+    for row, against in AGAINST.items():
+        if row in out["rows"] and against in out["rows"]:
+            out["rows"][row]["bound"] = judge(row, out["rows"][row], out["rows"][against])
+    return out
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the platform's."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def main(argv=None) -> int:
@@ -174,7 +248,13 @@ def main(argv=None) -> int:
                    help="the reference trained for this many iterations (tools/train_reference.py)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default="benchmarks/results/bench_accuracy.json")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="print one table of the rows of several reports of the same weights and images "
+                   "(runs of other --rows, e.g. in parallel), written to --out")
     args = p.parse_args(argv)
+    if args.merge:
+        write_report(merged(args.merge), args.out, print_report)
+        return 0
     args.rows = [r for r in args.rows.split(",") if r]
     unknown = sorted(set(args.rows) - set(ROWS))
     if unknown:
@@ -185,15 +265,20 @@ def main(argv=None) -> int:
     data = config.data
     photos = [synthetic.sample(data, "val", i)[0] for i in range(args.images)]
     calibration = [synthetic.sample(data, "train", i)[0] for i in range(args.calibration)]
-    dets, meta = detections(args, model, photos, calibration, config.key())
-    report = {
-        "cpu": platform.processor() or platform.machine(), "date": datetime.date.today().isoformat(),
-        "images": args.images, "size": data.size, "calibration": args.calibration,
-        "weights": str(reference.weights_path(config)), "builds": meta, "bounds": PRECISION_BOUNDS,
-        "separation": score_separation(dets["eager"]) if "eager" in dets else {},
-        "rows": table(dets, data, args.images),
-    }
-    write_report(report, args.out, print_report)
+    dets, meta = {}, {}
+    for row, found, built in detections(args, model, photos, calibration, config.key()):
+        dets[row] = found
+        if built:
+            meta[row] = built
+        # the report so far after each row: a long run stopped early keeps what it measured
+        report = {
+            "cpu": cpu_name(), "date": datetime.date.today().isoformat(),
+            "images": args.images, "size": data.size, "calibration": args.calibration,
+            "weights": str(reference.weights_path(config)), "builds": meta, "bounds": PRECISION_BOUNDS,
+            "separation": score_separation(dets["eager"]) if "eager" in dets else {},
+            "rows": table(dets, data, args.images),
+        }
+        write_report(report, args.out, print_report)
     return 0
 
 

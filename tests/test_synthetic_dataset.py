@@ -74,3 +74,16 @@ def test_confident_matches_and_score_separation():
     assert confident_matches(truth, shifted)["ref_share"] < 1.0
     sep = score_separation([{"scores": np.array([0.95, 0.9, 0.45, 0.1])}])
     assert (sep["confident"], sep["others"], sep["near"]) == (2, 2, 1)
+
+
+def test_bounds_judge_the_drop_and_the_share():
+    from tvm_roialign.datasets.evaluation import PRECISION_BOUNDS, judge
+
+    ref = {"box_map": 0.60, "mask_map": 0.55}
+    kept = {"ref_share": 0.96}
+    assert judge("int8", {"box_map": 0.595, "mask_map": 0.545, "matched": kept}, ref)["holds"]
+    assert not judge("bf16", {"box_map": 0.594, "mask_map": 0.55, "matched": kept}, ref)["holds"]
+    assert not judge("ort-int8", {"box_map": 0.60, "mask_map": 0.55, "matched": {"ref_share": 0.94}}, ref)["holds"]
+    fast = judge("fast", {"box_map": 0.598, "mask_map": 0.56, "matched": {"ref_share": 0.99}}, ref)
+    assert fast["holds"] and fast["box_drop"] == pytest.approx(0.2) and fast["mask_drop"] == pytest.approx(-1.0)
+    assert PRECISION_BOUNDS["fast"] == {"points": 0.3, "share": 0.99}
