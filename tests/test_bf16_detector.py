@@ -1,5 +1,5 @@
 """bf16 detectors: the bf16 criterion (``models.compare_bf16``), the layers kept in fp32
-(``models.detector_precision``), ``precision="auto"`` per target, and the CLI's one-line errors
+(``precision.layers``), ``precision="auto"`` per target, and the CLI's one-line errors
 for ``--precision`` / ``--fp32-layers``."""
 
 from __future__ import annotations

@@ -96,8 +96,8 @@ def test_int8_detector_cli_errors(tmp_path, capsys):
          ["--keep-fp32", "--fp32-layers"]),
         (["compile", "maskrcnn_resnet50_fpn", "--calibrate", str(tmp_path), "-o", out],
          ["--calibrate", "int8"]),
-        (["maskrcnn", "--precision", "int8", "--out", str(tmp_path / "r.png")],
-         ["--precision int8", "compile maskrcnn_resnet50_fpn --precision int8"]),
+        (["maskrcnn", "--precision", "int8", "--compile-only", "--out", str(tmp_path / "r.png")],
+         ["--compile-only", "compile maskrcnn_resnet50_fpn --precision int8"]),
     ]
     for argv, words in cases:
         code, _, err = run_cli(argv, capsys)

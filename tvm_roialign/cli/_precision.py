@@ -19,8 +19,9 @@ HELP_PRECISION = (
 #: ``--precision``'s help in ``maskrcnn``, which runs the detector in pieces that int8 does not calibrate
 HELP_PIECES_PRECISION = (
     "fp32, bf16 (convolutions and matmuls in bf16 with fp32 accumulation, on AMX or AArch64 bf16; "
-    "elsewhere fp32, with a note saying why) or auto (bf16 where the target has AMX bf16, else fp32); "
-    "int8 detectors: tvm-roialign compile NAME --precision int8"
+    "elsewhere fp32, with a note saying why), int8 (the detector as one artifact calibrated on "
+    "--calibrate's photos, judged against eager by the int8 criterion, docs/int8.md) or auto (bf16 "
+    "where the target has AMX bf16, else fp32)"
 )
 
 

@@ -38,6 +38,11 @@ def register(subparsers, parents) -> None:
     p.add_argument("--target", default="native", help=HELP_TARGET)
     add_model_arguments(p)
     add_precision_arguments(p, pieces=True)
+    p.add_argument(
+        "--calibrate", default=None, metavar="DIR",
+        help="--precision int8: calibrate on the photos of DIR, each as it is (default: the package's "
+        "sample photos)",
+    )
     add_records_argument(p)
     p.add_argument("--out", default="result.png", help="annotated picture (.png/.jpg)")
     p.add_argument("--report", default=None, help="JSON report (default: --out with .json)")
@@ -162,21 +167,40 @@ def _onnxruntime(args) -> bool:
     return True
 
 
+def main_int8(args, target, out, report_path) -> int:
+    """``--precision int8``: the detector as one calibrated artifact against PyTorch eager
+    (:mod:`._maskrcnn_int8`), judged by the int8 criterion."""
+    from ..models import maskrcnn as mr
+    from ._maskrcnn_int8 import check_int8_arguments, print_int8_summary, run_int8, write_outputs
+
+    check_int8_arguments(args)
+    if args.compile_only:
+        raise CLIError("--compile-only: an int8 maskrcnn is calibrated by running it; compile it with "
+                       "tvm-roialign compile maskrcnn_resnet50_fpn --precision int8 instead")
+    device_for(target)
+    image, config, model = model_inputs(args, mr)
+    with progress_session(args.quiet) as progress:
+        report = run_int8(args, target, image, config, model, progress)
+        progress(f"write {out}")
+        write_outputs(report, image, out, report_path, args.draw_top)
+    print_int8_summary(report, out, report_path)
+    print_precision_line(args)
+    return 0 if report["comparison"]["passed"] or not args.check else 3
+
+
 def main(args) -> int:
     from .. import bench
     from ..models import maskrcnn as mr
 
     target = resolve_target(args.target)
     check_layout(args)
-    if args.precision == "int8":
-        raise CLIError(
-            "--precision int8: maskrcnn runs the detector in pieces, which are not calibrated; "
-            "compile it as one artifact: tvm-roialign compile maskrcnn_resnet50_fpn --precision int8 "
-            "-o mr.so, then tvm-roialign run mr.so --image PHOTO"
-        )
     args.resolved_precision = resolve_precision(args, target)
     out = output_path(args.out, "--out", PICTURE_SUFFIXES)
     report_path = output_path(args.report, "--report") if args.report else out.with_suffix(".json")
+    if args.resolved_precision == "int8":
+        return main_int8(args, target, out, report_path)
+    if args.calibrate is not None:
+        raise CLIError("--calibrate applies to --precision int8")
     if not args.compile_only:
         device_for(target)
     image, config, model = model_inputs(args, mr)

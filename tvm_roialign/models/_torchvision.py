@@ -115,6 +115,8 @@ def build_rcnn(name: str, config: RCNNConfig, **extra):
     import torch
     import torchvision
 
+    if config.weights is not None and "num_classes" not in extra:
+        extra = {**extra, **head_sizes(str(config.weights))}
     # the seeded initialisation draws from torch's global generator: on a fork of it, so that the
     # caller's random state is as it was (the same seed gives the same weights as before)
     with torch.random.fork_rng(devices=[]):
@@ -133,6 +135,28 @@ def build_rcnn(name: str, config: RCNNConfig, **extra):
     if config.weights is not None:
         model.load_state_dict(load_state_dict(str(config.weights), model, name))
     return model.eval()
+
+
+def head_sizes(path: str) -> dict:
+    """``num_classes`` (and a Keypoint R-CNN's ``num_keypoints``) of the weights file ``path``,
+    so that a model trained for other classes than COCO's (as the reference detectors of
+    :mod:`tvm_roialign.datasets.reference`) is built to take it; ``{}`` where the file does not
+    say (:func:`load_state_dict` then names what is wrong)."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - load_state_dict reports it
+        return {}
+    state = state.get("model", state) if isinstance(state, dict) else {}
+    out = {}
+    classes = state.get("roi_heads.box_predictor.cls_score.weight")
+    if isinstance(classes, torch.Tensor):
+        out["num_classes"] = int(classes.shape[0])
+    keypoints = state.get("roi_heads.keypoint_predictor.kps_score_lowres.weight")
+    if isinstance(keypoints, torch.Tensor):
+        out["num_keypoints"] = int(keypoints.shape[1])
+    return out
 
 
 def category_names() -> list[str] | None:
@@ -171,4 +195,11 @@ def detector_names(model) -> dict:
     return out
 
 
-__all__ = ["RCNNConfig", "build_rcnn", "category_names", "detector_names", "load_state_dict"]
+__all__ = [
+    "RCNNConfig",
+    "build_rcnn",
+    "category_names",
+    "detector_names",
+    "head_sizes",
+    "load_state_dict",
+]

@@ -1,0 +1,281 @@
+"""Accuracy of every build mode on a trained detector: the reference Mask R-CNN
+(tvm_roialign.datasets.reference, trained by tools/train_reference.py) on the synthetic dataset's
+held-out split, each build's box and mask mAP by pycocotools, and the share of fp32's confident
+detections (PyTorch eager's, score >= 0.5) that the build keeps with the same label at box IoU >= 0.9.
+
+Rows: PyTorch eager fp32; our artifacts (``compile_detector``, any size, this machine's CPU):
+exact (``fast=False``), fast (Winograd, the default), bf16 (fast; on AVX512-BF16 without AMX
+``compile_detector`` builds fp32, so it is built here with the AVX512-BF16 kernels that
+``pipeline.build`` makes when asked), int8 (fast; calibrated on ``--calibration`` train-split
+photos); ONNX Runtime's QDQ int8 (``quantize_static`` of the exported model) and OpenVINO's
+NNCF int8 (``nncf.quantize`` of the converted model), on the same photos.
+Each row is judged by its bound (``tvm_roialign.datasets.evaluation.PRECISION_BOUNDS``):
+fast against exact, bf16 and int8 against eager fp32.
+
+    nice -n 5 python benchmarks/bench_accuracy.py [--images 100] [--calibration 16]
+        [--rows eager,exact,fast,bf16,int8,ort-int8] [--keep DIR] [--out results.json]
+
+Compiling takes minutes per build; ``--keep DIR`` keeps the artifacts (named by the weights' hash)
+and reuses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from _common import write_report
+
+from tvm_roialign.datasets import reference, synthetic
+from tvm_roialign.datasets.evaluation import (
+    PRECISION_BOUNDS,
+    coco_scores,
+    confident_matches,
+    judge,
+    score_separation,
+)
+from tvm_roialign.models import detection as det
+from tvm_roialign.models.detector_reference import torch_detections
+from tvm_roialign.runtime import Detector
+
+ROWS = ("eager", "exact", "fast", "bf16", "int8", "ort-int8", "nncf-int8")
+#: our builds: row -> (fast, precision)
+BUILDS = {"exact": (False, "fp32"), "fast": (True, "fp32"), "bf16": (True, "bf16"), "int8": (True, "int8")}
+#: the row each row's bound is taken against
+AGAINST = {"fast": "exact", "bf16": "eager", "int8": "eager", "ort-int8": "eager", "nncf-int8": "eager"}
+
+
+def plan(precision: str):
+    """The build's precision plan: bf16 on AVX512-BF16 without AMX built as ``pipeline.build``
+    builds it when asked (``compile_detector`` and the CLI build fp32 there, its kernels running
+    slower than fp32: docs/precision.md), so that the row measures those kernels."""
+    from tvm_roialign.precision import resolve
+    from tvm_roialign.target import parse_target
+
+    return resolve(parse_target("native"), precision, avx512_bf16=True)
+
+
+def build(row: str, model, calibration, keep: Path, key: str) -> Detector:
+    fast, precision = BUILDS[row]
+    path = keep / f"maskrcnn-{key}-{row}.so"
+    if not path.exists():
+        print(f"compile {row}", file=sys.stderr, flush=True)
+        artifact = det.compile_detector(
+            model, None, "native", fast=fast, precision=plan(precision),
+            calibration=calibration if precision == "int8" else None,
+        )
+        artifact.export(path)
+    detector = Detector(path)
+    got = detector.meta.get("precision", "fp32")
+    if got != precision:
+        raise SystemExit(f"{path}: built {got}, not {precision}")
+    return detector
+
+
+def ort_int8_runner(model, photos, calibration, workdir: Path):
+    """ONNX Runtime's QDQ int8 of the whole model exported for the photos' size, calibrated on the
+    same photos as ours; a function of a photo giving its detections."""
+    from tvm_roialign.bench.onnxruntime_peer import OPSET, cpu_session, quantized_int8
+
+    tensor = lambda rgb: torch.from_numpy(rgb).permute(2, 0, 1).float().div(255.0).contiguous()
+    path = str(workdir / "maskrcnn.onnx")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, ([tensor(photos[0])],), path, dynamo=False, opset_version=OPSET)
+    name = cpu_session(path, torch.get_num_threads()).get_inputs()[0].name
+    here = os.getcwd()
+    os.chdir(workdir)  # the quantizer writes its temporary files into the working directory
+    try:
+        out = quantized_int8(path, str(workdir / "maskrcnn_int8.onnx"),
+                             {name: [tensor(p).numpy() for p in calibration]})
+    finally:
+        os.chdir(here)
+    session = cpu_session(out, torch.get_num_threads())
+
+    def run(rgb):
+        boxes, labels, scores, masks = session.run(None, {name: tensor(rgb).numpy()})
+        return {"boxes": boxes, "labels": labels, "scores": scores, "masks": masks[:, 0]}
+
+    return run
+
+
+def nncf_int8_runner(model, photos, calibration, workdir: Path):
+    """OpenVINO's int8 as its user makes it: the model converted for the photos' size without the
+    mask paste (tvm_roialign.bench.openvino_peer.detector_model, paste=False), saved as IR and read
+    back (``nncf.quantize`` on the converted model as it is fails: "Could not find a node
+    aten::unsqueeze/Unsqueeze_1 in NNCFGraph", the constants of its two ``If`` bodies being nodes
+    of the main graph; the IR gives each graph its own), quantized by ``nncf.quantize`` (default
+    preset: the convolutions and matmuls of backbone, FPN, RPN and heads) on the same photos, run
+    in OpenVINO's CPU plugin in f32 otherwise; the masks pasted by the package's NumPy paste."""
+    import nncf
+    import openvino as ov
+
+    from tvm_roialign.bench.openvino_peer import cpu_config, detector_model
+    from tvm_roialign.runtime.masks import paste_masks
+
+    tensor = lambda rgb: torch.from_numpy(rgb).permute(2, 0, 1).float().div(255.0).contiguous()
+    path = str(workdir / "maskrcnn_f32.xml")
+    ov.save_model(detector_model(model, tensor(photos[0]), paste=False), path, compress_to_fp16=False)
+    items = [(tensor(p).numpy(),) for p in calibration]
+    quantized = nncf.quantize(ov.Core().read_model(path), nncf.Dataset(items, list), subset_size=len(items))
+    compiled = ov.Core().compile_model(quantized, "CPU", cpu_config(torch.get_num_threads(), "f32"))
+    request = compiled.create_infer_request()
+
+    def run(rgb):
+        boxes, labels, scores, masks = (np.asarray(v) for v in request.infer([tensor(rgb).numpy()]).values())
+        height, width = rgb.shape[:2]
+        return {"boxes": boxes, "labels": labels, "scores": scores,
+                "masks": paste_masks(masks[:, 0], boxes, height, width)}
+
+    return run
+
+
+#: the peers' rows: name -> the function making a runner of a photo
+PEERS = {"ort-int8": ort_int8_runner, "nncf-int8": nncf_int8_runner}
+
+
+def detections(args, model, photos, calibration, key: str):
+    """``(row, detections on the photos, metadata of our build or None)`` of each row in turn
+    (our artifacts kept under ``key``, the weights' hash)."""
+    keep = Path(args.keep or tempfile.mkdtemp(prefix="bench_accuracy_"))
+    keep.mkdir(parents=True, exist_ok=True)
+    for row in args.rows:
+        meta = None
+        if row == "eager":
+            found = [torch_detections(model, p) for p in photos]
+        elif row in BUILDS:
+            detector = build(row, model, calibration, keep, key)
+            meta = {k: detector.meta.get(k) for k in ("mode", "precision", "int8_kernels", "bf16_kernels")}
+            found = [detector(p) for p in photos]
+        else:
+            run = PEERS[row](model, photos, calibration, keep)
+            found = [run(p) for p in photos]
+        print(f"ran {row}", file=sys.stderr, flush=True)
+        yield row, found, meta
+
+
+def table(dets: dict, data, photos_count: int) -> dict:
+    rows = {}
+    for row, found in dets.items():
+        rows[row] = coco_scores(found, data, "val")
+        if row != "eager" and "eager" in dets:
+            rows[row]["matched"] = confident_matches(dets["eager"], found)
+    for row, against in AGAINST.items():
+        if row in rows and against in rows:
+            rows[row]["bound"] = judge(row, rows[row], rows[against])
+    return rows
+
+
+def _drops(row: str, bound: dict) -> str:
+    if "box_drop" not in bound:
+        return "-"
+    return f"{bound['box_drop']:+.2f}, {bound.get('mask_drop', 0):+.2f} ({AGAINST[row]})"
+
+
+def print_report(report) -> None:
+    print(f"{report['cpu']}, {report['date']}; {report['images']} held-out images "
+          f"({report['size']} px), calibration {report['calibration']} train photos; weights {report['weights']}")
+    for row, m in report.get("builds", {}).items():
+        print(f"  {row}: {m}")
+    sep = report["separation"]
+    print(f"eager fp32 scores: {sep['confident']} confident (>= 0.5, median {sep['confident_median']:.3f}), "
+          f"{sep['others']} others (median {sep['others_median']:.3f}), {sep['near']} within 0.1 of 0.5")
+    head = ("build", "box mAP", "mask mAP", "box AP50", "mask AP50", "fp32 conf. matched",
+            "drop (box, mask) vs", "bound", "holds")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for row, r in report["rows"].items():
+        matched = r.get("matched")
+        share = f"{matched['ref_matched']}/{matched['ref_confident']} ({100 * matched['ref_share']:.1f}%)" if matched else "-"
+        bound = r.get("bound", {})
+        print(f"| {row} | {100 * r['box_map']:.2f} | {100 * r.get('mask_map', 0):.2f} | {100 * r['box_ap50']:.2f} | "
+              f"{100 * r.get('mask_ap50', 0):.2f} | {share} | {_drops(row, bound)} | {bound.get('text', '-')} | "
+              f"{'yes' if bound.get('holds') else ('no' if bound else '-')} |")
+
+
+def merged(paths) -> dict:
+    """The reports at ``paths`` as one: their rows together (each row's figures are against the
+    eager rows, which are the same where the weights and images are), the bounds judged again."""
+    reports = [json.loads(Path(path).read_text()) for path in paths]
+    first = reports[0]
+    for other in reports[1:]:
+        for key in ("weights", "images", "size", "calibration"):
+            if other[key] != first[key]:
+                raise SystemExit(f"--merge: the reports differ in {key}: {first[key]} and {other[key]}")
+    out = {**first, "rows": {}, "builds": {}}
+    for report in reports:
+        out["rows"].update(report["rows"])
+        out["builds"].update(report["builds"])
+    for row, against in AGAINST.items():
+        if row in out["rows"] and against in out["rows"]:
+            out["rows"][row]["bound"] = judge(row, out["rows"][row], out["rows"][against])
+    return out
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the platform's."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--images", type=int, default=100, help="held-out images")
+    p.add_argument("--calibration", type=int, default=16, help="train-split photos int8 is calibrated on")
+    p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
+    p.add_argument("--keep", default=None, help="a folder the artifacts are kept in and reused from")
+    p.add_argument("--iterations", type=int, default=reference.TrainConfig().iterations,
+                   help="the reference trained for this many iterations (tools/train_reference.py)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="benchmarks/results/bench_accuracy.json")
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="print one table of the rows of several reports of the same weights and images "
+                   "(runs of other --rows, e.g. in parallel), written to --out")
+    args = p.parse_args(argv)
+    if args.merge:
+        write_report(merged(args.merge), args.out, print_report)
+        return 0
+    args.rows = [r for r in args.rows.split(",") if r]
+    unknown = sorted(set(args.rows) - set(ROWS))
+    if unknown:
+        p.error(f"--rows: unknown {', '.join(unknown)}; choose from {', '.join(ROWS)}")
+    torch.set_num_threads(args.threads)
+    config = dataclasses.replace(reference.TrainConfig(), iterations=args.iterations)
+    model = reference.load_reference(config)
+    data = config.data
+    photos = [synthetic.sample(data, "val", i)[0] for i in range(args.images)]
+    calibration = [synthetic.sample(data, "train", i)[0] for i in range(args.calibration)]
+    dets, meta = {}, {}
+    for row, found, built in detections(args, model, photos, calibration, config.key()):
+        dets[row] = found
+        if built:
+            meta[row] = built
+        # the report so far after each row: a long run stopped early keeps what it measured
+        report = {
+            "cpu": cpu_name(), "date": datetime.date.today().isoformat(),
+            "images": args.images, "size": data.size, "calibration": args.calibration,
+            "weights": str(reference.weights_path(config)), "builds": meta, "bounds": PRECISION_BOUNDS,
+            "separation": score_separation(dets["eager"]) if "eager" in dets else {},
+            "rows": table(dets, data, args.images),
+        }
+        write_report(report, args.out, print_report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
