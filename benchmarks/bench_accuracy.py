@@ -184,7 +184,8 @@ def _drops(row: str, bound: dict) -> str:
 
 def print_report(report) -> None:
     print(f"{report['cpu']}, {report['date']}; {report['images']} held-out images "
-          f"({report['size']} px), calibration {report['calibration']} train photos; weights {report['weights']}")
+          f"({report['size']} px), calibration {report['calibration']} train photos; "
+          f"weights {report['weights']}")
     for row, m in report.get("builds", {}).items():
         print(f"  {row}: {m}")
     sep = report["separation"]
@@ -196,10 +197,12 @@ def print_report(report) -> None:
     print("|" + "---|" * len(head))
     for row, r in report["rows"].items():
         matched = r.get("matched")
-        share = f"{matched['ref_matched']}/{matched['ref_confident']} ({100 * matched['ref_share']:.1f}%)" if matched else "-"
+        share = (f"{matched['ref_matched']}/{matched['ref_confident']} ({100 * matched['ref_share']:.1f}%)"
+                 if matched else "-")
         bound = r.get("bound", {})
-        print(f"| {row} | {100 * r['box_map']:.2f} | {100 * r.get('mask_map', 0):.2f} | {100 * r['box_ap50']:.2f} | "
-              f"{100 * r.get('mask_ap50', 0):.2f} | {share} | {_drops(row, bound)} | {bound.get('text', '-')} | "
+        print(f"| {row} | {100 * r['box_map']:.2f} | {100 * r.get('mask_map', 0):.2f} | "
+              f"{100 * r['box_ap50']:.2f} | {100 * r.get('mask_ap50', 0):.2f} | {share} | "
+              f"{_drops(row, bound)} | {bound.get('text', '-')} | "
               f"{'yes' if bound.get('holds') else ('no' if bound else '-')} |")
 
 

@@ -34,7 +34,8 @@ def _detections(n: int, shift: float = 0.0) -> dict:
     rng = np.random.default_rng(0)
     xy = rng.uniform(0, 100, (n, 2))
     boxes = np.concatenate([xy, xy + 30], axis=1).astype(np.float32)
-    return {"boxes": boxes + np.float32(shift), "labels": np.ones(n, np.int64), "scores": np.full(n, 0.9, np.float32)}
+    return {"boxes": boxes + np.float32(shift), "labels": np.ones(n, np.int64),
+            "scores": np.full(n, 0.9, np.float32)}
 
 
 def test_int8_criterion_takes_95_percent():
@@ -83,8 +84,10 @@ def test_maskrcnn_int8_errors(cli_workdir, capsys):
         (["--calibrate", str(cli_workdir / "missing")], ("--calibrate", "directory")),
         (["--compile-only"], ("--compile-only",)),
     ):
-        code, _, err = run_cli(["maskrcnn", "--precision", "int8", "--out", str(cli_workdir / "e.png"), *extra], capsys)
+        code, _, err = run_cli(
+            ["maskrcnn", "--precision", "int8", "--out", str(cli_workdir / "e.png"), *extra], capsys)
         assert code != 0
         one_line_error(err, *words)
-    code, _, err = run_cli(["maskrcnn", "--calibrate", str(cli_workdir), "--out", str(cli_workdir / "e.png")], capsys)
+    code, _, err = run_cli(
+        ["maskrcnn", "--calibrate", str(cli_workdir), "--out", str(cli_workdir / "e.png")], capsys)
     one_line_error(err, "--calibrate", "int8")

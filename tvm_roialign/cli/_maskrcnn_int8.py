@@ -40,7 +40,8 @@ def check_int8_arguments(args) -> None:
     if args.tuning_records is not None:
         raise CLIError("--tuning-records: an int8 maskrcnn builds its own int8 kernels; leave it out")
     if args.shapes == "static":
-        raise CLIError("--shapes static: an int8 maskrcnn is one artifact for any size (calibrated through it)")
+        raise CLIError("--shapes static: an int8 maskrcnn is one artifact for any size "
+                       "(calibrated through it)")
     if args.calibrate is not None and not Path(args.calibrate).is_dir():
         raise CLIError(f"--calibrate: {args.calibrate!r} is not a directory of photos")
 
@@ -62,7 +63,6 @@ def run_int8(args, target, image, config, model, progress) -> dict:
     from ..models.compare_bf16 import compare_bf16
     from ..models.detector_reference import torch_detections
     from ..runtime import Detector
-
     from ._detector import build_fast
 
     rgb = np.ascontiguousarray((image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
@@ -125,7 +125,8 @@ def print_int8_summary(report: dict, out, report_path) -> None:
         f"scored >= {cmp['score_threshold']:g} and matched at box IoU >= {cmp['box_iou']:g}: PyTorch "
         f"{cmp['matched_torch']}/{cmp['confident_torch']}, TVM {cmp['matched_tvm']}/{cmp['confident_tvm']}"
         + (f"; mask IoU mean {cmp['mean_mask_iou']:.3f}" if cmp["mean_mask_iou"] is not None else "")
-        + (f", largest score difference {cmp['max_score_diff']:.4f}" if cmp["max_score_diff"] is not None else "")
+        + (f", largest score difference {cmp['max_score_diff']:.4f}"
+           if cmp["max_score_diff"] is not None else "")
         + f" -> {'PASS' if cmp['passed'] else 'FAIL'} ({cmp['criteria']})"
     )
     print(f"wrote {out} and {report_path}")

@@ -48,7 +48,8 @@ def coco_results(detections: list[dict]) -> list[dict]:
                 "bbox": [x0, y0, x1 - x0, y1 - y0],
             }
             if masks is not None:
-                binary = np.asfortranarray((np.asarray(masks[i]).reshape(masks.shape[-2:]) > 0.5).astype(np.uint8))
+                mask = np.asarray(masks[i]).reshape(masks.shape[-2:])
+                binary = np.asfortranarray((mask > 0.5).astype(np.uint8))
                 rle = mask_utils.encode(binary)
                 rle["counts"] = rle["counts"].decode("ascii")
                 rec["segmentation"] = rle
@@ -111,7 +112,8 @@ def judge(row: str, ours: dict, ref: dict) -> dict:
     ``row``'s bound against ``ref``: ``box_drop``/``mask_drop`` (points below the reference; a
     gain is negative), ``share``, ``holds`` and the bound in words (``text``)."""
     bound = bound_of(row)
-    drops = {f"{k}_drop": 100 * (ref[f"{k}_map"] - ours[f"{k}_map"]) for k in ("box", "mask") if f"{k}_map" in ours}
+    drops = {f"{k}_drop": 100 * (ref[f"{k}_map"] - ours[f"{k}_map"])
+             for k in ("box", "mask") if f"{k}_map" in ours}
     share = ours["matched"]["ref_share"]
     holds = all(d <= bound["points"] for d in drops.values()) and share >= bound["share"]
     text = f"<= {bound['points']:g} pt, >= {100 * bound['share']:g}%"
@@ -143,5 +145,10 @@ def score_separation(detections: list[dict], margin: float = 0.1) -> dict:
 __all__ = [
     "PRECISION_BOUNDS",
     "bound_of",
+    "coco_results",
+    "coco_scores",
+    "confident_matches",
     "judge",
-    "coco_results", "coco_scores", "confident_matches", "score_separation", "torch_predict"]
+    "score_separation",
+    "torch_predict",
+]

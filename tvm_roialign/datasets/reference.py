@@ -88,4 +88,6 @@ def load_reference(config: TrainConfig):
     return build_model(config.model, config.data.size, weights=str(path))
 
 
-__all__ = ["MODELS", "FROZEN", "TRAIN_SAMPLING", "TrainConfig", "build_model", "load_reference", "weights_path"]
+__all__ = [
+    "FROZEN", "MODELS", "TRAIN_SAMPLING", "TrainConfig", "build_model", "load_reference", "weights_path",
+]

@@ -57,7 +57,7 @@ def fingerprint(config: SyntheticConfig, count: int, split: str = "train") -> st
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def photo(name: str) -> np.ndarray:
     """One of :data:`PHOTO_NAMES` as ``[H, W, 3]`` uint8 (bundled with scikit-image/matplotlib)."""
     from ..models.detector_reference import sample_photo
