@@ -137,6 +137,7 @@ LAYERS = (
     ("tuning",),  # MetaSchedule tasks, records, search
     ("pipeline",),  # build(): the phases composed with the tuned schedules
     ("models", "testing"),  # detectors and classifiers compiled whole; test references
+    ("datasets",),  # the synthetic detection dataset, its COCO evaluation, the reference detector
     ("_api",),  # the package's names and their registration
     ("__init__",),  # the package's face
     ("bench",),  # the measuring harness
