@@ -54,7 +54,7 @@ def test_global_options_before_or_after_the_subcommand():
 def test_every_subcommand_registers_itself():
     names = {action.dest for action in cli.build_parser()._subparsers._group_actions[0]._choices_actions}
     assert {"compile", "run", "maskrcnn"} <= names
-    assert all(hasattr(module, "register") for module in cli.SUBCOMMANDS)
+    assert all(hasattr(module, "add_arguments") for module in cli.SUBCOMMANDS)
 
 
 def test_usage_errors_exit_2(capsys):

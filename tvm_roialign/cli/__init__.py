@@ -1,7 +1,7 @@
 """``tvm-roialign``: a tvmc-style command line (tvmc itself no longer ships with TVM).
 
-Subcommands, one module each (:data:`SUBCOMMANDS`; a module has ``register(subparsers, parents)``,
-which adds its parser and sets ``func``):
+Subcommands, one module each (:data:`SUBCOMMANDS`; a module has ``HELP``, ``DESCRIPTION``,
+``add_arguments(parser)`` and ``main(args)``, which :func:`._common.add_command` makes a parser of):
 
 ``compile MODEL -o OUT.so`` (:mod:`.compile`)
     Import a ``.pt2`` or ``.onnx`` model, ConvertLayout it (NHWC on CPU targets unless told
@@ -29,7 +29,7 @@ from . import compile as compile_command
 from . import maskrcnn as maskrcnn_command
 from . import run as run_command
 from . import tune as tune_command
-from ._common import CLIError, seconds_since_process_start
+from ._common import CLIError, add_command, seconds_since_process_start
 
 #: The subcommand modules, in the order ``--help`` lists them.
 SUBCOMMANDS = [compile_command, run_command, maskrcnn_command, tune_command]
@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parents = [_global_options(True)]
     for module in SUBCOMMANDS:
-        module.register(sub, parents)
+        add_command(sub, parents, module)
     return parser
 
 

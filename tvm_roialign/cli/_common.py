@@ -78,6 +78,20 @@ def device_for(target):
         raise CLIError(str(err)) from None
 
 
+def add_command(subparsers, parents, module) -> None:
+    """The parser of the subcommand ``module`` (named as the module): the shared options of
+    ``parents``, its ``HELP`` (a line of ``tvm-roialign --help``) and ``DESCRIPTION``, its own
+    options (``module.add_arguments``), and ``module.main`` to run."""
+    parser = subparsers.add_parser(
+        module.__name__.rsplit(".", 1)[-1],
+        parents=parents,
+        help=module.HELP,
+        description=module.DESCRIPTION,
+    )
+    module.add_arguments(parser)
+    parser.set_defaults(func=module.main)
+
+
 def output_path(text: str, flag: str, suffixes: tuple[str, ...] | None = None) -> Path:
     """``text`` as a file to write: its folder must exist (none is created), its suffix one of
     ``suffixes``."""

@@ -48,6 +48,8 @@ HELP_TARGET = (
 )
 
 
+HELP = "import a .pt2 / .onnx model, ConvertLayout it and build a library"
+
 DESCRIPTION = (
     "Import a .pt2 (torch.export.save) or .onnx model, convert it to NHWC on CPU targets (--desired-"
     "layout), build it for --target and export the library, with LIBRARY.json (target, inputs, stage "
@@ -56,13 +58,8 @@ DESCRIPTION = (
 )
 
 
-def register(subparsers, parents) -> None:
-    p = subparsers.add_parser(
-        "compile",
-        parents=parents,
-        help="import a .pt2 / .onnx model, ConvertLayout it and build a library",
-        description=DESCRIPTION,
-    )
+def add_arguments(p) -> None:
+    """The options of `compile` (its parser: :func:`._common.add_command`)."""
     p.add_argument(
         "model",
         help="a torch.export program (.pt2, torch.export.save), an .onnx model, or a torchvision "
@@ -103,7 +100,6 @@ def register(subparsers, parents) -> None:
         metavar="FORMATS",
         help=f"also write OUTPUT.FORMAT for each of {','.join(DUMP_FORMATS)} (comma-separated)",
     )
-    p.set_defaults(func=main)
 
 
 def add_model_arguments(p) -> None:

@@ -20,6 +20,8 @@ from .compile import HELP_TARGET
 PICTURE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
+HELP = "Mask R-CNN through TVM on a photo, compared with PyTorch"
+
 DESCRIPTION = (
     "Build torchvision's Mask R-CNN with TVM as three graphs (backbone, box branch, mask branch; by "
     "default one build serves every photo size, --shapes static builds per padded size) with the "
@@ -28,13 +30,8 @@ DESCRIPTION = (
 )
 
 
-def register(subparsers, parents) -> None:
-    p = subparsers.add_parser(
-        "maskrcnn",
-        parents=parents,
-        help="Mask R-CNN through TVM on a photo, compared with PyTorch",
-        description=DESCRIPTION,
-    )
+def add_arguments(p) -> None:
+    """The options of `maskrcnn` (its parser: :func:`._common.add_command`)."""
     p.add_argument("--target", default="native", help=HELP_TARGET)
     add_model_arguments(p)
     add_precision_arguments(p, pieces=True)
@@ -74,7 +71,6 @@ def register(subparsers, parents) -> None:
         action="store_true",
         help="only build the three graphs (any target, e.g. cuda or aarch64 here) and write the report",
     )
-    p.set_defaults(func=main)
 
 
 def add_model_arguments(p) -> None:

@@ -20,6 +20,8 @@ from ._model_file import LIBRARY_SUFFIXES, check_library_file
 FILL_MODES = ("random", "zeros", "ones")
 
 
+HELP = "run a compiled library; time (--print-time) or profile (--profile) it"
+
 DESCRIPTION = (
     "Run a library written by `compile` on inputs from an .npz (matched by name), or generated ones "
     "(--fill-mode); time it (--print-time, after a warm-up call), profile it per kernel (--profile), "
@@ -30,13 +32,8 @@ DESCRIPTION = (
 )
 
 
-def register(subparsers, parents) -> None:
-    p = subparsers.add_parser(
-        "run",
-        parents=parents,
-        help="run a compiled library; time (--print-time) or profile (--profile) it",
-        description=DESCRIPTION,
-    )
+def add_arguments(p) -> None:
+    """The options of `run` (its parser: :func:`._common.add_command`)."""
     p.add_argument(
         "library",
         nargs="?",
@@ -80,7 +77,6 @@ def register(subparsers, parents) -> None:
     )
     _add_rpc_arguments(p)
     _detector.add_run_arguments(p)
-    p.set_defaults(func=main)
 
 
 def _add_rpc_arguments(p) -> None:

@@ -29,6 +29,8 @@ MASKRCNN = "maskrcnn"
 #: the default rules (docs/tuning.md).
 TRIALS_TO_EXPECT_A_GAIN = 64
 
+HELP = "tune a model's conv/matmul kernels with MetaSchedule into a tuning database"
+
 DESCRIPTION = (
     "Tune the conv2d/matmul kernels of a .pt2 / .onnx model (or of the Mask R-CNN pieces built for "
     "the photo's padded size: MODEL = maskrcnn) with MetaSchedule, into a tuning database directory "
@@ -37,13 +39,8 @@ DESCRIPTION = (
 )
 
 
-def register(subparsers, parents) -> None:
-    p = subparsers.add_parser(
-        "tune",
-        parents=parents,
-        help="tune a model's conv/matmul kernels with MetaSchedule into a tuning database",
-        description=DESCRIPTION,
-    )
+def add_arguments(p) -> None:
+    """The options of `tune` (its parser: :func:`._common.add_command`)."""
     p.add_argument("model", help="a .pt2 / .onnx model, or 'maskrcnn' for the Mask R-CNN pieces")
     p.add_argument(
         "-o",
@@ -80,7 +77,6 @@ def register(subparsers, parents) -> None:
     p.add_argument("-v", "--verbose", action="store_true", help="MetaSchedule's log on stdout too")
     add_model_arguments(p.add_argument_group("model files (as compile)"))
     add_maskrcnn_arguments(p.add_argument_group("Mask R-CNN (MODEL = maskrcnn, as the maskrcnn command)"))
-    p.set_defaults(func=main)
 
 
 def _ops(text: str) -> tuple:

@@ -13,7 +13,7 @@ Errors name the file and what is wrong with it, never a command-line flag (the C
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 
@@ -29,6 +29,15 @@ class RCNNConfig:
     rpn_post_nms_top_n_test: int = 1000
     box_detections_per_img: int = 100
     box_score_thresh: float = 0.05
+
+    def torchvision_kwargs(self) -> dict:
+        """The fields that are keyword arguments of torchvision's builder: all of this base class's
+        but ``seed`` and ``weights`` (a subclass's own fields, as ``extra``, are not)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(RCNNConfig)
+            if f.name not in ("seed", "weights")
+        }
 
     def weights_origin(self) -> str:
         """Where the weights come from, short: :func:`weights_origin` of this config."""
@@ -122,15 +131,7 @@ def build_rcnn(name: str, config: RCNNConfig, **extra):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = getattr(torchvision.models.detection, name)(
-            weights=None,
-            weights_backbone=None,
-            min_size=config.min_size,
-            max_size=config.max_size,
-            rpn_pre_nms_top_n_test=config.rpn_pre_nms_top_n_test,
-            rpn_post_nms_top_n_test=config.rpn_post_nms_top_n_test,
-            box_detections_per_img=config.box_detections_per_img,
-            box_score_thresh=config.box_score_thresh,
-            **extra,
+            weights=None, weights_backbone=None, **config.torchvision_kwargs(), **extra
         )
     if config.weights is not None:
         model.load_state_dict(load_state_dict(str(config.weights), model, name))
