@@ -559,7 +559,7 @@ def test_any_size_artifact_refuses_what_it_cannot_serve(any_artifact):
                                   f"(min_size 160, max_size 200) to {resized(height, width)}, "
                                   f"padded to {rows}x"), message
         assert f"in {rows} rows, torchvision's poolers infer other scales" in message, message
-        assert f"photos at most {limit:.1f} times as wide as high" in message, message
+        assert f"every photo at most {limit:.1f} times as wide as high is served" in message, message
         assert "--input-size" not in message
     with pytest.raises(ValueError, match=r"^a photo of 50x200 is padded to 64x224 .* accepts any "
                        r"padded size from 96 to 4096 pixels a side \(compile with --input-size "

@@ -292,8 +292,8 @@ std::string CallError(const std::string& what, const Photo& photo, const std::st
       const long long served = ServedHeight(rows, divisor);
       char ratio[32];
       std::snprintf(ratio, sizeof ratio, "%.1f", double(max_size) / double(served));
-      limit = ": photos at most " + std::string(ratio) + " times as wide as high (a resized height of " +
-              std::to_string(served) + " or more) are served";
+      limit = " (every photo at most " + std::string(ratio) + " times as wide as high is served: a resized " +
+              "height of " + std::to_string(served) + " or more)";
     }
     return "photo " + size + ": " + transform + ": at a height of " + std::to_string(rh) + " in " +
            std::to_string(ph) + " rows, torchvision's poolers infer other scales than the detector's (it needs a "

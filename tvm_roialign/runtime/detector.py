@@ -255,8 +255,8 @@ class Detector:
         served = served_height(strides, self.settings.size_divisible)
         ratio = self.settings.max_size / served
         return (
-            f"{text}; no build serves it: photos at most {ratio:.1f} times as wide as high (a "
-            f"resized height of {served} or more) are served"
+            f"{text}; no build serves it (every photo at most {ratio:.1f} times as wide as high is "
+            f"served: a resized height of {served} or more)"
         )
 
     def _prepare(self, images):
