@@ -17,13 +17,16 @@ The Winograd convolution against float64: tests/test_pipeline.py
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 
-from _cli import one_line_error, run_cli
+from _cli import run_cli
 from _tiny_rcnn import wide_tiny_mask_rcnn
 
 from tvm_roialign.models import compare as cmp
@@ -238,10 +241,13 @@ def test_fast_flag_reaches_the_builds(monkeypatch, cli_workdir, capsys):
     assert "argument --exact: not allowed with argument --fast" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", ["--fast", "--exact"])
-def test_mode_flags_refused_for_a_model_file(pt2_model, cli_workdir, capsys, flag):
+@pytest.mark.parametrize(("flag", "mode"), [("--fast", "fast"), ("--exact", "exact")])
+def test_mode_flags_reach_a_model_files_library(pt2_model, cli_workdir, capsys, flag, mode):
+    """``--fast`` and ``--exact`` apply to a model file as to a detector: the mode in the summary
+    line and in LIBRARY.json (what each builds: tests/test_cli_compile.py)."""
     model, _, _ = pt2_model
-    argv = ["compile", str(model), flag, "-o", str(cli_workdir / "never.so")]
-    code, _, err = run_cli(argv, capsys)
-    assert code == 1
-    one_line_error(err, flag, "detector")
+    out = cli_workdir / f"mode_{mode}.so"
+    code, printed, err = run_cli(["compile", str(model), flag, "-o", str(out)], capsys)
+    assert code == 0, err
+    assert f", {mode}, " in printed, printed
+    assert json.loads(Path(f"{out}.json").read_text())["mode"] == mode

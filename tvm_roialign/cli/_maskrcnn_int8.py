@@ -68,7 +68,8 @@ def run_int8(args, target, image, config, model, progress) -> dict:
     rgb = np.ascontiguousarray((image.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8))
     t0 = time.perf_counter()
     artifact = det.compile_detector(
-        model, None, target, fast=build_fast(args), precision="int8", fp32_layers=args.fp32_layers,
+        model, None, target, fast=build_fast(args), precision=args.resolved_precision,
+        fp32_layers=args.fp32_layers,
         calibration=args.calibrate, progress=progress, name="maskrcnn_resnet50_fpn",
     )
     compile_s = time.perf_counter() - t0

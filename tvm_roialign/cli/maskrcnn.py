@@ -193,7 +193,7 @@ def main(args) -> int:
     args.resolved_precision = resolve_precision(args, target)
     out = output_path(args.out, "--out", PICTURE_SUFFIXES)
     report_path = output_path(args.report, "--report") if args.report else out.with_suffix(".json")
-    if args.resolved_precision == "int8":
+    if args.resolved_precision.precision == "int8":
         return main_int8(args, target, out, report_path)
     if args.calibrate is not None:
         raise CLIError("--calibrate applies to --precision int8")
