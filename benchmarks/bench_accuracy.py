@@ -1,7 +1,8 @@
-"""Accuracy of every build mode on a trained detector: the reference Mask R-CNN
+"""Accuracy of every build mode on a trained detector: the reference Mask R-CNN or Keypoint R-CNN
 (tvm_roialign.datasets.reference, trained by tools/train_reference.py) on the synthetic dataset's
-held-out split, each build's box and mask mAP by pycocotools, and the share of fp32's confident
-detections (PyTorch eager's, score >= 0.5) that the build keeps with the same label at box IoU >= 0.9.
+held-out split, each build's box and mask mAP (Keypoint R-CNN: box mAP and keypoint AP) by
+pycocotools, and the share of fp32's confident detections (PyTorch eager's, score >= 0.5) that the
+build keeps with the same label at box IoU >= 0.9.
 
 Rows: PyTorch eager fp32; our artifacts (``compile_detector``, any size, this machine's CPU):
 exact (``fast=False``), fast (Winograd, the default), bf16 (fast; on AVX512-BF16 without AMX
@@ -12,8 +13,8 @@ NNCF int8 (``nncf.quantize`` of the converted model), on the same photos.
 Each row is judged by its bound (``tvm_roialign.datasets.evaluation.PRECISION_BOUNDS``):
 fast against exact, bf16 and int8 against eager fp32.
 
-    nice -n 5 python benchmarks/bench_accuracy.py [--images 100] [--calibration 16]
-        [--rows eager,exact,fast,bf16,int8,ort-int8] [--keep DIR] [--out results.json]
+    nice -n 5 python benchmarks/bench_accuracy.py [--model maskrcnn|keypointrcnn] [--images 100]
+        [--calibration 16] [--rows eager,exact,fast,bf16,int8,ort-int8] [--keep DIR] [--out results.json]
 
 Compiling takes minutes per build; ``--keep DIR`` keeps the artifacts (named by the weights' hash)
 and reuses them.
@@ -67,7 +68,7 @@ def plan(precision: str):
 
 def build(row: str, model, calibration, keep: Path, key: str) -> Detector:
     fast, precision = BUILDS[row]
-    path = keep / f"maskrcnn-{key}-{row}.so"
+    path = keep / f"{key}-{row}.so"
     if not path.exists():
         print(f"compile {row}", file=sys.stderr, flush=True)
         artifact = det.compile_detector(
@@ -88,7 +89,7 @@ def ort_int8_runner(model, photos, calibration, workdir: Path):
     from tvm_roialign.bench.onnxruntime_peer import OPSET, cpu_session, quantized_int8
 
     tensor = lambda rgb: torch.from_numpy(rgb).permute(2, 0, 1).float().div(255.0).contiguous()
-    path = str(workdir / "maskrcnn.onnx")
+    path = str(workdir / "detector.onnx")
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, ([tensor(photos[0])],), path, dynamo=False, opset_version=OPSET)
@@ -96,17 +97,31 @@ def ort_int8_runner(model, photos, calibration, workdir: Path):
     here = os.getcwd()
     os.chdir(workdir)  # the quantizer writes its temporary files into the working directory
     try:
-        out = quantized_int8(path, str(workdir / "maskrcnn_int8.onnx"),
-                             {name: [tensor(p).numpy() for p in calibration]})
+        # the convolutions and matmuls, as ours and NNCF's (ONNX Runtime's default also calibrates
+        # every tensor of the detector's graph: NMS, RoIAlign and box decoding included)
+        out = quantized_int8(path, str(workdir / "detector_int8.onnx"),
+                             {name: [tensor(p).numpy() for p in calibration]},
+                             op_types=["Conv", "ConvTranspose", "MatMul", "Gemm"])
     finally:
         os.chdir(here)
     session = cpu_session(out, torch.get_num_threads())
 
     def run(rgb):
-        boxes, labels, scores, masks = session.run(None, {name: tensor(rgb).numpy()})
-        return {"boxes": boxes, "labels": labels, "scores": scores, "masks": masks[:, 0]}
+        return _named(session.run(None, {name: tensor(rgb).numpy()}))
 
     return run
+
+
+def _named(outputs) -> dict:
+    """A peer's outputs (boxes, labels, scores, then masks ``[n, 1, h, w]`` or keypoints and
+    their scores) as :func:`torch_detections` names them."""
+    boxes, labels, scores, *rest = (np.asarray(v) for v in outputs)
+    out = {"boxes": boxes, "labels": labels, "scores": scores}
+    if len(rest) == 1:
+        out["masks"] = rest[0][:, 0]
+    elif len(rest) == 2:
+        out["keypoints"], out["keypoints_scores"] = rest
+    return out
 
 
 def nncf_int8_runner(model, photos, calibration, workdir: Path):
@@ -124,7 +139,7 @@ def nncf_int8_runner(model, photos, calibration, workdir: Path):
     from tvm_roialign.runtime.masks import paste_masks
 
     tensor = lambda rgb: torch.from_numpy(rgb).permute(2, 0, 1).float().div(255.0).contiguous()
-    path = str(workdir / "maskrcnn_f32.xml")
+    path = str(workdir / "detector_f32.xml")
     ov.save_model(detector_model(model, tensor(photos[0]), paste=False), path, compress_to_fp16=False)
     items = [(tensor(p).numpy(),) for p in calibration]
     quantized = nncf.quantize(ov.Core().read_model(path), nncf.Dataset(items, list), subset_size=len(items))
@@ -132,10 +147,10 @@ def nncf_int8_runner(model, photos, calibration, workdir: Path):
     request = compiled.create_infer_request()
 
     def run(rgb):
-        boxes, labels, scores, masks = (np.asarray(v) for v in request.infer([tensor(rgb).numpy()]).values())
-        height, width = rgb.shape[:2]
-        return {"boxes": boxes, "labels": labels, "scores": scores,
-                "masks": paste_masks(masks[:, 0], boxes, height, width)}
+        out = _named(request.infer([tensor(rgb).numpy()]).values())
+        if "masks" in out:  # the 28x28 probabilities, pasted as ours are
+            out["masks"] = paste_masks(out["masks"], out["boxes"], *rgb.shape[:2])
+        return out
 
     return run
 
@@ -164,22 +179,26 @@ def detections(args, model, photos, calibration, key: str):
         yield row, found, meta
 
 
-def table(dets: dict, data, photos_count: int) -> dict:
+def table(dets: dict, data, keypoints: bool) -> dict:
     rows = {}
     for row, found in dets.items():
-        rows[row] = coco_scores(found, data, "val")
+        rows[row] = coco_scores(found, data, "val", keypoints=keypoints)
         if row != "eager" and "eager" in dets:
             rows[row]["matched"] = confident_matches(dets["eager"], found)
     for row, against in AGAINST.items():
         if row in rows and against in rows:
             rows[row]["bound"] = judge(row, rows[row], rows[against])
+    if "int8" in rows and "nncf-int8" in rows:  # issue 44: no worse than OpenVINO's NNCF int8
+        rows["int8"]["vs_nncf"] = {k: 100 * (rows["int8"][k] - rows["nncf-int8"][k])
+                                   for k in ("box_map", "mask_map", "keypoint_ap") if k in rows["int8"]}
     return rows
 
 
 def _drops(row: str, bound: dict) -> str:
     if "box_drop" not in bound:
         return "-"
-    return f"{bound['box_drop']:+.2f}, {bound.get('mask_drop', 0):+.2f} ({AGAINST[row]})"
+    second = "keypoint_drop" if "keypoint_drop" in bound else "mask_drop"
+    return f"{bound['box_drop']:+.2f}, {bound.get(second, 0):+.2f} ({AGAINST[row]})"
 
 
 def print_report(report) -> None:
@@ -191,8 +210,11 @@ def print_report(report) -> None:
     sep = report["separation"]
     print(f"eager fp32 scores: {sep['confident']} confident (>= 0.5, median {sep['confident_median']:.3f}), "
           f"{sep['others']} others (median {sep['others_median']:.3f}), {sep['near']} within 0.1 of 0.5")
-    head = ("build", "box mAP", "mask mAP", "box AP50", "mask AP50", "fp32 conf. matched",
-            "drop (box, mask) vs", "bound", "holds")
+    keypoints = report.get("model") == "keypointrcnn"
+    label, second, second50 = ("keypoint", "keypoint_ap", "keypoint_ap50") if keypoints else (
+        "mask", "mask_map", "mask_ap50")
+    head = ("build", "box mAP", "keypoint AP" if keypoints else "mask mAP", "box AP50",
+            f"{label} AP50", "fp32 conf. matched", f"drop (box, {label}) vs", "bound", "holds")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for row, r in report["rows"].items():
@@ -200,10 +222,15 @@ def print_report(report) -> None:
         share = (f"{matched['ref_matched']}/{matched['ref_confident']} ({100 * matched['ref_share']:.1f}%)"
                  if matched else "-")
         bound = r.get("bound", {})
-        print(f"| {row} | {100 * r['box_map']:.2f} | {100 * r.get('mask_map', 0):.2f} | "
-              f"{100 * r['box_ap50']:.2f} | {100 * r.get('mask_ap50', 0):.2f} | {share} | "
+        print(f"| {row} | {100 * r['box_map']:.2f} | {100 * r.get(second, 0):.2f} | "
+              f"{100 * r['box_ap50']:.2f} | {100 * r.get(second50, 0):.2f} | {share} | "
               f"{_drops(row, bound)} | {bound.get('text', '-')} | "
               f"{'yes' if bound.get('holds') else ('no' if bound else '-')} |")
+    vs = report["rows"].get("int8", {}).get("vs_nncf")
+    if vs:
+        parts = ", ".join(f"{k} {v:+.2f}" for k, v in vs.items())
+        verdict = "no worse" if all(v >= 0 for v in vs.values()) else "worse"
+        print(f"int8 against OpenVINO's NNCF int8 (points): {parts}: {verdict}")
 
 
 def merged(paths) -> dict:
@@ -238,18 +265,21 @@ def cpu_name() -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", choices=tuple(reference.MODELS), default="maskrcnn")
     p.add_argument("--images", type=int, default=100, help="held-out images")
     p.add_argument("--calibration", type=int, default=16, help="train-split photos int8 is calibrated on")
     p.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {', '.join(ROWS)}")
     p.add_argument("--keep", default=None, help="a folder the artifacts are kept in and reused from")
-    p.add_argument("--iterations", type=int, default=reference.TrainConfig().iterations,
-                   help="the reference trained for this many iterations (tools/train_reference.py)")
+    p.add_argument("--iterations", type=int, default=None,
+                   help="the reference trained for this many iterations (tools/train_reference.py; "
+                   "default: its default schedule)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default="benchmarks/results/bench_accuracy.json")
+    p.add_argument("--out", default=None, help="default: benchmarks/results/bench_accuracy_MODEL.json")
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="print one table of the rows of several reports of the same weights and images "
                    "(runs of other --rows, e.g. in parallel), written to --out")
     args = p.parse_args(argv)
+    args.out = args.out or f"benchmarks/results/bench_accuracy_{args.model}.json"
     if args.merge:
         write_report(merged(args.merge), args.out, print_report)
         return 0
@@ -258,23 +288,25 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"--rows: unknown {', '.join(unknown)}; choose from {', '.join(ROWS)}")
     torch.set_num_threads(args.threads)
-    config = dataclasses.replace(reference.TrainConfig(), iterations=args.iterations)
+    config = reference.TrainConfig.defaults(args.model)
+    if args.iterations is not None:
+        config = dataclasses.replace(config, iterations=args.iterations)
     model = reference.load_reference(config)
     data = config.data
     photos = [synthetic.sample(data, "val", i)[0] for i in range(args.images)]
     calibration = [synthetic.sample(data, "train", i)[0] for i in range(args.calibration)]
     dets, meta = {}, {}
-    for row, found, built in detections(args, model, photos, calibration, config.key()):
+    for row, found, built in detections(args, model, photos, calibration, f"{args.model}-{config.key()}"):
         dets[row] = found
         if built:
             meta[row] = built
         # the report so far after each row: a long run stopped early keeps what it measured
         report = {
-            "cpu": cpu_name(), "date": datetime.date.today().isoformat(),
+            "model": args.model, "cpu": cpu_name(), "date": datetime.date.today().isoformat(),
             "images": args.images, "size": data.size, "calibration": args.calibration,
             "weights": str(reference.weights_path(config)), "builds": meta, "bounds": PRECISION_BOUNDS,
             "separation": score_separation(dets["eager"]) if "eager" in dets else {},
-            "rows": table(dets, data, args.images),
+            "rows": table(dets, data, keypoints=args.model == "keypointrcnn"),
         }
         write_report(report, args.out, print_report)
     return 0

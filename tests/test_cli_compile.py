@@ -98,10 +98,19 @@ def test_compile_onnx_input_shapes(onnx_model, cli_workdir, capsys, shape_args):
 def test_dump_code(pt2_model, cli_workdir, capsys):
     model, _, _ = pt2_model
     lib = cli_workdir / "tiny_dump.so"
-    argv = ["compile", str(model), "--dump-code", "relax,tir,ll,asm", "-o", str(lib)]
+    argv = ["compile", str(model), "--dump-code", "relax,tir,ll,asm", "-o", str(lib), "-v"]
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
     assert "wrote tiny_dump.so.relax, tiny_dump.so.tir, tiny_dump.so.ll, tiny_dump.so.asm" in out
+    # -v: the longest passes after the summary line, seconds and calls each, longest first
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("pass times"))
+    assert lines[head - 1].startswith("compiled "), out
+    rows = [re.fullmatch(r" +(\d+\.\d\d) s +(\d+) x +(\S.*)", line) for line in lines[head + 1:]]
+    assert len(rows) == 15 and all(rows), lines[head:]
+    seconds = [float(row[1]) for row in rows]
+    assert seconds == sorted(seconds, reverse=True) and seconds[0] > 0
+    assert "LegalizeOps" in [row[3].strip() for row in rows], lines[head:]
     relax_text = (cli_workdir / "tiny_dump.so.relax").read_text()
     assert "R.function" in relax_text and "roi_align" in relax_text
     assert 'layout="NHWC"' in relax_text  # ConvertLayout ran before the dump

@@ -299,7 +299,8 @@ def test_full_model_non_square_photo(full):
                        r"accepts any padded size from 96 to 4096 pixels a side"):
         detector(np.zeros((60, 512, 3), np.uint8))
     with pytest.raises(ValueError, match=r"a photo of 100x1200 is resized .* to 42x512, padded to "
-                       r"64x512: .* no build serves it \(every photo at most 7.5 times as wide as high is served"):
+                       r"64x512: .* no build serves it \(every photo at most 7.5 times as wide as high "
+                       r"is served"):
         detector(np.zeros((100, 1200, 3), np.uint8))
 
 

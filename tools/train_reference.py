@@ -1,10 +1,13 @@
-"""Train the reference detector on the synthetic dataset (tvm_roialign.datasets): torchvision's
-maskrcnn_resnet50_fpn (or keypointrcnn_resnet50_fpn), every weight from scratch, a fixed number
-of iterations (not wall time), seeds fixed, 2 threads. The weights go to
+"""Train the reference detectors on the synthetic dataset (tvm_roialign.datasets): torchvision's
+maskrcnn_resnet50_fpn, every weight from scratch, then keypointrcnn_resnet50_fpn's keypoint head on
+that Mask R-CNN's backbone, RPN and box head (TrainConfig.defaults / .base); a fixed number of
+iterations (not wall time), seeds fixed, 2 threads. The weights go to
 ~/.cache/tvm-roialign/reference/ named by a hash of the data and the schedule
-(tvm_roialign.datasets.reference.weights_path); an existing file is kept. Never run by CI.
+(tvm_roialign.datasets.reference.weights_path); an existing file is kept, a .partial state beside it
+(every 100 steps) is resumed. Never run by CI.
 
-    nice -n 5 python tools/train_reference.py --model maskrcnn [--iterations N] [--eval 50]
+    python tools/train_reference.py --model maskrcnn        # about 70 min on 2 cores
+    python tools/train_reference.py --model keypointrcnn    # after it
 """
 
 from __future__ import annotations
@@ -34,24 +37,62 @@ def batch(config: reference.TrainConfig, step: int):
 
 
 def lr_at(config: reference.TrainConfig, step: int) -> float:
-    """Linear warmup, then constant: a run of N iterations is the first N of a longer one, so the
-    checkpoint of step N is the weights of ``--iterations N``."""
-    return config.lr * min(1.0, (step + 1) / config.warmup)
+    """Linear warmup, constant, then a tenth of the rate after ``decay_at`` of the iterations."""
+    rate = config.lr * min(1.0, (step + 1) / config.warmup)
+    return rate * (0.1 if step >= config.decay_at * config.iterations else 1.0)
 
 
-def train(config: reference.TrainConfig, log_every: int = 10, checkpoints: bool = False):
-    """The model of ``config`` trained; with ``checkpoints``, its weights every 50 steps saved as
-    those of a run of that many iterations (which they are: the learning rate is constant after
-    the warmup), so a shorter run's weights come with a longer one."""
+def recalibrate_batchnorm(model, config: reference.TrainConfig) -> None:
+    """BatchNorm's running statistics re-estimated as plain averages over ``bn_batches`` train
+    batches of the trained weights (the momentum averages of training mix in older weights' and
+    4-image batches' statistics; eval mode reads these)."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    if not norms or not config.bn_batches:
+        return
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average
+    model.train()
+    with torch.no_grad():
+        for step in range(config.bn_batches):
+            images, _ = batch(config, step)
+            tensors, _ = model.transform(images)
+            model.backbone(tensors.tensors)
+    model.eval()
+
+
+def train(config: reference.TrainConfig, path, log_every: int = 10):
+    """The model of ``config`` trained. Every 100 steps the model, the optimizer and the step are
+    saved beside ``path`` (``.partial``); a run finding that file goes on from it."""
     torch.manual_seed(config.seed)
     model = reference.build_model(config.model, config.data.size, seed=config.seed).train()
+    base = config.base()
+    if base is not None:  # the heads on a trained detector: its weights, BatchNorm in eval mode
+        state = torch.load(reference.load_path(base), map_location="cpu")
+        state = {k: v for k, v in state.items() if not k.startswith("roi_heads.mask_")}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        untrained = [k for k in missing if not k.startswith(reference.KEYPOINT_TRAINED)]
+        if untrained or unexpected:
+            raise SystemExit(f"{base.model} does not fit {config.model}: {untrained or unexpected}")
+        model.backbone.eval()
+        trains = lambda name: name.startswith(reference.KEYPOINT_TRAINED)
+    else:
+        trains = lambda name: not name.startswith(reference.FROZEN)
     for name, param in model.named_parameters():
-        if name.startswith(reference.FROZEN):
-            param.requires_grad_(False)
+        param.requires_grad_(trains(name))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    partial = path.with_suffix(".partial")
+    first = 0
+    if partial.exists():
+        state = torch.load(partial)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        first = state["step"]
+        torch.set_rng_state(state["rng"])
+        print(f"resuming at step {first} from {partial}", flush=True)
     start = time.time()
-    for step in range(config.iterations):
+    for step in range(first, config.iterations):
         for group in opt.param_groups:
             group["lr"] = lr_at(config, step)
         images, targets = batch(config, step)
@@ -61,13 +102,14 @@ def train(config: reference.TrainConfig, log_every: int = 10, checkpoints: bool 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 10.0)
         opt.step()
-        if checkpoints and step % 50 == 49 and step + 1 < config.iterations:
-            # the weights of a run of step + 1 iterations (the schedule is constant after warmup)
-            path = reference.weights_path(dataclasses.replace(config, iterations=step + 1))
-            torch.save(model.state_dict(), path)
+        if step % 100 == 99 and step + 1 < config.iterations:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                        "rng": torch.get_rng_state()}, partial)
         if step % log_every == 0 or step == config.iterations - 1:
             parts = " ".join(f"{k[5:]}={v.item():.3f}" for k, v in losses.items())
             print(f"step {step} {time.time() - start:.0f}s loss={loss.item():.3f} {parts}", flush=True)
+    recalibrate_batchnorm(model, config)
+    partial.unlink(missing_ok=True)
     return model.eval()
 
 
@@ -79,9 +121,10 @@ def evaluate(model, config: reference.TrainConfig, count: int) -> dict:
 
 
 def main(argv=None) -> int:
-    defaults = reference.TrainConfig()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=tuple(reference.MODELS), default="maskrcnn")
+    known, _ = p.parse_known_args(argv)
+    defaults = reference.TrainConfig.defaults(known.model)
     p.add_argument("--iterations", type=int, default=defaults.iterations)
     p.add_argument("--batch", type=int, default=defaults.batch)
     p.add_argument("--lr", type=float, default=defaults.lr)
@@ -102,8 +145,7 @@ def main(argv=None) -> int:
         model = reference.load_reference(config)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
-        model = train(config, checkpoints=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        model = train(config, path)
         torch.save(model.state_dict(), path)
         print(f"wrote {path}", flush=True)
     if args.eval:

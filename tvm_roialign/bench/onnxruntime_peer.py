@@ -51,12 +51,14 @@ def quantizer_workdir():
 
 
 def quantized_int8(path: str, out: str, calibration: dict[str, list[np.ndarray]],
-                   reduce_range: bool = False) -> str:
+                   reduce_range: bool = False, op_types: list[str] | None = None) -> str:
     """ONNX Runtime's own int8 model of the ONNX file ``path``, written to ``out``:
     ``quantize_static`` after its pre-processing (skipped where its symbolic shape inference fails,
     as on vit_b_16's reshapes: ONNX Runtime calls it optional), QDQ, per-channel int8 weights, uint8
     activations, calibrated on ``calibration`` (input name -> one array per calibration call).
-    ``reduce_range``: weights within +-64 (ONNX Runtime's option for CPUs without VNNI)."""
+    ``reduce_range``: weights within +-64 (ONNX Runtime's option for CPUs without VNNI);
+    ``op_types``: only these ops quantized and their tensors calibrated (``op_types_to_quantize``;
+    None: ONNX Runtime's default, every op it can quantize, each tensor of the graph calibrated)."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -77,7 +79,7 @@ def quantized_int8(path: str, out: str, calibration: dict[str, list[np.ndarray]]
             prepared = path
         quantize_static(prepared, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                         reduce_range=reduce_range, activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8)
+                        weight_type=QuantType.QInt8, op_types_to_quantize=op_types)
     return out
 
 

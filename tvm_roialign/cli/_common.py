@@ -48,6 +48,11 @@ def add_total(times: dict, t_start: float, startup_s: float | None) -> dict:
     return times
 
 
+def size_text(size: int) -> str:
+    """A file's size as a summary line states it: ``"181.6 MB"``, ``"12 kB"``."""
+    return f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{max(1, round(size / 1e3))} kB"
+
+
 def format_times(times: dict) -> str:
     """``"52.0 s (startup 1.2 s, import 3.4 s, ...)"``: the total and each stage."""
     stages = ", ".join(

@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 from . import _photos
-from ._common import CLIError, add_total, first_line, format_times, output_path
+from ._common import CLIError, add_total, first_line, format_times, output_path, size_text
 from ._precision import print_precision_line, reject_fp32_layers
 from ._progress import progress_session
 
@@ -238,7 +238,7 @@ def compile_main(args, target, out: Path, layout: str, t_start: float, link_note
     print(
         f"compiled {args.model} ({accepted_sizes(artifact.meta, most=8)}; {describe(target)}, "
         f"layout {layout}, {artifact.meta['mode']}, {artifact.meta.get('precision', 'fp32')}) -> "
-        f"{out} (+ {out.name}.json) in {format_times(times)}"
+        f"{out} ({size_text(out.stat().st_size)}, + {out.name}.json) in {format_times(times)}"
     )
     print_precision_line(args)
     return 0

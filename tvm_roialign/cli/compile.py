@@ -20,6 +20,7 @@ from ._common import (
     format_times,
     output_path,
     resolve_target,
+    size_text,
 )
 from ._dump_code import DUMP_FORMATS, dump_formats, write_dumps
 from ._model_file import (
@@ -60,6 +61,13 @@ DESCRIPTION = (
 
 def add_arguments(p) -> None:
     """The options of `compile` (its parser: :func:`._common.add_command`)."""
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="after the summary, the longest TVM passes of the build with their times and calls "
+        "(as tvmc's --print-pass-times)",
+    )
     p.add_argument(
         "model",
         help="a torch.export program (.pt2, torch.export.save), an .onnx model, or a torchvision "
@@ -330,6 +338,16 @@ def _export(executable, out: Path, target, link_note, progress) -> None:
 
 
 def main(args) -> int:
+    from ._pass_times import recorded
+
+    with recorded(args.verbose) as pass_times:
+        code = _main(args)
+    if pass_times is not None:
+        print("\n".join(pass_times.lines()))
+    return code
+
+
+def _main(args) -> int:
     from .._version import __version__
     from ..linking import choose_library
     from ..profiling import kernel_signatures
@@ -402,15 +420,11 @@ def main(args) -> int:
         print(coverage)
     print(
         f"compiled {args.model} -> {out} ({describe(target)}, layout {layout_name}, "
-        f"{precision_label(meta)}, {meta['mode']}, {_size_text(out.stat().st_size)}) in "
+        f"{precision_label(meta)}, {meta['mode']}, {size_text(out.stat().st_size)}) in "
         f"{format_times(times)}{extra}"
     )
     print_precision_line(args)
     return 0
-
-
-def _size_text(size: int) -> str:
-    return f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{max(1, round(size / 1e3))} kB"
 
 
 def _tvm_version() -> str:

@@ -112,8 +112,9 @@ def judge(row: str, ours: dict, ref: dict) -> dict:
     ``row``'s bound against ``ref``: ``box_drop``/``mask_drop`` (points below the reference; a
     gain is negative), ``share``, ``holds`` and the bound in words (``text``)."""
     bound = bound_of(row)
-    drops = {f"{k}_drop": 100 * (ref[f"{k}_map"] - ours[f"{k}_map"])
-             for k in ("box", "mask") if f"{k}_map" in ours}
+    drops = {f"{k}_drop": 100 * (ref[key] - ours[key])
+             for k, key in (("box", "box_map"), ("mask", "mask_map"), ("keypoint", "keypoint_ap"))
+             if key in ours and key in ref}
     share = ours["matched"]["ref_share"]
     holds = all(d <= bound["points"] for d in drops.values()) and share >= bound["share"]
     text = f"<= {bound['points']:g} pt, >= {100 * bound['share']:g}%"

@@ -1,0 +1,77 @@
+"""``compile -v``: the time of each TVM pass of the build, summed by pass name, the longest printed
+after the summary (what ``tvmc compile --print-pass-times`` shows, in a table). Measured by a pass
+instrument put on the build's ``PassContext``; a nested pass's time is also in its parent's."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+
+#: how many passes ``-v`` prints
+SHOWN = 15
+
+
+class PassTimes:
+    """Wall seconds and calls per pass name, and the depth it first ran at (0: the pipeline's own)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.depth: dict[str, int] = {}
+        self._stack: list[tuple[str, float]] = []
+
+    def enter(self, name: str) -> None:
+        self.depth.setdefault(name, len(self._stack))
+        self._stack.append((name, time.perf_counter()))
+
+    def leave(self) -> None:
+        name, t0 = self._stack.pop()
+        self.seconds[name] += time.perf_counter() - t0
+        self.calls[name] += 1
+
+    def lines(self, shown: int = SHOWN) -> list[str]:
+        # TVM's anonymous Sequential containers: the passes they hold are listed themselves
+        named = [item for item in self.seconds.items() if item[0] != "sequential"]
+        longest = sorted(named, key=lambda item: -item[1])[:shown]
+        out = [f"pass times (the {len(longest)} longest of {len(named)} passes; "
+               "a nested pass, indented, is also in its parent's time):"]
+        for name, seconds in longest:
+            indent = "  " * min(self.depth[name], 3)
+            out.append(f"  {seconds:8.2f} s  {self.calls[name]:5d} x  {indent}{name}")
+        return out
+
+
+def _instrument(times: PassTimes):
+    import tvm
+
+    @tvm.ir.instrument.pass_instrument
+    class _Timing:
+        def run_before_pass(self, mod, info):
+            times.enter(info.name)
+
+        def run_after_pass(self, mod, info):
+            times.leave()
+
+    return _Timing()
+
+
+@contextlib.contextmanager
+def recorded(enabled: bool):
+    """A :class:`PassTimes` filled by the passes run inside (a PassContext carrying its
+    instrument, the current context's settings kept), or None when not ``enabled``."""
+    if not enabled:
+        yield None
+        return
+    import tvm
+
+    times = PassTimes()
+    ctx = tvm.transform.PassContext.current()
+    with tvm.transform.PassContext(
+        opt_level=ctx.opt_level,
+        required_pass=list(ctx.required_pass),
+        disabled_pass=list(ctx.disabled_pass),
+        config=dict(ctx.config),
+        instruments=[*ctx.instruments, _instrument(times)],
+    ):
+        yield times
