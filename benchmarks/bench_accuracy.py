@@ -125,24 +125,18 @@ def _named(outputs) -> dict:
 
 
 def nncf_int8_runner(model, photos, calibration, workdir: Path):
-    """OpenVINO's int8 as its user makes it: the model converted for the photos' size without the
-    mask paste (tvm_roialign.bench.openvino_peer.detector_model, paste=False), saved as IR and read
-    back (``nncf.quantize`` on the converted model as it is fails: "Could not find a node
-    aten::unsqueeze/Unsqueeze_1 in NNCFGraph", the constants of its two ``If`` bodies being nodes
-    of the main graph; the IR gives each graph its own), quantized by ``nncf.quantize`` (default
-    preset: the convolutions and matmuls of backbone, FPN, RPN and heads) on the same photos, run
-    in OpenVINO's CPU plugin in f32 otherwise; the masks pasted by the package's NumPy paste."""
-    import nncf
+    """OpenVINO's int8 as its user makes it (tvm_roialign.bench.openvino_peer.detector_int8: the
+    model converted for the photos' size without the mask paste, saved as IR and read back,
+    ``nncf.quantize`` with the post-processing in its ``ignored_scope``) on the same photos, run in
+    OpenVINO's CPU plugin in f32 otherwise; the masks pasted by the package's NumPy paste."""
     import openvino as ov
 
-    from tvm_roialign.bench.openvino_peer import cpu_config, detector_model
+    from tvm_roialign.bench.openvino_peer import cpu_config, detector_int8
     from tvm_roialign.runtime.masks import paste_masks
 
     tensor = lambda rgb: torch.from_numpy(rgb).permute(2, 0, 1).float().div(255.0).contiguous()
-    path = str(workdir / "detector_f32.xml")
-    ov.save_model(detector_model(model, tensor(photos[0]), paste=False), path, compress_to_fp16=False)
-    items = [(tensor(p).numpy(),) for p in calibration]
-    quantized = nncf.quantize(ov.Core().read_model(path), nncf.Dataset(items, list), subset_size=len(items))
+    arrays = [tensor(p).numpy() for p in calibration]
+    quantized = detector_int8(model, tensor(photos[0]), arrays, str(workdir))
     compiled = ov.Core().compile_model(quantized, "CPU", cpu_config(torch.get_num_threads(), "f32"))
     request = compiled.create_infer_request()
 

@@ -121,7 +121,8 @@ def test_cli_precision_errors_are_one_line(command, argv, message, tmp_path, cap
 def test_fp32_layers_parse():
     from tvm_roialign.precision.layers import DEFAULT_FP32_LAYERS, parse_fp32_layers
 
-    assert parse_fp32_layers(None) == DEFAULT_FP32_LAYERS
+    assert parse_fp32_layers(None) == DEFAULT_FP32_LAYERS["bf16"] == ("box_predictor",)
+    assert parse_fp32_layers(None, precision="int8") == ("box_predictor", "rpn")
     assert parse_fp32_layers("none") == ()
     assert parse_fp32_layers("rpn, box_predictor,rpn") == ("rpn", "box_predictor")
     with pytest.raises(ValueError, match="fp32_layers must be 'none' or a comma-separated list"):

@@ -240,7 +240,7 @@ def test_users_own_detector_from_pt2(tmp_path, capfd):
     code, out, err = run_cli(["compile", str(tmp_path / "tiny.pt2"), "--exact", "-o", str(library)], capfd)
     assert code == 0 and err == "", err  # -q: no progress and no TVM warnings
     assert re.search(
-        r"-> .*tiny\.so \(\+ tiny\.so\.json\) in [\d.]+ s \(import [\d.]+ s, build [\d.]+ s, "
+        r"-> .*tiny\.so \([\d.]+ [KMG]?B, \+ tiny\.so\.json\) in [\d.]+ s \(import [\d.]+ s, build [\d.]+ s, "
         r"export [\d.]+ s\)$",
         out.strip(),
     ), out

@@ -50,12 +50,12 @@ def generic_int8_detections(model, rgb, tmp_path, like=None) -> dict:
 
 def test_int8_detector_for_amx_holds_tdpbusd(tmp_path):
     """Built for Sapphire Rapids here (calibrated on this CPU's fp32 build): AMX-INT8 kernels, the
-    box predictor in fp32, and the metadata saying so."""
+    box predictor and the RPN head in fp32 (int8's default), and the metadata saying so."""
     artifact = det.compile_detector(tiny_model(), None, "llvm -mcpu=sapphirerapids", precision="int8",
                                     fast=False)
     meta = artifact.meta
     assert (meta["precision"], meta["int8_kernels"]) == ("int8", "amx")
-    assert meta["fp32_layers"] == ["box_predictor"]
+    assert meta["fp32_layers"] == ["box_predictor", "rpn"]
     assert "tdpbusd" in artifact.executable.mod.imports[0].inspect_source("asm")
 
 

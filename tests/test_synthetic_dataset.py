@@ -65,6 +65,10 @@ def test_pycocotools_scores_the_ground_truth_as_perfect():
     assert scores["keypoint_ap"] == pytest.approx(1.0)
     shifted = coco_scores(_truth_as_detections(6, shift=4.0), CONFIG, "val")
     assert shifted["box_map"] < 0.9 and shifted["box_ap50"] == pytest.approx(1.0)
+    # a Keypoint R-CNN gives no masks: no mask mAP (pycocotools would score its boxes' polygons)
+    unmasked = [{k: v for k, v in d.items() if k != "masks"} for d in truth]
+    scores = coco_scores(unmasked, CONFIG, "val", keypoints=True)
+    assert "mask_map" not in scores and scores["keypoint_ap"] == pytest.approx(1.0)
 
 
 def test_confident_matches_and_score_separation():
@@ -89,3 +93,17 @@ def test_bounds_judge_the_drop_and_the_share():
     assert fast["holds"]
     assert fast["box_drop"] == pytest.approx(0.2) and fast["mask_drop"] == pytest.approx(-1.0)
     assert PRECISION_BOUNDS["fast"] == {"points": 0.3, "share": 0.99}
+
+
+def test_classification_samples_are_one_object_images_of_every_class():
+    """The reference classifier's data: each image holds exactly one object, whose class (counted
+    from 0, the background left out) is the label; every class occurs."""
+    data = synthetic.CLASSIFIER_DATA
+    labels = set()
+    for index in range(16):
+        image, label = synthetic.classification_sample(data, "train", index)
+        _, target = synthetic.sample(data, "train", index)
+        assert image.shape == (data.size, data.size, 3) and len(target["labels"]) == 1
+        assert label == int(target["labels"][0]) - 1
+        labels.add(label)
+    assert labels == set(range(len(synthetic.CLASSES) - 1))

@@ -1,13 +1,15 @@
 """Train the reference detectors on the synthetic dataset (tvm_roialign.datasets): torchvision's
 maskrcnn_resnet50_fpn, every weight from scratch, then keypointrcnn_resnet50_fpn's keypoint head on
-that Mask R-CNN's backbone, RPN and box head (TrainConfig.defaults / .base); a fixed number of
+that Mask R-CNN's backbone, RPN and box head (TrainConfig.defaults / .base), and the reference
+classifier (resnet18 on the dataset's one-object 64 px images, synthetic.CLASSIFIER_DATA); a fixed number of
 iterations (not wall time), seeds fixed, 2 threads. The weights go to
 ~/.cache/tvm-roialign/reference/ named by a hash of the data and the schedule
 (tvm_roialign.datasets.reference.weights_path); an existing file is kept, a .partial state beside it
 (every 100 steps) is resumed. Never run by CI.
 
     python tools/train_reference.py --model maskrcnn        # about 70 min on 2 cores
-    python tools/train_reference.py --model keypointrcnn    # after it
+    python tools/train_reference.py --model keypointrcnn    # after it, about 7 min
+    python tools/train_reference.py --model resnet18        # about 10 min
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ import numpy as np
 import torch
 
 from tvm_roialign.datasets import reference, synthetic
+
+
+def classifier_batch(config: reference.TrainConfig, step: int):
+    """``(images [B, 3, S, S] in [0, 1], classes [B])`` of train step ``step``."""
+    first = step * config.batch
+    pairs = [synthetic.classification_sample(config.data, "train", (first + j) % config.train_images)
+             for j in range(config.batch)]
+    images = torch.stack([torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0 for rgb, _ in pairs])
+    return images, torch.tensor([label for _, label in pairs])
 
 
 def batch(config: reference.TrainConfig, step: int):
@@ -55,6 +66,9 @@ def recalibrate_batchnorm(model, config: reference.TrainConfig) -> None:
     model.train()
     with torch.no_grad():
         for step in range(config.bn_batches):
+            if config.model in reference.CLASSIFIERS:
+                model(classifier_batch(config, step)[0])
+                continue
             images, _ = batch(config, step)
             tensors, _ = model.transform(images)
             model.backbone(tensors.tensors)
@@ -95,8 +109,12 @@ def train(config: reference.TrainConfig, path, log_every: int = 10):
     for step in range(first, config.iterations):
         for group in opt.param_groups:
             group["lr"] = lr_at(config, step)
-        images, targets = batch(config, step)
-        losses = model(images, targets)
+        if config.model in reference.CLASSIFIERS:
+            images, classes = classifier_batch(config, step)
+            losses = {"loss_classifier": torch.nn.functional.cross_entropy(model(images), classes)}
+        else:
+            images, targets = batch(config, step)
+            losses = model(images, targets)
         loss = sum(losses.values())
         opt.zero_grad()
         loss.backward()
@@ -116,13 +134,19 @@ def train(config: reference.TrainConfig, path, log_every: int = 10):
 def evaluate(model, config: reference.TrainConfig, count: int) -> dict:
     from tvm_roialign.datasets.evaluation import coco_scores, torch_predict
 
+    if config.model in reference.CLASSIFIERS:
+        pairs = [synthetic.classification_sample(config.data, "val", i) for i in range(count)]
+        images = torch.stack([torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0 for rgb, _ in pairs])
+        predicted = model(images).argmax(1).numpy()
+        return {"top1": float(np.mean(predicted == np.array([label for _, label in pairs])))}
+
     dets = [torch_predict(model, synthetic.sample(config.data, "val", i)[0]) for i in range(count)]
     return coco_scores(dets, config.data, "val", keypoints=config.model == "keypointrcnn")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=tuple(reference.MODELS), default="maskrcnn")
+    p.add_argument("--model", choices=(*reference.MODELS, *reference.CLASSIFIERS), default="maskrcnn")
     known, _ = p.parse_known_args(argv)
     defaults = reference.TrainConfig.defaults(known.model)
     p.add_argument("--iterations", type=int, default=defaults.iterations)

@@ -38,7 +38,8 @@ def add_precision_arguments(p, detector: bool = True, pieces: bool = False) -> N
             metavar="LAYERS",
             help="a bf16 or int8 detector's layers kept in fp32, by torchvision module: 'none' or a "
             f"comma-separated list of {', '.join(FP32_LAYERS)} (default: "
-            f"{','.join(DEFAULT_FP32_LAYERS)}; see docs/precision.md)",
+            + "; ".join(f"{k} {','.join(v)}" for k, v in DEFAULT_FP32_LAYERS.items())
+            + "; see docs/precision.md)",
         )
 
 

@@ -77,9 +77,10 @@ def coco_scores(detections: list[dict], data: SyntheticConfig, split: str, keypo
         out: dict = {}
         if not records:
             return {"box_map": 0.0}
-        dt = gt.loadRes(records)
+        # before loadRes, which gives every record without one a segmentation (its box's polygon)
         kinds = ["bbox"] + (["segm"] if "segmentation" in records[0] else [])
         kinds += ["keypoints"] if keypoints and "keypoints" in records[0] else []
+        dt = gt.loadRes(records)
         for kind in kinds:
             ev = COCOeval(gt, dt, kind)
             if kind == "keypoints":

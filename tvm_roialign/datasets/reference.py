@@ -17,9 +17,12 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .synthetic import CLASSES, NUM_KEYPOINTS, SyntheticConfig
+from .synthetic import CLASSES, CLASSIFIER_DATA, NUM_KEYPOINTS, SyntheticConfig
 
 MODELS = {"maskrcnn": "maskrcnn_resnet50_fpn", "keypointrcnn": "keypointrcnn_resnet50_fpn"}
+#: the reference classifiers (torchvision's, the classes of :data:`.synthetic.CLASSES` less the
+#: background), trained on :data:`.synthetic.CLASSIFIER_DATA`
+CLASSIFIERS = {"resnet18": "resnet18"}
 
 #: torchvision's training-time sampling, smaller than its defaults for speed (not architecture)
 TRAIN_SAMPLING = dict(
@@ -70,6 +73,8 @@ class TrainConfig:
         R-CNN 400 steps of its keypoint head on the Mask R-CNN (:meth:`base`)."""
         if model == "keypointrcnn":
             return cls(model=model, iterations=400, bn_batches=0)
+        if model in CLASSIFIERS:
+            return cls(model=model, data=CLASSIFIER_DATA, iterations=600, batch=32, lr=1e-3, bn_batches=20)
         return cls(model=model)
 
     def base(self) -> TrainConfig | None:
@@ -99,10 +104,13 @@ def weights_path(config: TrainConfig) -> Path:
 
 
 def build_model(model: str = "maskrcnn", size: int = 128, seed: int = 0, weights: str | None = None):
-    """torchvision's detector for the synthetic classes (``num_classes`` = 4 + background; the
+    """A classifier of :data:`CLASSIFIERS` (the classes less the background), or
+    torchvision's detector for the synthetic classes (``num_classes`` = 4 + background; the
     Keypoint R-CNN with :data:`NUM_KEYPOINTS` keypoints on all of them), resizing to ``size``,
     torchvision's test-time settings otherwise; seeded random weights, or ``weights`` loaded.
     In eval mode."""
+    if model in CLASSIFIERS:
+        return _classifier(model, seed, weights)
     from ..models._torchvision import RCNNConfig, build_rcnn
 
     extra: dict = dict(num_classes=len(CLASSES), **train_sampling(model))
@@ -110,6 +118,17 @@ def build_model(model: str = "maskrcnn", size: int = 128, seed: int = 0, weights
         extra["num_keypoints"] = NUM_KEYPOINTS
     config = RCNNConfig(seed=seed, weights=weights, min_size=size, max_size=size)
     return build_rcnn(MODELS[model], config, **extra)
+
+
+def _classifier(model: str, seed: int, weights: str | None):
+    import torch
+    import torchvision
+
+    torch.manual_seed(seed)
+    net = getattr(torchvision.models, CLASSIFIERS[model])(weights=None, num_classes=len(CLASSES) - 1)
+    if weights is not None:
+        net.load_state_dict(torch.load(weights, map_location="cpu"))
+    return net.eval()
 
 
 def load_path(config: TrainConfig) -> Path:
@@ -131,6 +150,15 @@ def load_reference(config: TrainConfig):
 
 
 __all__ = [
-    "FROZEN", "KEYPOINT_TRAINED", "MODELS", "TRAIN_SAMPLING", "TrainConfig", "build_model", "load_path",
-    "load_reference", "train_sampling", "weights_path",
+    "CLASSIFIERS",
+    "FROZEN",
+    "KEYPOINT_TRAINED",
+    "MODELS",
+    "TRAIN_SAMPLING",
+    "TrainConfig",
+    "build_model",
+    "load_path",
+    "load_reference",
+    "train_sampling",
+    "weights_path",
 ]

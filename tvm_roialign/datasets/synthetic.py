@@ -206,6 +206,21 @@ def sample(config: SyntheticConfig, split: str, index: int):
     return image, target
 
 
+def classification_sample(config: SyntheticConfig, split: str, index: int):
+    """Image ``index`` of ``split`` as a classifier's example: ``(image, class)``, the class of its
+    first object counted from 0 (``CLASSES[class + 1]``). Meant for a config of exactly one object
+    an image (:data:`CLASSIFIER_DATA`), which always places it."""
+    image, target = sample(config, split, index)
+    if not len(target["labels"]):
+        raise ValueError(f"image {index} of {split} holds no object: draw one object an image "
+                         "(CLASSIFIER_DATA)")
+    return image, int(target["labels"][0]) - 1
+
+
+#: a classifier's data: one object in each 64 x 64 image, its class the label
+CLASSIFIER_DATA = SyntheticConfig(size=64, min_objects=1, max_objects=1, min_side=28, max_side=60)
+
+
 def coco_ground_truth(config: SyntheticConfig, split: str, count: int) -> dict:
     """The first ``count`` images of ``split`` as a COCO dataset dict (image ids 1..count; masks
     as RLE, keypoints with their names), for ``pycocotools.coco.COCO``."""
@@ -242,12 +257,14 @@ def coco_ground_truth(config: SyntheticConfig, split: str, count: int) -> dict:
 
 __all__ = [
     "CLASSES",
+    "CLASSIFIER_DATA",
     "KEYPOINT_NAMES",
     "NUM_KEYPOINTS",
     "PHOTO_NAMES",
     "SPLITS",
     "VERSION",
     "SyntheticConfig",
+    "classification_sample",
     "coco_ground_truth",
     "fingerprint",
     "photo",
