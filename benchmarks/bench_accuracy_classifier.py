@@ -31,12 +31,6 @@ from tvm_roialign.datasets import reference, synthetic
 ROWS = ("eager", "fp32", "bf16", "int8", "ort-int8", "nncf-int8")
 
 
-def _batch(data, split: str, indices) -> tuple[np.ndarray, np.ndarray]:
-    pairs = [synthetic.classification_sample(data, split, i) for i in indices]
-    images = np.stack([rgb.transpose(2, 0, 1).astype(np.float32) / 255.0 for rgb, _ in pairs])
-    return images, np.array([label for _, label in pairs])
-
-
 def _ours(model, example, precision: str, calibration):
     import tvm
     from tvm import relax
@@ -128,8 +122,8 @@ def main(argv=None) -> int:
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
     config = reference.TrainConfig.defaults(args.model)
     model = reference.load_reference(config)
-    images, labels = _batch(config.data, "val", range(args.images))
-    calibration, _ = _batch(config.data, "train", range(args.calibration))
+    images, labels = synthetic.classification_batch(config.data, "val", range(args.images))
+    calibration, _ = synthetic.classification_batch(config.data, "train", range(args.calibration))
     example = images[:1]
     logits, builds = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,9 +131,8 @@ def main(argv=None) -> int:
         onnx_path = None
         for row in rows:
             start = time.perf_counter()
-            if row == "eager":
-                with torch.no_grad():
-                    run = lambda x: model(torch.from_numpy(x)).numpy()
+            if row == "eager":  # called under no_grad below
+                run = lambda x: model(torch.from_numpy(x)).numpy()
             elif row in ("fp32", "bf16", "int8"):
                 run, builds[row] = _ours(model, example, row, calibration)
             else:

@@ -107,3 +107,8 @@ def test_classification_samples_are_one_object_images_of_every_class():
         assert label == int(target["labels"][0]) - 1
         labels.add(label)
     assert labels == set(range(len(synthetic.CLASSES) - 1))
+    images, classes = synthetic.classification_batch(data, "train", [3, 0])
+    assert images.shape == (2, 3, data.size, data.size) and images.dtype == np.float32
+    for image, label, index in zip(images, classes, [3, 0]):
+        rgb, expected = synthetic.classification_sample(data, "train", index)
+        assert label == expected and np.array_equal(image * 255.0, rgb.transpose(2, 0, 1))

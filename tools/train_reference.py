@@ -28,10 +28,9 @@ from tvm_roialign.datasets import reference, synthetic
 def classifier_batch(config: reference.TrainConfig, step: int):
     """``(images [B, 3, S, S] in [0, 1], classes [B])`` of train step ``step``."""
     first = step * config.batch
-    pairs = [synthetic.classification_sample(config.data, "train", (first + j) % config.train_images)
-             for j in range(config.batch)]
-    images = torch.stack([torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0 for rgb, _ in pairs])
-    return images, torch.tensor([label for _, label in pairs])
+    indices = [(first + j) % config.train_images for j in range(config.batch)]
+    images, classes = synthetic.classification_batch(config.data, "train", indices)
+    return torch.from_numpy(images), torch.from_numpy(classes)
 
 
 def batch(config: reference.TrainConfig, step: int):
@@ -135,10 +134,9 @@ def evaluate(model, config: reference.TrainConfig, count: int) -> dict:
     from tvm_roialign.datasets.evaluation import coco_scores, torch_predict
 
     if config.model in reference.CLASSIFIERS:
-        pairs = [synthetic.classification_sample(config.data, "val", i) for i in range(count)]
-        images = torch.stack([torch.from_numpy(rgb).permute(2, 0, 1).float() / 255.0 for rgb, _ in pairs])
-        predicted = model(images).argmax(1).numpy()
-        return {"top1": float(np.mean(predicted == np.array([label for _, label in pairs])))}
+        images, classes = synthetic.classification_batch(config.data, "val", range(count))
+        predicted = model(torch.from_numpy(images)).argmax(1).numpy()
+        return {"top1": float(np.mean(predicted == classes))}
 
     dets = [torch_predict(model, synthetic.sample(config.data, "val", i)[0]) for i in range(count)]
     return coco_scores(dets, config.data, "val", keypoints=config.model == "keypointrcnn")

@@ -217,6 +217,15 @@ def classification_sample(config: SyntheticConfig, split: str, index: int):
     return image, int(target["labels"][0]) - 1
 
 
+def classification_batch(config: SyntheticConfig, split: str, indices):
+    """Images ``indices`` of ``split`` as a classifier's batch (:func:`classification_sample`):
+    ``(images float32 [B, 3, S, S] in [0, 1], classes int64 [B])``, as torchvision's classifiers
+    take them before normalization."""
+    pairs = [classification_sample(config, split, int(i)) for i in indices]
+    images = np.stack([rgb.transpose(2, 0, 1).astype(np.float32) / np.float32(255.0) for rgb, _ in pairs])
+    return images, np.array([label for _, label in pairs], np.int64)
+
+
 #: a classifier's data: one object in each 64 x 64 image, its class the label
 CLASSIFIER_DATA = SyntheticConfig(size=64, min_objects=1, max_objects=1, min_side=28, max_side=60)
 
@@ -264,6 +273,7 @@ __all__ = [
     "SPLITS",
     "VERSION",
     "SyntheticConfig",
+    "classification_batch",
     "classification_sample",
     "coco_ground_truth",
     "fingerprint",

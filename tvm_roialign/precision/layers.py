@@ -144,13 +144,13 @@ def detector_plan(precision, target, fp32_layers=None, pieces: bool = False):
             "precision int8: TVMMaskRCNN's pieces are not calibrated; build the detector as one "
             "artifact (compile_detector, or tvm-roialign compile NAME --precision int8)"
         )
-    parse_fp32_layers(fp32_layers)  # a bad value fails before anything is resolved
     if isinstance(precision, PrecisionPlan):
         return precision, parse_fp32_layers(fp32_layers, precision=precision.precision)
     plan = resolve(target, precision, avx512_bf16=False)
+    kept = parse_fp32_layers(fp32_layers, precision=plan.precision)  # a bad value fails before the notes
     for note in plan.notes:
         warnings.warn(note, stacklevel=3)
-    return plan, parse_fp32_layers(fp32_layers, precision=plan.precision)
+    return plan, kept
 
 
 def precision_options(model, plan, fp32_layers, calibration=None) -> dict:
