@@ -189,10 +189,10 @@ def bench_resnet18(args, threads: int, workdir: str) -> dict:
     import torch
     import torchvision
     import tvm
-    from tvm import relax
 
     from tvm_roialign import cli
     from tvm_roialign.bench.onnxruntime_peer import cpu_session
+    from tvm_roialign.runtime import LoadedVM
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None).eval()
@@ -205,7 +205,7 @@ def bench_resnet18(args, threads: int, workdir: str) -> dict:
     if code:
         raise RuntimeError(f"tvm-roialign compile failed with exit code {code}")
     meta = json.loads(Path(lib + ".json").read_text())
-    vm = relax.VirtualMachine(tvm.runtime.load_module(lib), tvm.cpu())
+    vm = LoadedVM(tvm.runtime.load_module(lib), tvm.cpu())
     data = tvm.runtime.tensor(x.numpy())
     runs = {"tvm": lambda: vm["main"](data), "eager": lambda: model(x)}
     session = None

@@ -59,6 +59,7 @@ import numpy as np
 from _roofline import int8_table, matrix_peaks, model_gflop, precision_table
 
 from tvm_roialign.cli._common import first_line
+from tvm_roialign.runtime import LoadedVM
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DETECTORS = ("maskrcnn_resnet50_fpn", "fasterrcnn_resnet50_fpn", "keypointrcnn_resnet50_fpn")
@@ -96,7 +97,6 @@ def _tvm_classifier(model, x, workdir: str, name: str, precision: str = "fp32"):
     (``--precision``, int8 calibrated on the CLI's default photos)."""
     import torch
     import tvm
-    from tvm import relax
 
     from tvm_roialign import cli
 
@@ -109,7 +109,7 @@ def _tvm_classifier(model, x, workdir: str, name: str, precision: str = "fp32"):
         raise RuntimeError(f"tvm-roialign compile {name}.pt2 failed (exit code {code})")
     compile_s = time.perf_counter() - t0
     module = tvm.runtime.load_module(lib)
-    vm = relax.VirtualMachine(module, tvm.cpu())
+    vm = LoadedVM(module, tvm.cpu())
     data = tvm.runtime.tensor(x.numpy())
 
     def call():
@@ -165,11 +165,10 @@ def timed_blocks(calls: dict, repeat: int, number: int) -> dict:
 
 def _top_kernels(module, x, count: int = 4) -> list[dict]:
     import tvm
-    from tvm import relax
 
     from tvm_roialign.profiling import profile_vm
 
-    vm = relax.VirtualMachine(module, tvm.cpu())
+    vm = LoadedVM(module, tvm.cpu())
     kernels, wall = profile_vm(vm, tvm.cpu(), [tvm.runtime.tensor(x.numpy())], runs=2)
     return [
         {"kernel": k.name, "calls": k.calls, "ms": k.total_s * 1e3, "share": k.total_s / wall}

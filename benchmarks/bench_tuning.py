@@ -31,9 +31,10 @@ def _compile(model: str, out: Path, records: str | None) -> None:
 
 def _vm(lib: Path):
     import tvm
-    from tvm import relax
 
-    return relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
+    from tvm_roialign.runtime import LoadedVM
+
+    return LoadedVM(tvm.runtime.load_module(str(lib)), tvm.cpu())
 
 
 def main() -> int:

@@ -319,7 +319,9 @@ from tvm import relax
 
 x = np.load(sys.argv[2])
 vm = relax.VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())
-out = vm["main"](tvm.runtime.tensor(x))
+# the weights the library computes when loaded (its Winograd transforms), passed after the input
+weights = list(vm["load_weights"]()) if vm.module.implements_function("load_weights") else []
+out = vm["main"](tvm.runtime.tensor(x), *weights)
 np.save(sys.argv[3], (out if hasattr(out, "numpy") else out[0]).numpy())
 """
 

@@ -14,6 +14,7 @@ from _targets import NATIVE as HOST
 from tvm import relax
 
 from tvm_roialign.pipeline import build, cpu_schedule_pass, prepare_pipeline
+from tvm_roialign.runtime import LoadedVM
 from tvm_roialign.schedules import Conv2DNHWC, DepthwiseConv2DNHWC, default_rules
 from tvm_roialign.schedules.symbolic_extents import compound_extents, name_symbolic_extents
 
@@ -377,7 +378,7 @@ def test_dynamic_onnx_cnn_compiles_once_and_matches_eager_at_two_shapes(tmp_path
     # strided ones included, is tiled
     fell_back = line.partition("fell back")[2]
     assert "transpose" in fell_back and "conv2d" not in fell_back, line
-    vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib)), tvm.cpu())
+    vm = LoadedVM(tvm.runtime.load_module(str(lib)), tvm.cpu())
     for shape in [(1, 3, 37, 45), (2, 3, 24, 24)]:
         data = np.random.default_rng(1).standard_normal(shape).astype("float32")
         with torch.no_grad():

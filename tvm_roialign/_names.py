@@ -17,3 +17,11 @@ PUBLIC_NAMES = [
     "topi",
     "unregister",
 ]
+
+#: The library function that computes the weights a library does not store (the Winograd-transformed
+#: ones, :class:`tvm_roialign.passes.LiftWeightTransforms`); every other public function of such a
+#: library takes its results after its own arguments (:class:`tvm_roialign.runtime.LoadedVM`).
+LOAD_WEIGHTS = "load_weights"
+
+#: The parameters of a public function for :data:`LOAD_WEIGHTS`'s results: ``winograd_weight0``...
+WEIGHT_PARAM = "winograd_weight"

@@ -37,7 +37,11 @@ relax_pipeline="tvm_roialign_cpu")`` works after ``import tvm_roialign``). Its p
 6. **pack weights at compile time**: ``SplitLayoutRewritePreproc`` moves the weight-packing stages
    the schedules asked for into functions of their own, :class:`~tvm_roialign.passes.FoldLayoutRewrite`
    evaluates them on the constant weights with NumPy (``FoldConstant`` takes any other form),
-   ``DeadCodeElimination`` drops them;
+   ``DeadCodeElimination`` drops them; with ``weights_at_load``, the Winograd-transformed weights
+   (4-5.4x their 3x3 weights) are not folded but computed when the library is loaded, from the
+   3x3 weights it stores (:class:`~tvm_roialign.passes.LiftWeightTransforms`: a function
+   ``load_weights`` whose results every public function takes after its own arguments;
+   :class:`tvm_roialign.runtime.LoadedVM` passes them);
 7. **lower** to the VM (TVM's CPU dataflow-lowering and finalization passes).
 
 Other targets: metal without dlight's Matmul rule (:func:`_metal_pipeline`), anything else TVM's
@@ -71,6 +75,7 @@ def cpu_pipeline(
     pack_weights: bool = True,
     rules=None,
     symbolic_report=None,
+    weights_at_load: bool = False,
     **graph_options,
 ) -> tvm.transform.Pass:
     """The llvm build pipeline (see the module docstring for its phases).
@@ -93,6 +98,9 @@ def cpu_pipeline(
         Called after phase 5 when kernels have symbolic shapes: which the rules tiled, vectorized
         and parallelized, and which fell back and why
         (:class:`~tvm_roialign.schedules.symbolic_report.SymbolicCoverage`).
+    weights_at_load : bool
+        Phase 6: the Winograd weights computed by the library's ``load_weights``, not stored
+        (:func:`_weight_phases`). False: stored, the public functions' signatures kept.
     graph_options
         Phases 1-3 (:func:`prepare_pipeline`): ``layout`` of the convolutions (and RoIAlign)
         after phase 1 (``"NHWC"``, the layout the conv rules and Winograd are written for;
@@ -107,8 +115,9 @@ def cpu_pipeline(
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    from .passes import FoldLayoutRewrite, MergeEqualKernels, RequestAMXState
+    from .passes import MergeEqualKernels, RequestAMXState, WinogradWeights
 
+    record = graph_options["winograd_record"] = WinogradWeights() if weights_at_load else None
     prepare = prepare_pipeline(target, **graph_options) if target is not None else None
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.CPUPipeline")
@@ -130,20 +139,32 @@ def cpu_pipeline(
 
                 phases.append(symbolic_report_pass(symbolic_report))
             phases.append(MergeEqualKernels())  # the rules' equal kernels compiled once
-            if pack_weights:
-                # 6. weight packing at compile time
-                phases += [
-                    _split_layout_rewrite_preproc(),
-                    FoldLayoutRewrite(),
-                    relax.transform.FoldConstant(),
-                    relax.transform.DeadCodeElimination(),
-                ]
+            # 6. weight packing at compile time, the Winograd weights at load
+            phases += _weight_phases(pack_weights, record)
             # 7. lowering
             phases += cpu_generic.dataflow_lower_passes(tgt)
             phases += cpu_generic.finalize_passes(tgt)
             return tvm.transform.Sequential(phases)(mod)
 
     return pipeline
+
+
+def _weight_phases(pack_weights: bool, record) -> list:
+    """Phase 6: the packing stages the schedules asked for split out and evaluated on the
+    constant weights (``pack_weights``); with a :class:`~tvm_roialign.passes.WinogradWeights`
+    ``record``, the Winograd weights it knows (and their packing) moved into ``load_weights``
+    first (:class:`~tvm_roialign.passes.LiftWeightTransforms`), which the folding leaves alone."""
+    from .passes import FoldLayoutRewrite, LiftWeightTransforms
+
+    lift = [LiftWeightTransforms(record)] if record is not None else []
+    if not pack_weights:
+        return lift
+    return [
+        _split_layout_rewrite_preproc(),
+        *lift,
+        _without_load_weights(FoldLayoutRewrite(), relax.transform.FoldConstant()),
+        relax.transform.DeadCodeElimination(),
+    ]
 
 
 def _tuning_pass(tuning_records, target) -> tvm.transform.Pass:
@@ -161,6 +182,25 @@ def _has_preproc_block(func) -> bool:
     found = []
     walk(func.body, tvm.s_tir.SBlock, lambda block: found.append(PREPROC_ATTR in block.annotations))
     return any(found)
+
+
+def _without_load_weights(*passes) -> tvm.transform.Pass:
+    """``passes`` on the module with its ``load_weights`` function (all constants, computed when
+    the library is loaded: :class:`~tvm_roialign.passes.LiftWeightTransforms`) set aside."""
+    from ._names import LOAD_WEIGHTS
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_roialign.WithoutLoadWeights")
+    def run(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        aside = [(gv, f) for gv, f in mod.functions_items() if gv.name_hint == LOAD_WEIGHTS]
+        if aside:
+            kept = {g: f for g, f in mod.functions_items() if g.name_hint != LOAD_WEIGHTS}
+            mod = tvm.IRModule(kept, attrs=mod.attrs)
+        out = tvm.transform.Sequential(list(passes))(mod)
+        for gv, func in aside:
+            out[gv] = func
+        return out
+
+    return run
 
 
 def _split_layout_rewrite_preproc() -> tvm.transform.Pass:
@@ -321,6 +361,8 @@ def build(
             options["keep_fp32"] = check_keep_fp32(plan.precision, keep_fp32)
         if not is_cross(target) and plan.uses_amx:
             request_amx()  # the executable is usually run by this process
+    if kind != "llvm":
+        options.pop("weights_at_load", None)  # the GPU pipelines store their weights as they are
     if kind == "metal":
         return Built(tvm.compile(mod, target=target, relax_pipeline=_metal_pipeline(target)))
     if kind != "llvm":

@@ -36,6 +36,7 @@ def _graph_passes(
     plan,
     calibration=None,
     keep_fp32=None,
+    winograd_record=None,
 ) -> list:
     from .passes import (
         BF16Contractions,
@@ -87,7 +88,7 @@ def _graph_passes(
     if pad_channels:
         passes.append(PadChannels(multiple=cpu_info(target).lanes()))
     if winograd:
-        passes.append(WinogradConv2D(tile=winograd, reference_side=reference_side))
+        passes.append(WinogradConv2D(tile=winograd, reference_side=reference_side, record=winograd_record))
     return passes
 
 
@@ -151,6 +152,7 @@ def prepare_pipeline(
     precision="fp32",
     calibration=None,
     keep_fp32=None,
+    winograd_record=None,
 ) -> tvm.transform.Pass:
     """Phases 1-3 of :func:`~tvm_roialign.pipeline.cpu_pipeline` for the llvm ``target``: what
     schedules (and tuning records) apply to. ``precision``: the build's
@@ -164,7 +166,9 @@ def prepare_pipeline(
     (:func:`~tvm_roialign.precision.check_keep_fp32`). An ONNX QDQ model keeps its own
     quantization (:func:`~tvm_roialign.precision.qdq.qdq_passes`): int8 kernels with its scales
     where the target has kernels for its weights, else float as imported (fake-quant); nothing
-    calibrated."""
+    calibrated. ``winograd_record``: a :class:`~tvm_roialign.passes.WinogradWeights` the Winograd
+    rewrite writes its transformed weights into (phase 6 computes them at load instead of storing
+    them: ``cpu_pipeline``'s ``weights_at_load``)."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
     from .precision.policy import PrecisionPlan, check_precision
@@ -188,6 +192,7 @@ def prepare_pipeline(
                     plan=plan,
                     calibration=calibration,
                     keep_fp32=keep_fp32,
+                    winograd_record=winograd_record,
                 ),
                 # 2. legalize and fuse
                 *cpu_generic.library_dispatch_passes(target),

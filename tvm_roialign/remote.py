@@ -90,11 +90,13 @@ def load_library(session, library):
     return session.load_module(library.name)
 
 
-def load_vm(session, library, device):
-    """Upload ``library`` and return a Relax VM of it on the remote ``device``."""
+def load_vm(session, library, device, vm_class=None):
+    """Upload ``library`` and return a Relax VM of it on the remote ``device``: ``vm_class``
+    (default ``relax.VirtualMachine``; :class:`tvm_roialign.runtime.LoadedVM` for a library with
+    load-time weights)."""
     from tvm import relax
 
-    return relax.VirtualMachine(load_library(session, library), device)
+    return (vm_class or relax.VirtualMachine)(load_library(session, library), device)
 
 
 def run_vm(vm, inputs, func: str = "main"):

@@ -334,10 +334,20 @@ int main(int argc, char** argv) {
     tvm::ffi::Tensor input = tvm::ffi::Tensor::FromNDAlloc(
         AlignedAlloc(), tvm::ffi::ShapeView(shape, 3), DLDataType{kDLUInt, 8, 1}, cpu);
     std::memcpy(input.data_ptr(), photo.rgb.data(), photo.rgb.size());
+    // a library built by tvm-roialign stores 3x3 weights where its Winograd convolutions read
+    // transformed ones: load_weights computes them once, and detect_photo takes them after the photo
+    std::vector<tvm::ffi::Any> weights;
+    if (auto load_weights = vm->GetFunction("load_weights")) {
+      for (const tvm::ffi::Any& w : (*load_weights)().cast<tvm::ffi::Array<tvm::ffi::Any>>()) weights.push_back(w);
+    }
+    std::vector<tvm::ffi::AnyView> args{input};
+    for (const tvm::ffi::Any& w : weights) args.emplace_back(w);
     auto start = std::chrono::steady_clock::now();
     tvm::ffi::Array<tvm::ffi::Any> result;
     try {
-      result = (*detect)(input).cast<tvm::ffi::Array<tvm::ffi::Any>>();
+      tvm::ffi::Any out;
+      detect.value().CallPacked(args.data(), static_cast<int32_t>(args.size()), &out);
+      result = out.cast<tvm::ffi::Array<tvm::ffi::Any>>();
     } catch (const std::exception& err) {
       throw std::runtime_error(CallError(err.what(), photo, path));
     }

@@ -257,8 +257,11 @@ def _mode(args) -> str:
 
 def _build_options(args, plan) -> dict:
     """The pipeline's options of a model file's build: :func:`_int8_options` for a calibrated int8
-    build, and no Winograd in the exact mode."""
+    build, no Winograd in the exact mode, and the Winograd weights computed at load
+    (``weights_at_load``: the library holds the 3x3 weights)."""
     options = _int8_options(args) if plan.precision == "int8" and not plan.quantized else {}
+    # a library stores the 3x3 weights, not their Winograd transforms (computed when it is loaded)
+    options["weights_at_load"] = True
     return {**options, "winograd": 0} if _mode(args) == "exact" else options
 
 

@@ -231,9 +231,9 @@ def _load(args, meta: dict, session=None):
     """``(library path, metadata, device, VM, remote library or None)`` of the library that
     :func:`checked_metadata` has checked (``meta``); with an RPC ``session``, on its device."""
     import tvm
-    from tvm import relax
 
     from ..host import request_amx
+    from ..runtime.loaded_vm import LoadedVM
     from ..target import device_for, parse_device, parse_target
 
     lib_path = Path(args.library)
@@ -252,7 +252,7 @@ def _load(args, meta: dict, session=None):
     except RuntimeError as err:
         raise CLIError(str(err)) from None
     try:
-        vm = relax.VirtualMachine(tvm.runtime.load_module(str(lib_path)), device)
+        vm = LoadedVM(tvm.runtime.load_module(str(lib_path)), device)
     except Exception as err:  # noqa: BLE001
         raise CLIError(f"cannot load {str(lib_path)!r} as a compiled model: {_load_error(err)}") from None
     return lib_path, meta, device, vm, None
@@ -283,11 +283,11 @@ def _load_remote(args, session, lib_path, meta):
             f"{lib_path.name}: a remote device loads a .so; compile with -o NAME.so where the "
             "target's cross linker is installed"
         )
-    from tvm import relax
+    from ..runtime.loaded_vm import LoadedVM
 
     try:
         module = remote.load_library(session, lib_path)
-        return device, relax.VirtualMachine(module, device), module
+        return device, LoadedVM(module, device), module
     except Exception as err:  # noqa: BLE001
         raise CLIError(f"cannot load {lib_path.name} on the remote device: {first_line(err)}") from None
 
@@ -389,11 +389,10 @@ def main(args) -> int:
     if args.profile and session is not None:
         _profile_remote(args, meta, device, vm, remote_lib, inputs)
     elif args.profile:
-        from tvm import relax
-
         from ..profiling import profile_vm
+        from ..runtime.loaded_vm import LoadedVM
 
-        profiler = relax.VirtualMachine(tvm.runtime.load_module(str(lib_path)), device)
+        profiler = LoadedVM(tvm.runtime.load_module(str(lib_path)), device)
         _report.print_profile(*profile_vm(profiler, device, inputs, args.repeat), args.repeat)
     return 0
 

@@ -96,7 +96,11 @@ class DetectorArtifact:
         return path
 
     def vm(self, device=None) -> relax.VirtualMachine:
-        return relax.VirtualMachine(self.executable, device or tvm.cpu())
+        """A VM of the executable, its load-time weights computed
+        (:class:`~tvm_roialign.runtime.LoadedVM`)."""
+        from ..runtime.loaded_vm import LoadedVM
+
+        return LoadedVM(self.executable, device or tvm.cpu())
 
 
 def compile_detector(
@@ -169,7 +173,7 @@ def compile_detector(
     progress(f"build for {target.kind.name}")
     t0 = time.perf_counter()  # import_detector converted the layout
     options = {**graph_options(model, fast), **precision_options(model, plan, kept, calibration)}
-    executable = build(mod, target, layout=None, **options).executable
+    executable = build(mod, target, layout=None, weights_at_load=True, **options).executable
     compile_s = time.perf_counter() - t0
     meta = {
         **{"kind": METADATA_KIND, "model": name or type(model).__name__},

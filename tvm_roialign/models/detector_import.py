@@ -8,6 +8,7 @@ import tvm
 from tvm import relax
 
 from ..passes.desired_layouts import desired_layouts
+from ..passes.fold_constant_numpy import FoldConstantNumPy
 from ._torchvision import detector_names
 from .detector_sizes import ANY, ANY_FUNCTION, bucket_sizes, function_name
 
@@ -104,7 +105,8 @@ def import_detector(
     mod = tvm.IRModule(
         {name: func.with_attr("global_symbol", name) for name, func in functions.items()}
     )
-    fold = relax.transform.FoldConstant()
+    # NumPy folds the weights' layout changes and arithmetic (FoldConstant compiles each such call)
+    fold = tvm.transform.Sequential([FoldConstantNumPy(), relax.transform.FoldConstant()])
     mod = fold(mod)
     if layout == "NHWC":
         mod = fold(ConvertLayout(desired_layouts(layout))(mod))

@@ -28,6 +28,9 @@
   matmul as int8 contractions with the model's own scales;
 * :class:`MergeEqualKernels` (:mod:`.merge_equal_kernels`): structurally equal PrimFuncs (a
   pyramid's per-level copies of a kernel, once scheduled) merged into one, compiled once;
+* :class:`LiftWeightTransforms` (:mod:`.lift_weight_transforms`): the Winograd weights that a
+  :class:`WinogradWeights` record knows computed when the library is loaded (``load_weights``),
+  not stored;
 * :func:`desired_layouts` (:mod:`.desired_layouts`): the ConvertLayout dictionary for a whole model
   in NHWC (or NCHW).
 """
@@ -46,6 +49,7 @@ from .fold_permute_dims import FoldPermuteDims
 from .hoist_activations import HoistActivations
 from .int8_contractions import Int8Contractions
 from .layout import register
+from .lift_weight_transforms import LOAD_WEIGHTS, LiftWeightTransforms, WinogradWeights
 from .merge_equal_kernels import MergeEqualKernels
 from .normalize_squeeze_axes import NormalizeSqueezeAxes
 from .pad_channels import PadChannels
@@ -57,6 +61,7 @@ from .wrap_takes import WrapTakes
 
 __all__ = [
     "LAYOUT_OPS",
+    "LOAD_WEIGHTS",
     "BF16Contractions",
     "BoundConstantTakes",
     "ConvertLayout",
@@ -68,6 +73,7 @@ __all__ = [
     "FoldPermuteDims",
     "HoistActivations",
     "Int8Contractions",
+    "LiftWeightTransforms",
     "MergeEqualKernels",
     "NormalizeSqueezeAxes",
     "PadChannels",
@@ -75,6 +81,7 @@ __all__ = [
     "RequestAMXState",
     "TakesAsSlices",
     "WinogradConv2D",
+    "WinogradWeights",
     "WrapTakes",
     "desired_layouts",
     "layout",

@@ -158,6 +158,7 @@ class _WinogradRewriter(FunctionRewriter):
     min_channels = 64
     min_tiles = 32
     reference_side = 320
+    record = None
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         call = self.visit_expr_post_order(call)
@@ -167,7 +168,10 @@ class _WinogradRewriter(FunctionRewriter):
         hwio, dims, pad, m = plan
         self.changed = True
         filters = hwio.shape[3]
-        weight_u = relax.const(transform_weight(hwio, m))
+        transformed = transform_weight(hwio, m)
+        if self.record is not None:
+            self.record.record(transformed, hwio, m)
+        weight_u = relax.const(transformed)
         if all(isinstance(d, tirx.IntImm) for d in dims):
             return self._static(call.args[0], [int(d) for d in dims], pad, m, weight_u, filters)
         return self._symbolic(call.args[0], dims, pad, m, weight_u)
@@ -265,7 +269,10 @@ def tile_set(tile) -> tuple[int, ...]:
 class WinogradConv2D:  # pylint: disable=too-few-public-methods
     """Rewrite 3x3 stride-1 NHWC constant-weight conv2d as Winograd ``F(m x m, 3 x 3)``: ``tile``
     is ``m``, or a tuple of candidate tiles of which each conv gets the one with the fewest
-    transformed products at its size (:func:`choose_tile`)."""
+    transformed products at its size (:func:`choose_tile`). ``record``: a
+    :class:`~tvm_roialign.passes.WinogradWeights` that learns each transformed weight, so that
+    :class:`~tvm_roialign.passes.LiftWeightTransforms` can compute it at load instead of storing
+    it (None: stored)."""
 
     def __init__(
         self,
@@ -273,8 +280,10 @@ class WinogradConv2D:  # pylint: disable=too-few-public-methods
         min_channels: int = 64,
         min_tiles: int = 32,
         reference_side: int = 320,
+        record=None,
     ):
         self.tiles = tile_set(tile)
+        self.record = record
         self.min_channels = int(min_channels)
         self.min_tiles = int(min_tiles)
         self.reference_side = int(reference_side)
@@ -287,6 +296,7 @@ class WinogradConv2D:  # pylint: disable=too-few-public-methods
             min_channels=self.min_channels,
             min_tiles=self.min_tiles,
             reference_side=self.reference_side,
+            record=self.record,
         )
         if rewritten is mod:
             return mod

@@ -27,12 +27,14 @@ from .detector import (
     read_metadata,
 )
 from .draw import draw_detections
+from .loaded_vm import LoadedVM
 from .masks import expand_boxes, paste_masks
 
 __all__ = [
     "METADATA_KIND",
     "ArtifactError",
     "Detector",
+    "LoadedVM",
     "bilinear_weights",
     "check_library",
     "detect_to_files",

@@ -153,7 +153,8 @@ class Detector:
 
     def __init__(self, library, session=None, verify: bool = True, override: str = "verify=False"):
         import tvm
-        from tvm import relax
+
+        from .loaded_vm import LoadedVM
 
         self.path = Path(library)
         if not self.path.is_file():
@@ -174,13 +175,11 @@ class Detector:
         if session is not None:
             from ..remote import load_vm
 
-            self.vm = load_vm(session, self.path, self.device)
+            self.vm = load_vm(session, self.path, self.device, LoadedVM)
         else:
             use_usable_cores()
             request_amx(required="amx" in (self.meta.get("bf16_kernels"), self.meta.get("int8_kernels")))
-            self.vm = relax.VirtualMachine(
-                tvm.runtime.load_module(str(self.path)), self.device
-            )
+            self.vm = LoadedVM(tvm.runtime.load_module(str(self.path)), self.device)
         self.settings = TransformSettings.from_dict(self.meta["transform"])
         self.buckets = {tuple(b["padded"]): b for b in self.meta["buckets"]}
         self.any_size = self.meta.get("any_size")

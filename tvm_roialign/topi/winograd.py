@@ -35,6 +35,7 @@ POINTS = {
 
 INPUT_BLOCK = "winograd_input"
 OUTPUT_BLOCK = "winograd_output"
+WEIGHT_BLOCK = "winograd_weight"
 
 
 def winograd_matrices(m: int, r: int = 3, points=None):
@@ -115,6 +116,32 @@ def transform_weight(weight_hwio: np.ndarray, m: int) -> np.ndarray:
     u = u.reshape(alpha, alpha, -1).transpose(1, 0, 2)  # [e, f, C*K]
     shape = (alpha * alpha, *weight_hwio.shape[2:])
     return np.ascontiguousarray(u).reshape(shape).astype(weight_hwio.dtype)
+
+
+def weight_transform_terms(m: int) -> np.ndarray:
+    """``[a*a, 9]`` float64: row ``e*a + f`` holds ``G[e, b] G[f, d]`` at column ``3b + d``, so that
+    ``U[e*a + f] = sum_r terms[e*a + f, r] W[r]`` for a 3x3 weight ``W`` flattened to ``[9, C, K]``
+    (:func:`transform_weight`'s ``G W G^T`` as one small product, for :func:`weight_transform`)."""
+    _, g, _ = winograd_matrices(m)
+    return np.einsum("eb,fd->efbd", g, g).reshape(g.shape[0] ** 2, 9)
+
+
+def weight_transform(weight: te.Tensor, terms: te.Tensor, name: str = WEIGHT_BLOCK) -> te.Tensor:
+    """``U [a*a, C, K]`` of a ``[9, C, K]`` float32 weight (a 3x3 HWIO weight, its taps flattened)
+    and :func:`weight_transform_terms`' ``[a*a, 9]`` float64 ``terms``: each point a sum of nine
+    float64 products rounded once to float32, as :func:`transform_weight` (which computes the same
+    sums in another order) rounds. Run once when a library is loaded
+    (:class:`~tvm_roialign.passes.LiftWeightTransforms`), not at every call."""
+    points = terms.shape[0]
+
+    def point(p, c, k):
+        total = None
+        for r in range(9):
+            term = terms[p, r] * weight[r, c, k].astype("float64")
+            total = term if total is None else total + term
+        return total.astype(weight.dtype)
+
+    return te.compute((points, *weight.shape[1:]), point, name=name)
 
 
 def i64_shape(shape) -> list:
@@ -264,6 +291,7 @@ __all__ = [
     "INPUT_BLOCK",
     "OUTPUT_BLOCK",
     "POINTS",
+    "WEIGHT_BLOCK",
     "div_up",
     "i64_shape",
     "input_transform",
@@ -271,5 +299,7 @@ __all__ = [
     "output_transform",
     "tile_counts",
     "transform_weight",
+    "weight_transform",
+    "weight_transform_terms",
     "winograd_matrices",
 ]
