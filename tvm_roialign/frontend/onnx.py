@@ -21,9 +21,10 @@ W]`` and ``rois [K, 6]`` of ``(batch, cx, cy, w, h, angle)``, angle in radians; 
 ``output_height``, ``output_width``, ``spatial_scale``, ``sampling_ratio``, ``aligned``,
 ``clockwise``) is converted to ``relax.vision.roi_align_rotated`` (:class:`RoiAlignRotatedConverter`).
 
-Every other operator goes to TVM's stock converters. TVM 0.27's ``from_onnx`` has no converter
-hook: :func:`from_onnx` swaps the ``RoiAlign`` entry of the stock converter table for the duration
-of the call (under a lock) and restores it afterwards.
+``Clip`` with constant bounds becomes ``relax.clip`` (:mod:`._onnx_clip`: TVM's converter emits TE
+kernels that ``ConvertLayout`` cannot move). Every other operator goes to TVM's stock converters.
+TVM 0.27's ``from_onnx`` has no converter hook: :func:`from_onnx` swaps those entries of the stock
+converter table for the duration of the call (under a lock) and restores them afterwards.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from tvm.relax.frontend.onnx import onnx_frontend
 
 from ..ops.roi_align import make_roi_align
 from ..ops.roi_align_rotated import make_roi_align_rotated
+from ._onnx_clip import ClipConverter
 from ._onnx_static import readable_by_tvm
 
 __all__ = [
@@ -359,6 +361,7 @@ def _roi_align_converters(default_mode):
         def convert_map():
             table = stock()
             table["RoiAlign"] = RoiAlignConverter
+            table["Clip"] = ClipConverter
             for _, op_type in ROI_ALIGN_ROTATED_OPS:
                 table[op_type] = RoiAlignRotatedConverter
             return table
