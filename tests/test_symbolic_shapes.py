@@ -222,6 +222,29 @@ def test_symbolic_pool_and_elementwise_are_parallel_vectorized(rng):
     _run_shapes(mod, [(1, 17, 22, 32), (2, 9, 9, 32)], reference, rng)
 
 
+def test_symbolic_padding_runs_a_row_per_parallel_step(rng):
+    """The zero padding of a 3-channel image (a stem conv's) at a symbolic size: one parallel step
+    per padded row of every image, its columns a serial loop inside, the channels unrolled (one
+    parallel step per pixel divided every index by the symbolic extents: twice the static time)."""
+    weight = (rng.standard_normal((3, 3, 3, 32)) * 0.2).astype("float32")
+    mod = _module([N, H, W, 3], _conv(weight, 1, 2))
+    [func] = [f for name, f in _scheduled(mod).items() if "conv2d" in name]
+    loops = []
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, loops.append), order="pre")
+    parallel = [lp for lp in loops if lp.kind == tvm.tirx.ForKind.PARALLEL]
+    # the padding's parallel loop is over n * (h + 2) rows, not n * (h + 2) * (w + 2) pixels
+
+    def names(expr) -> set:
+        found = set()
+        tvm_ffi.structural_walk(expr, (tvm.tirx.Var, lambda v: found.add(v.name)))
+        return found
+
+    assert {"n", "h"} in [names(lp.extent) for lp in parallel], func.script()
+    assert tvm.tirx.ForKind.UNROLLED in _loop_kinds(func)
+    _run_shapes(mod, [(1, 17, 22, 3), (2, 9, 12, 3)],
+                lambda x: _torch_conv(x, weight, 1, 2), rng)
+
+
 def test_conv_rule_off_for_symbolic_sizes_leaves_them_to_the_fallback(rng):
     weight = (rng.standard_normal((3, 3, 16, 32)) * 0.3).astype("float32")
     mod = _module([N, H, W, 16], _conv(weight, 1, 2))
