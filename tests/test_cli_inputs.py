@@ -440,3 +440,22 @@ def test_detector_run_names_the_weights(detector_lib, tmp_path, capsys, monkeypa
         else:
             assert f"(exact build; weights {weights}) ->" in stdout, stdout
             assert captions[-1].endswith(f"; weights {weights}"), captions
+
+
+def test_run_image_takes_a_sample_photos_name_and_says_what_it_takes(tmp_path, monkeypatch):
+    """``run --image astronaut`` where no such file exists: the sample photo (what a new user
+    tried); a missing file's one line names both forms."""
+    from tvm_roialign.cli._common import CLIError
+    from tvm_roialign.cli._photos import read_photos
+    from tvm_roialign.runtime.sample_photos import sample_photo
+
+    monkeypatch.chdir(tmp_path)
+    [photo] = read_photos(["astronaut"])
+    np.testing.assert_array_equal(photo, sample_photo("astronaut"))
+    missing = r"--image: image 'missing.jpg' does not exist \(a photo file .*astronaut"
+    with pytest.raises(CLIError, match=missing):
+        read_photos(["missing.jpg"])
+    # a file of a sample's name is the file
+    Image.fromarray(np.full((40, 50, 3), 7, np.uint8)).save(tmp_path / "coffee", format="PNG")
+    [own] = read_photos(["coffee"])
+    assert own.shape == (40, 50, 3) and (own == 7).all()

@@ -31,7 +31,8 @@ def add_image_argument(group) -> None:
         default=None,
         metavar="PHOTO",
         help="photos (any Pillow format) to run the detector on: --image a.jpg b.png, or "
-        "--image repeated; each gets its own --out picture and --json (named after the photo "
+        "--image repeated, or a sample photo's name (astronaut, coffee, chelsea, rocket, "
+        "grace_hopper); each gets its own --out picture and --json (named after the photo "
         "when there are several)",
     )
 
@@ -65,14 +66,31 @@ def output_pairs(photos: list[str], out: Path, report: Path) -> list[tuple[Path,
 
 
 def read_photos(photos: list[str]) -> list:
-    """Every photo as ``[H, W, 3]`` uint8 RGB; the first unreadable one is one line naming it."""
+    """Every photo as ``[H, W, 3]`` uint8 RGB: a file, or the name of a sample photo
+    (:data:`~tvm_roialign.runtime.sample_photos.SAMPLE_PHOTOS`) where no file of that name exists;
+    the first unreadable one is one line naming it."""
     from ..runtime import read_image
+    from ..runtime.sample_photos import SAMPLE_PHOTOS, sample_photo
 
     arrays = []
     for photo in photos:
+        if photo in SAMPLE_PHOTOS and not Path(photo).exists():
+            try:
+                arrays.append(sample_photo(photo))
+            except ImportError as err:
+                raise CLIError(
+                    f"--image {photo}: the sample photos come with scikit-image and matplotlib "
+                    f"({first_line(err)}); give a photo file instead"
+                ) from None
+            continue
         try:
             arrays.append(read_image(photo))
-        except (ValueError, FileNotFoundError) as err:
+        except FileNotFoundError as err:
+            raise CLIError(
+                f"--image: {first_line(err)} (a photo file in any format Pillow reads, or a sample "
+                f"photo's name: {', '.join(SAMPLE_PHOTOS)})"
+            ) from None
+        except ValueError as err:
             raise CLIError(f"--image: {first_line(err)}") from None
     return arrays
 
