@@ -22,6 +22,12 @@ from tvm.relax.frontend.onnx import onnx_frontend
 _FLOAT = ("float16", "float32", "float64")
 
 
+def _float_bound(value, unbounded: float) -> float:
+    """A bound's value as a float (``unbounded`` for NaN: no bound)."""
+    value = float(value)
+    return unbounded if math.isnan(value) else value
+
+
 def _bound(expr, unbounded: float) -> float | None:
     """The float value of an optional constant scalar bound (``unbounded`` when absent or NaN),
     or None when it is not a constant scalar."""
@@ -30,10 +36,7 @@ def _bound(expr, unbounded: float) -> float | None:
     if not isinstance(expr, tvm.ir.expr.Constant) or not hasattr(expr.value, "numpy"):
         return None
     value = expr.value.numpy()
-    if value.size != 1:
-        return None
-    value = float(value.reshape(()))
-    return unbounded if math.isnan(value) else value
+    return _float_bound(value.reshape(()), unbounded) if value.size == 1 else None
 
 
 class ClipConverter(onnx_frontend.OnnxOpConverter):
@@ -47,8 +50,9 @@ class ClipConverter(onnx_frontend.OnnxOpConverter):
     def _impl_v1(cls, bb, inputs, attr, params):
         if str(inputs[0].ty.dtype) not in _FLOAT:
             return onnx_frontend.Clip._impl_v1(bb, inputs, attr, params)
-        low = _bound(relax.const(np.float32(attr.get("min", -np.inf))), -math.inf)
-        high = _bound(relax.const(np.float32(attr.get("max", np.inf))), math.inf)
+        # opset 6's attributes are float32
+        low = _float_bound(np.float32(attr.get("min", -np.inf)), -math.inf)
+        high = _float_bound(np.float32(attr.get("max", np.inf)), math.inf)
         return cls._clip(bb, inputs[0], low, high)
 
     @classmethod

@@ -48,14 +48,19 @@ class WinogradWeights:
         self._sources[_key(transformed)] = (np.ascontiguousarray(weight_hwio), int(m))
         self._shapes.add(transformed.shape)
 
-    def source(self, expr) -> tuple[np.ndarray, int] | None:
-        """``(hwio weight, m)`` of the constant ``expr`` when it is a recorded ``U``, else None."""
+    def source(self, expr) -> tuple[tuple, np.ndarray, int] | None:
+        """``(its key, hwio weight, m)`` of the constant ``expr`` when it is a recorded ``U``,
+        else None (the key, a hash of its value, tells equal weights apart from others)."""
         if not isinstance(expr, tvm.ir.expr.Constant) or not hasattr(expr.value, "shape"):
             return None
         if tuple(int(d) for d in expr.value.shape) not in self._shapes:
             return None
         value = const_value(expr)
-        return None if value is None else self._sources.get(_key(value))
+        if value is None:
+            return None
+        key = _key(value)
+        found = self._sources.get(key)
+        return None if found is None else (key, *found)
 
     def __len__(self) -> int:
         return len(self._sources)
@@ -120,10 +125,9 @@ class _Rewriter(PyExprMutator):
         source = self.record.source(const)
         if source is None:
             return None
-        hwio, m = source
+        key, hwio, m = source
         ty = const.ty
-        key = ("weight", _key(const_value(const)))
-        index = self.lifted.add(key, ty, lambda: self.lifted.weight_call(hwio, m, ty))
+        index = self.lifted.add(("weight", key), ty, lambda: self.lifted.weight_call(hwio, m, ty))
         return self._param(index, ty)
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
@@ -142,15 +146,14 @@ class _Rewriter(PyExprMutator):
         source = self.record.source(args.fields[0])
         if source is None:
             return None
-        hwio, m = source
+        key, hwio, m = source
         gvar, inner_ty, ty = call.args[0], args.fields[0].ty, call.ty
-        key = ("packed", gvar.name_hint, _key(const_value(args.fields[0])))
 
         def emit():
             weight = self.lifted.builder.emit(self.lifted.weight_call(hwio, m, inner_ty))
             return relax.call_tir(gvar, [weight], ty)
 
-        return self._param(self.lifted.add(key, ty, emit), ty)
+        return self._param(self.lifted.add(("packed", gvar.name_hint, key), ty, emit), ty)
 
     def visit_generic_const_(self, const):  # pylint: disable=arguments-renamed
         param = self._lift_weight(const)
