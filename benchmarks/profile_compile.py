@@ -17,6 +17,7 @@ import argparse
 import os
 import resource
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -52,10 +53,17 @@ def _pass_instrument(max_depth: int):
 
     @tvm.instrument.pass_instrument
     class Timing:
-        """Inclusive wall / CPU time of each pass down to ``max_depth`` levels of nesting."""
+        """Inclusive wall / CPU time of each pass down to ``max_depth`` levels of nesting (each
+        thread on its own stack: the kernels' TIR passes run in several at once)."""
 
         def __init__(self):
-            self.stack = []
+            self.local = threading.local()
+
+        @property
+        def stack(self):
+            if not hasattr(self.local, "stack"):
+                self.local.stack = []
+            return self.local.stack
 
         def run_before_pass(self, _mod, info):
             depth = len(self.stack)

@@ -80,9 +80,54 @@ def export_options(target, path) -> dict:
 
 
 def export_library(executable, path, target) -> Path:
-    """``executable.export_library(path)``, cross-linked where ``target`` needs it; returns ``path``."""
-    executable.export_library(str(path), **export_options(target, path))
+    """``executable.export_library(path)``, cross-linked where ``target`` needs it; returns ``path``.
+    A build whose kernels are in several LLVM modules (:func:`tvm_roialign.codegen.build_kernels`)
+    has their objects written at once (:func:`_export_in_parallel`)."""
+    options = export_options(target, path)
+    if not _export_in_parallel(executable, path, options.get("fcompile")):
+        executable.export_library(str(path), **options)
     return Path(path)
+
+
+def _export_in_parallel(executable, path, fcompile) -> bool:
+    """What ``export_library`` does for a library of LLVM modules, with each module's object file
+    (LLVM's code generation: seconds each for a detector) and the packed imports (the VM's
+    bytecode and constants) written in threads at once, then linked (or put in a ``.tar``) as
+    ``export_library`` links them. False, having written nothing, for anything else (a single
+    module, a system library, a C or device module, a linker that wants another object format):
+    ``export_library`` itself then."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tvm.runtime import _ffi_api
+    from tvm.support import cc, tar, utils
+
+    from .host import usable_cores
+
+    lib = getattr(executable, "mod", executable)
+    modules = lib._collect_dso_modules()
+    if len(modules) < 2 or any(m.kind != "llvm" for m in modules) or not lib.imports:
+        return False
+    if getattr(fcompile, "object_format", "o") != "o":
+        return False
+    if modules[0].get_function("__tvm_is_system_module")():
+        return False
+    llvm_target = modules[0].get_function("_get_target_string")()
+    if fcompile is None:
+        fcompile = tar.tar if str(path).endswith(".tar") else cc.create_shared
+    workspace = utils.tempdir()
+    objects = [workspace.relpath(f"lib{i}.o") for i in range(len(modules))]
+    packed = workspace.relpath("devc.o")
+
+    def write(i: int) -> None:
+        if i == len(modules):
+            _ffi_api.ModulePackImportsToLLVM(lib, False, llvm_target, "").write_to_file(packed)
+        else:
+            modules[i].write_to_file(objects[i])
+
+    with ThreadPoolExecutor(max(min(usable_cores(), len(modules) + 1), 1)) as pool:
+        list(pool.map(write, range(len(modules) + 1)))
+    fcompile(str(path), [*objects, packed])
+    return True
 
 
 __all__ = [

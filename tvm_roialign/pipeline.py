@@ -58,7 +58,8 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from .host import request_amx, use_usable_cores
+from .codegen import compile_parallel
+from .host import request_amx, usable_cores, use_usable_cores
 from .pipeline_phases import cpu_schedule_pass, prepare_pipeline
 from .precision.policy import check_keep_fp32
 from .schedules import CPUDefault
@@ -154,7 +155,7 @@ def _weight_phases(pack_weights: bool, record) -> list:
     constant weights (``pack_weights``); with a :class:`~tvm_roialign.passes.WinogradWeights`
     ``record``, the Winograd weights it knows (and their packing) moved into ``load_weights``
     first (:class:`~tvm_roialign.passes.LiftWeightTransforms`), which the folding leaves alone."""
-    from .passes import FoldLayoutRewrite, LiftWeightTransforms
+    from .passes import FoldConstantIfFoldable, FoldLayoutRewrite, LiftWeightTransforms
 
     lift = [LiftWeightTransforms(record)] if record is not None else []
     if not pack_weights:
@@ -162,7 +163,7 @@ def _weight_phases(pack_weights: bool, record) -> list:
     return [
         _split_layout_rewrite_preproc(),
         *lift,
-        _without_load_weights(FoldLayoutRewrite(), relax.transform.FoldConstant()),
+        _without_load_weights(FoldLayoutRewrite(), FoldConstantIfFoldable()),
         relax.transform.DeadCodeElimination(),
     ]
 
@@ -398,7 +399,8 @@ def _build_cpu(mod, target, tuning_records, options: dict) -> Built:
             tuning_records = apply_database_pass(records, report=coverages.append, target=target)
         options["tuning_records"] = tuning_records
     pipeline = cpu_pipeline(target, symbolic_report=symbolic.append, **options)
-    executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    # the kernels lowered and compiled in as many threads as this process has cores
+    executable = compile_parallel(mod, target, pipeline, jobs=usable_cores())
     coverage = coverages[-1] if coverages else None
     if records is not None and coverage is not None:
         records.report(coverage)

@@ -43,6 +43,7 @@ def _graph_passes(
         BoundConstantTakes,
         ConvertLayoutWherePossible,
         FoldBatchNorm,
+        FoldConstantIfFoldable,
         FoldConstantNumPy,
         HoistActivations,
         PadChannels,
@@ -67,14 +68,14 @@ def _graph_passes(
     passes += [
         FoldConstantNumPy(),
         BoundConstantTakes(),
-        relax.transform.FoldConstant(),
+        FoldConstantIfFoldable(),
         BoundConstantTakes(),
     ]
     if fold_batch_norm:
         passes.append(FoldBatchNorm())
     passes += [
         relax.transform.DecomposeOpsForInference(),
-        relax.transform.FoldConstant(),
+        FoldConstantIfFoldable(),
         # gathers of one constant index as slices, which fuse with their consumers
         TakesAsSlices(),
         # a transformer MLP's GELU next to its matmul's bias add, so that they fuse
@@ -103,6 +104,8 @@ def _int8_pass(target: tvm.target.Target, plan, calibration, keep_fp32=(), winog
     those of the plan's kernels."""
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
+    from .codegen import compile_parallel
+    from .host import usable_cores
     from .passes import Int8Contractions
     from .precision.calibration import calibration_entry, calibration_inputs
     from .precision.policy import FP32
@@ -119,7 +122,9 @@ def _int8_pass(target: tvm.target.Target, plan, calibration, keep_fp32=(), winog
                 *cpu_generic.dataflow_lower_passes(observed),
                 *cpu_generic.finalize_passes(observed),
             ]
-            executable = tvm.compile(mod, target=observed, relax_pipeline=tvm.transform.Sequential(phases))
+            executable = compile_parallel(
+                mod, observed, tvm.transform.Sequential(phases), jobs=usable_cores()
+            )
         vm = relax.VirtualMachine(executable, tvm.cpu())
         entry = vm[calibration_entry(mod)]
         return lambda *arrays: entry(*(tvm.runtime.tensor(a) for a in arrays))

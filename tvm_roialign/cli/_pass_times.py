@@ -1,10 +1,13 @@
 """``compile -v``: the time of each TVM pass of the build, summed by pass name, the longest printed
 after the summary (what ``tvmc compile --print-pass-times`` shows, in a table). Measured by a pass
-instrument put on the build's ``PassContext``; a nested pass's time is also in its parent's."""
+instrument put on the build's ``PassContext``; a nested pass's time is also in its parent's. The
+kernels' TIR passes run in several threads at once (:mod:`tvm_roialign.codegen`): each thread's
+passes are timed on their own stack, and a pass's seconds are the sum over the threads."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import defaultdict
 
@@ -13,22 +16,34 @@ SHOWN = 15
 
 
 class PassTimes:
-    """Wall seconds and calls per pass name, and the depth it first ran at (0: the pipeline's own)."""
+    """Wall seconds and calls per pass name (summed over the threads that ran it), and the depth it
+    first ran at (0: the pipeline's own, or a thread's first)."""
 
     def __init__(self):
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self.depth: dict[str, int] = {}
-        self._stack: list[tuple[str, float]] = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    @property
+    def _stack(self) -> list[tuple[str, float]]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
 
     def enter(self, name: str) -> None:
-        self.depth.setdefault(name, len(self._stack))
-        self._stack.append((name, time.perf_counter()))
+        stack = self._stack
+        with self._lock:
+            self.depth.setdefault(name, len(stack))
+        stack.append((name, time.perf_counter()))
 
     def leave(self) -> None:
         name, t0 = self._stack.pop()
-        self.seconds[name] += time.perf_counter() - t0
-        self.calls[name] += 1
+        with self._lock:
+            self.seconds[name] += time.perf_counter() - t0
+            self.calls[name] += 1
 
     def lines(self, shown: int = SHOWN) -> list[str]:
         # TVM's anonymous Sequential containers: the passes they hold are listed themselves

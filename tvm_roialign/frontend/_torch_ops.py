@@ -1,10 +1,17 @@
 """Converters for ATen ops that TVM's ``torch.export`` importer lacks or converts wrongly.
 
-Lacking: ``amax``, ``amin``, ``min.dim``, ``prod.dim_int``, ``var_mean``, ``adaptive_max_pool2d``.
+Lacking: ``amax``, ``amin``, ``min.dim``, ``prod.dim_int``, ``var_mean``, ``adaptive_max_pool2d``, and
+``where`` with a scalar branch (``where.ScalarOther`` / ``ScalarSelf`` / ``Scalar``: a program
+imported without PyTorch's decompositions keeps them).
 Wrong: ``grid_sampler_2d`` (the grid is PyTorch's ``[N, H, W, 2]``, TVM's kernel reads ``[N, 2, H,
 W]``: the stock converter passes it unchanged and the output has the wrong shape), ``im2col``
-(``F.unfold``; the stock converter fails for every kernel size but 1), ``group_norm`` without an
-affine weight (the stock converter builds a call with a null argument and TVM aborts).
+(``F.unfold``; the stock converter fails for every kernel size but 1), ``batch_norm.default`` (what a
+program imported without PyTorch's decompositions holds for ``nn.BatchNorm2d``: the stock
+converter reads its ``training`` flag as the momentum and its momentum as epsilon, and normalizes
+by the batch's statistics: an eval-mode program imports as a training-mode one), ``group_norm`` without an
+affine weight (the stock converter builds a call with a null argument and TVM aborts), ``stack`` (the
+stock ``relax.stack`` fails Relax's ``ConvertLayout``, whose layout rule for it indexes out of range:
+here an ``expand_dims`` of each input and a ``concat``, as PyTorch's decomposition makes it).
 
 Each converter takes ``(node, importer)``, as ``from_exported_program``'s ``custom_convert_map``.
 """
@@ -56,6 +63,64 @@ def _min_dim(node, importer):
     values = bb.emit(relax.op.min(x, axis=[axis], keepdims=keepdim))
     indices = bb.emit(relax.op.argmin(x, axis=axis, keepdims=keepdim))
     return bb.emit(relax.Tuple([values, indices]))
+
+
+def _where_scalar(node, importer):
+    """``aten.where.ScalarOther`` / ``ScalarSelf`` / ``Scalar``: ``where(condition, a, b)`` with a
+    Python scalar for one branch or both, in the dtype PyTorch gives the result
+    (``torch.result_type``: the tensor's dtype, unless a float scalar meets an integer or bool
+    tensor)."""
+    condition = importer.env[node.args[0]]
+    branches = [importer.env[a] if isinstance(a, torch.fx.Node) else a for a in node.args[1:3]]
+    # each branch as PyTorch sees it when it promotes: a 0-d tensor of its dtype, or the scalar
+    seen = [
+        torch.empty((), dtype=getattr(torch, str(b.ty.dtype))) if isinstance(b, relax.Expr) else b
+        for b in branches
+    ]
+    dtype = str(torch.result_type(*seen)).removeprefix("torch.")
+    values = [
+        (b if str(b.ty.dtype) == dtype else relax.op.astype(b, dtype))
+        if isinstance(b, relax.Expr) else relax.const(b, dtype)
+        for b in branches
+    ]
+    return importer.block_builder.emit(relax.op.where(condition, *values))
+
+
+def _stack(node, importer):
+    """``aten.stack.default``: each input given the new axis (``expand_dims``), then ``concat``."""
+    bb = importer.block_builder
+    inputs = [importer.env[t] for t in node.args[0]]
+    rank = len(importer.shape_of(inputs[0])) + 1
+    axis = _arg(node, 1, "dim", 0)
+    if not -rank <= axis < rank:
+        raise ValueError(f"stack dim must be in [{-rank}, {rank}), got {axis}")
+    axis %= rank
+    return bb.emit(relax.op.concat([relax.op.expand_dims(x, axis) for x in inputs], axis=axis))
+
+
+def _batch_norm(node, importer):
+    """``aten.batch_norm.default(input, weight, bias, running_mean, running_var, training,
+    momentum, eps, cudnn_enabled)`` in inference: normalized by the running statistics (a
+    training-mode batch norm, which normalizes by the batch's own and updates the running ones,
+    is refused: the importer makes inference programs)."""
+    x = importer.env[node.args[0]]
+    training = bool(_arg(node, 5, "training", False))
+    if training:
+        raise ValueError("batch_norm with training=True: export the model in eval mode (model.eval())")
+    channels = int(importer.shape_of(x)[1])
+    dtype = str(x.ty.dtype)
+    eps = float(_arg(node, 7, "eps", 1e-5))
+
+    def operand(index, fill):
+        arg = node.args[index] if len(node.args) > index else None
+        return importer.env[arg] if arg is not None else relax.const(np.full(channels, fill, dtype))
+
+    bb = importer.block_builder
+    result = bb.emit(relax.op.nn.batch_norm(
+        x, operand(1, 1.0), operand(2, 0.0), operand(3, 0.0), operand(4, 1.0), axis=1, epsilon=eps,
+        center=node.args[2] is not None, scale=node.args[1] is not None, training=False,
+    ))
+    return bb.emit(relax.TupleGetItem(result, 0))
 
 
 def _var_mean(node, importer):
@@ -191,6 +256,11 @@ def stock_gap_converters() -> dict:
         "group_norm.default": _group_norm,
         "im2col.default": _im2col,
         "adaptive_max_pool2d.default": _adaptive_max_pool2d,
+        "where.ScalarOther": _where_scalar,
+        "where.ScalarSelf": _where_scalar,
+        "where.Scalar": _where_scalar,
+        "stack.default": _stack,
+        "batch_norm.default": _batch_norm,
     }
 
 

@@ -360,11 +360,13 @@ def from_exported_program(exported_program, *, custom_convert_map=None, **kwargs
     # decomposed here (a new program, so the caller's is not modified), keeping the ops that
     # converters of ours take whole (their decompositions import wrongly)
     decompose = kwargs.pop("run_ep_decomposition", True)
-    exported_program = exported_program.run_decompositions(
-        decomposition_table() if decompose else {}
-    )
+    per_level = has_per_level_pooling(exported_program.graph)
+    if decompose or per_level:
+        exported_program = exported_program.run_decompositions(
+            decomposition_table() if decompose else {}
+        )
     kwargs["run_ep_decomposition"] = False
-    if has_per_level_pooling(exported_program.graph):
+    if per_level:
         # a plain torch.export of MultiScaleRoIAlign: fuse the per-level pooling before TVM's
         # importer sees it
         fuse_per_level_pooling(exported_program)

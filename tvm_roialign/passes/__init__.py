@@ -15,6 +15,8 @@
   moves into the dense weight;
 * :class:`HoistActivations` (:mod:`.hoist_activations`): an activation of a reshape moves ahead
   of it (a transformer MLP's GELU into its matmul's epilogue), chains of reshapes merge;
+* :class:`FoldConstantIfFoldable` (:mod:`.fold_constant_if_foldable`): ``FoldConstant`` only when the
+  module has something it folds (TVM's legalizes every call first: a second per detector pass);
 * :class:`BoundConstantTakes` (:mod:`.bound_constant_takes`): gathers of constant in-bounds
   indices in mode ``"clip"`` (no out-of-bounds warning from TVM); :class:`TakesAsSlices`
   (:mod:`.takes_as_slices`): a gather of one constant index as a slice; :class:`WrapTakes`
@@ -42,6 +44,7 @@ from .convert_layout import ConvertLayout
 from .convert_layout_where_possible import ConvertLayoutWherePossible
 from .desired_layouts import LAYOUT_OPS, desired_layouts
 from .fold_batch_norm import FoldBatchNorm
+from .fold_constant_if_foldable import FoldConstantIfFoldable
 from .fold_constant_numpy import FoldConstantNumPy
 from .fold_flatten_permute import FoldFlattenPermute
 from .fold_layout_rewrite import FoldLayoutRewrite
@@ -67,6 +70,7 @@ __all__ = [
     "ConvertLayout",
     "ConvertLayoutWherePossible",
     "FoldBatchNorm",
+    "FoldConstantIfFoldable",
     "FoldConstantNumPy",
     "FoldFlattenPermute",
     "FoldLayoutRewrite",

@@ -50,6 +50,21 @@ class ConstantFolder(FunctionRewriter):
         self.changed = True
         return relax.const(value, str(value.dtype))
 
+    # a variable bound to a constant is the constant where it is used (as FoldConstant makes
+    # it): the calls it feeds see it, and no FoldConstant is needed after this pass to do so
+    def visit_var_(self, var):  # pylint: disable=arguments-renamed
+        return self._inlined(super().visit_var_(var))
+
+    def visit_dataflow_var_(self, var):  # pylint: disable=arguments-renamed
+        return self._inlined(super().visit_dataflow_var_(var))
+
+    def _inlined(self, var):
+        value = self.lookup(var)
+        if isinstance(value, tvm.ir.expr.Constant) and const_value(value) is not None:
+            self.changed = True
+            return value
+        return var
+
 
 def rewrite_module(rewriter_cls, mod: tvm.IRModule, **attrs) -> tvm.IRModule:
     """Run ``rewriter_cls`` over ``mod``; the same module object when nothing matched.

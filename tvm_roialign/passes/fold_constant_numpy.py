@@ -84,6 +84,10 @@ def evaluate(call, lookup=lambda expr: None) -> np.ndarray | None:
     if name == "relax.full":
         shape, fill = _static_shape(args[0]), const_value(args[1])
         return None if shape is None or fill is None else np.full(shape, fill, str(call.attrs.dtype))
+    if name in ("relax.zeros", "relax.ones"):
+        shape = _static_shape(args[0])
+        make = np.zeros if name == "relax.zeros" else np.ones
+        return None if shape is None else make(shape, str(call.attrs.dtype))
     if consts[0] is None:
         return None
     x = consts[0]
