@@ -47,18 +47,25 @@ def _flat(out):
     return [t.detach().numpy() for t in out]
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_op_equals_eager(name):
-    fn, shape = CASES[name]
-    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
-    expected = _flat(fn(x))
-    mod = from_exported_program(torch.export.export(FunctionModule(fn), (x,)))
-    got = compile_and_run(mod, [x.numpy()])
+def _assert_imports_as_eager(fn, shape, seed: int, **import_options):
+    """``fn`` (a function of x, or a module) exported, imported with ``import_options``, compiled
+    and run: every output of eager PyTorch's shape and dtype, within 1e-5."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        expected = _flat(fn(x))
+        module = fn if isinstance(fn, torch.nn.Module) else FunctionModule(fn)
+        program = torch.export.export(module, (x,))
+    got = compile_and_run(from_exported_program(program, **import_options), [x.numpy()])
     got = got if isinstance(got, list) else [got]
     assert len(got) == len(expected)
     for ours, ref in zip(got, expected):
         assert ours.shape == ref.shape and ours.dtype == ref.dtype, (ours.shape, ref.shape, ours.dtype)
         np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_equals_eager(name):
+    _assert_imports_as_eager(*CASES[name], seed=0)
 
 
 def test_adaptive_max_pool2d_of_nan_and_minus_infinity_equals_eager():
@@ -107,19 +114,7 @@ UNDECOMPOSED_CASES = {
 
 @pytest.mark.parametrize("name", sorted(UNDECOMPOSED_CASES))
 def test_undecomposed_op_equals_eager(name):
-    fn, shape = UNDECOMPOSED_CASES[name]
-    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        expected = _flat(fn(x))
-        module = fn if isinstance(fn, torch.nn.Module) else FunctionModule(fn)
-        program = torch.export.export(module, (x,))
-    mod = from_exported_program(program, run_ep_decomposition=False)
-    got = compile_and_run(mod, [x.numpy()])
-    got = got if isinstance(got, list) else [got]
-    assert len(got) == len(expected)
-    for ours, ref in zip(got, expected):
-        assert ours.shape == ref.shape and ours.dtype == ref.dtype, (ours.shape, ref.shape, ours.dtype)
-        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+    _assert_imports_as_eager(*UNDECOMPOSED_CASES[name], seed=1, run_ep_decomposition=False)
 
 
 def test_batch_norm_in_training_mode_is_refused():
