@@ -112,3 +112,19 @@ def test_kernels_that_call_each_other_build_together():
     assert _kernel_sizes(mod) is None
     lib = build_kernels(mod, TARGET, jobs=2)
     assert len(lib.imports) == 0
+
+
+def test_cross_target_tar_holds_every_share(tmp_path):
+    """A build for another architecture (AArch64) in two shares exports as a .tar of object files
+    (no cross linker needed): both shares' objects and the packed executable, each for AArch64."""
+    import tarfile
+
+    target = parse_target("aarch64")
+    executable = compile_parallel(_model(), target, cpu_pipeline(target), jobs=2)
+    path = export_library(executable, tmp_path / "m.tar", target)
+    with tarfile.open(path) as tar:
+        names = sorted(tar.getnames())
+        objects = [tar.extractfile(name).read() for name in names]
+    assert names == ["devc.o", "lib0.o", "lib1.o"]
+    for data in objects:
+        assert data[:4] == b"\x7fELF" and data[18] == 183  # ELF, e_machine EM_AARCH64
