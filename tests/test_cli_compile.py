@@ -116,7 +116,9 @@ def test_dump_code(pt2_model, cli_workdir, capsys):
     assert 'layout="NHWC"' in relax_text  # ConvertLayout ran before the dump
     tir_text = (cli_workdir / "tiny_dump.so.tir").read_text()
     assert "T.prim_func" in tir_text and "roi_align" in tir_text
-    assert "define" in (cli_workdir / "tiny_dump.so.ll").read_text()
+    llvm_ir = (cli_workdir / "tiny_dump.so.ll").read_text()
+    kernels = re.findall(r"^def (\w+)\(", tir_text, re.M)
+    assert kernels and all(f"@__tvm_ffi_{name}(" in llvm_ir for name in kernels), kernels  # both threads'
     assert ".text" in (cli_workdir / "tiny_dump.so.asm").read_text()
 
 

@@ -41,7 +41,8 @@ def write_dumps(out: Path, formats, mod, tir_mod, executable) -> list[str]:
         else:
             host = executable.mod.imports[0] if executable.mod.imports else None
             try:
-                text = host.inspect_source(fmt)
+                # every module of the kernels (built in several threads, one module each)
+                text = "\n\n".join(m.inspect_source(fmt) for m in host._collect_dso_modules())
             except Exception as err:  # noqa: BLE001 - not an LLVM module (cross .tar, GPU host)
                 raise CLIError(
                     f"--dump-code {fmt}: not available for this build ({first_line(err)})"

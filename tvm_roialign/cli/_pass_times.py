@@ -16,8 +16,8 @@ SHOWN = 15
 
 
 class PassTimes:
-    """Wall seconds and calls per pass name (summed over the threads that ran it), and the depth it
-    first ran at (0: the pipeline's own, or a thread's first)."""
+    """Wall seconds and calls per pass name (summed over the threads that ran it), and the shallowest
+    depth it ran at (0: the pipeline's own, or a thread's first)."""
 
     def __init__(self):
         self.seconds: dict[str, float] = defaultdict(float)
@@ -35,8 +35,8 @@ class PassTimes:
 
     def enter(self, name: str) -> None:
         stack = self._stack
-        with self._lock:
-            self.depth.setdefault(name, len(stack))
+        with self._lock:  # the shallowest it ran at: a thread's TIR passes are in no pass
+            self.depth[name] = min(self.depth.get(name, len(stack)), len(stack))
         stack.append((name, time.perf_counter()))
 
     def leave(self) -> None:
@@ -49,8 +49,9 @@ class PassTimes:
         # TVM's anonymous Sequential containers: the passes they hold are listed themselves
         named = [item for item in self.seconds.items() if item[0] != "sequential"]
         longest = sorted(named, key=lambda item: -item[1])[:shown]
-        out = [f"pass times (the {len(longest)} longest of {len(named)} passes; "
-               "a nested pass, indented, is also in its parent's time):"]
+        out = [f"pass times (the {len(longest)} longest of {len(named)} passes; a nested pass, "
+               "indented, is also in its parent's time; the kernels' TIR passes (_pipeline and what "
+               "it runs) run in several threads at once: their times are summed over the threads):"]
         for name, seconds in longest:
             indent = "  " * min(self.depth[name], 3)
             out.append(f"  {seconds:8.2f} s  {self.calls[name]:5d} x  {indent}{name}")
