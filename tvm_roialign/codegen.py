@@ -26,6 +26,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
+from .host import usable_cores
+
 
 def _kernel_sizes(tir_mod: tvm.IRModule) -> dict | None:
     """Each PrimFunc's size (its statements: what the TIR passes and LLVM walk, roughly),
@@ -80,10 +82,15 @@ def build_kernels(tir_mod: tvm.IRModule, target: tvm.target.Target, jobs: int,
     return libs[0]
 
 
-def compile_parallel(mod: tvm.IRModule, target: tvm.target.Target, relax_pipeline, jobs: int):
+def compile_parallel(mod: tvm.IRModule, target: tvm.target.Target, relax_pipeline,
+                     jobs: int | None = None):
     """``tvm.compile(mod, target, relax_pipeline=relax_pipeline)`` with the kernels built by
-    :func:`build_kernels` in ``jobs`` threads; a ``relax.VMExecutable``."""
+    :func:`build_kernels` in ``jobs`` threads (None: as many as this process has cores); a
+    ``relax.VMExecutable``."""
     from tvm.relax import _ffi_api, vm_build
+
+    if jobs is None:
+        jobs = usable_cores()
 
     system_lib = "wasm" in str(target.attrs.get("mtriple", "")) or (
         mod.attrs is not None and "system_lib_prefix" in mod.attrs

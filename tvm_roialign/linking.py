@@ -124,7 +124,7 @@ def _export_in_parallel(executable, path, fcompile) -> bool:
         else:
             modules[i].write_to_file(objects[i])
 
-    with ThreadPoolExecutor(max(min(usable_cores(), len(modules) + 1), 1)) as pool:
+    with ThreadPoolExecutor(min(usable_cores(), len(modules) + 1)) as pool:
         list(pool.map(write, range(len(modules) + 1)))
     fcompile(str(path), [*objects, packed])
     return True

@@ -59,7 +59,7 @@ import tvm
 from tvm import relax
 
 from .codegen import compile_parallel
-from .host import request_amx, usable_cores, use_usable_cores
+from .host import request_amx, use_usable_cores
 from .pipeline_phases import cpu_schedule_pass, prepare_pipeline
 from .precision.policy import check_keep_fp32
 from .schedules import CPUDefault
@@ -400,7 +400,7 @@ def _build_cpu(mod, target, tuning_records, options: dict) -> Built:
         options["tuning_records"] = tuning_records
     pipeline = cpu_pipeline(target, symbolic_report=symbolic.append, **options)
     # the kernels lowered and compiled in as many threads as this process has cores
-    executable = compile_parallel(mod, target, pipeline, jobs=usable_cores())
+    executable = compile_parallel(mod, target, pipeline)
     coverage = coverages[-1] if coverages else None
     if records is not None and coverage is not None:
         records.report(coverage)

@@ -105,7 +105,6 @@ def _int8_pass(target: tvm.target.Target, plan, calibration, keep_fp32=(), winog
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
     from .codegen import compile_parallel
-    from .host import usable_cores
     from .passes import Int8Contractions
     from .precision.calibration import calibration_entry, calibration_inputs
     from .precision.policy import FP32
@@ -122,9 +121,7 @@ def _int8_pass(target: tvm.target.Target, plan, calibration, keep_fp32=(), winog
                 *cpu_generic.dataflow_lower_passes(observed),
                 *cpu_generic.finalize_passes(observed),
             ]
-            executable = compile_parallel(
-                mod, observed, tvm.transform.Sequential(phases), jobs=usable_cores()
-            )
+            executable = compile_parallel(mod, observed, tvm.transform.Sequential(phases))
         vm = relax.VirtualMachine(executable, tvm.cpu())
         entry = vm[calibration_entry(mod)]
         return lambda *arrays: entry(*(tvm.runtime.tensor(a) for a in arrays))

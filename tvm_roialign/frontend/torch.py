@@ -357,16 +357,16 @@ def from_exported_program(exported_program, *, custom_convert_map=None, **kwargs
     """
     table = convert_map()
     table.update(custom_convert_map or {})
-    # decomposed here (a new program, so the caller's is not modified), keeping the ops that
-    # converters of ours take whole (their decompositions import wrongly)
+    # decomposed here, keeping the ops that converters of ours take whole (their decompositions
+    # import wrongly); without decompositions, still a new program where the per-level pooling is
+    # fused below, so that the caller's is not modified
     decompose = kwargs.pop("run_ep_decomposition", True)
-    per_level = has_per_level_pooling(exported_program.graph)
-    if decompose or per_level:
+    if decompose or has_per_level_pooling(exported_program.graph):
         exported_program = exported_program.run_decompositions(
             decomposition_table() if decompose else {}
         )
     kwargs["run_ep_decomposition"] = False
-    if per_level:
+    if has_per_level_pooling(exported_program.graph):
         # a plain torch.export of MultiScaleRoIAlign: fuse the per-level pooling before TVM's
         # importer sees it
         fuse_per_level_pooling(exported_program)

@@ -60,7 +60,7 @@ class ConstantFolder(FunctionRewriter):
 
     def _inlined(self, var):
         value = self.lookup(var)
-        if isinstance(value, tvm.ir.expr.Constant) and const_value(value) is not None:
+        if value is not None and const_value(value) is not None:  # a tensor constant
             self.changed = True
             return value
         return var
