@@ -111,26 +111,42 @@ def _matmul_module(k: int, n: int, weight: np.ndarray, m: int) -> tvm.IRModule:
     return bb.get()
 
 
-def _conv_module(shape, weight: np.ndarray, stride: int) -> tvm.IRModule:
+def _conv(x, weight: np.ndarray, stride: int, padding: int = 1):
+    return relax.op.nn.conv2d(x, relax.const(weight), strides=stride, padding=padding,
+                              data_layout="NHWC", kernel_layout="OHWI")
+
+
+def _conv_module(shape, weight: np.ndarray, stride: int, padding: int = 1) -> tvm.IRModule:
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(list(shape), "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            y = bb.emit_output(relax.op.nn.conv2d(
-                x, relax.const(weight), strides=stride, padding=1,
-                data_layout="NHWC", kernel_layout="OHWI",
-            ))
+            y = bb.emit_output(_conv(x, weight, stride, padding))
         bb.emit_func_output(y)
     return bb.get()
 
 
-def _conv_reference(x: np.ndarray, w_ohwi: np.ndarray, stride: int) -> np.ndarray:
-    """int64 NHWC convolution, zero padding 1."""
+def _shared_input_module(shape, w3: np.ndarray, w1: np.ndarray) -> tvm.IRModule:
+    """``x`` read by a 3x3 conv, a 1x1 conv and an add: one fp32 input of two int8 contractions and
+    of another op."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(list(shape), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(_conv(x, w3, 1), _conv(x, w1, 1, padding=0)))
+            y = bb.emit_output(relax.op.add(y, relax.op.sum(x, axis=[3], keepdims=True)))
+        bb.emit_func_output(y)
+    return bb.get()
+
+
+def _conv_reference(x: np.ndarray, w_ohwi: np.ndarray, stride: int, padding: int = 1) -> np.ndarray:
+    """int64 NHWC convolution, zero padding ``padding``."""
     xi, wi = x.astype(np.int64), w_ohwi.astype(np.int64)
     n, h, width, _ = xi.shape
     o, kh, kw, _ = wi.shape
-    padded = np.pad(xi, ((0, 0), (1, 1), (1, 1), (0, 0)))
-    oh, ow = (h + 2 - kh) // stride + 1, (width + 2 - kw) // stride + 1
+    p = padding
+    padded = np.pad(xi, ((0, 0), (p, p), (p, p), (0, 0)))
+    oh, ow = (h + 2 * p - kh) // stride + 1, (width + 2 * p - kw) // stride + 1
     out = np.zeros((n, oh, ow, o), np.int64)
     for dy in range(kh):
         for dx in range(kw):
@@ -142,7 +158,8 @@ def _conv_reference(x: np.ndarray, w_ohwi: np.ndarray, stride: int) -> np.ndarra
 def _exact_cases(limit: int) -> dict:
     """(module, x, int64 reference) of a matmul and of convs, weights within ``[-limit, limit]``:
     sizes off the kernels' blocks (rows 50, reduction 200, columns 70; a 3x3 stride-2 conv over 32
-    channels; a 3x3 stride-1 conv of 520 output pixels)."""
+    channels; a 3x3 stride-1 conv of 520 output pixels; an RGB stem, 7x7 stride 2 over 3 channels,
+    its kernel rows' narrow taps; one input read by a 3x3 conv, a 1x1 conv and a sum)."""
     rng = np.random.default_rng(0)
     w = _weights(rng, (200, 70), 1, limit)
     xm = _integers(rng, (50, 200), -100)
@@ -156,7 +173,14 @@ def _exact_cases(limit: int) -> dict:
     # enough 32-row blocks for the schedule that gathers each block's rows right before use
     xr = _integers(rng, (1, 20, 26, 32), -40)
     rows = (_conv_module(xr.shape, wc, 1), xr, _conv_reference(xr, wc, 1))
-    return {"matmul": matmul, "conv": conv, "conv_many_rows": rows}
+    ws = _weights(rng, (40, 7, 7, 3), 0, limit)
+    xs = _integers(rng, (1, 37, 29, 3), -60)
+    stem = (_conv_module(xs.shape, ws, 2, padding=3), xs, _conv_reference(xs, ws, 2, padding=3))
+    w1 = _weights(rng, (48, 1, 1, 32), 0, limit)
+    shared = (_shared_input_module(xr.shape, wc, w1), xr,
+              _conv_reference(xr, wc, 1) + _conv_reference(xr, w1, 1, padding=0)
+              + xr.astype(np.int64).sum(axis=3, keepdims=True))
+    return {"matmul": matmul, "conv": conv, "conv_many_rows": rows, "rgb_stem": stem, "shared_input": shared}
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +190,7 @@ def exact_cases():
 
 
 @pytest.mark.parametrize("unit", ["amx", "vnni", "avxvnni", "avx2"])
-@pytest.mark.parametrize("case", ["matmul", "conv", "conv_many_rows"])
+@pytest.mark.parametrize("case", ["matmul", "conv", "conv_many_rows", "rgb_stem", "shared_input"])
 def test_int8_kernels_match_int64_exactly(exact_cases, unit, case):
     mod, x, reference = (exact_cases if unit not in LIMITS else _exact_cases(LIMITS[unit]))[case]
     target, instruction = UNITS[unit]
@@ -388,3 +412,28 @@ def test_cli_compile_int8_and_its_errors(small_resnet, tmp_path, capsys):
         actual = result["output_0"].ravel().astype(np.float64)
         expected = model(x).numpy().ravel().astype(np.float64)
     assert actual @ expected / np.linalg.norm(actual) / np.linalg.norm(expected) >= 0.99
+
+
+def test_narrow_taps_and_shared_inputs_are_quantized_once():
+    """An RGB stem (7x7 over 3 channels) runs on the int8 kernels from a copy of its input
+    quantized once and padded (each kernel row's 21 inputs a run of 32 bytes: 256 products a row
+    for 147, within VNNI's 4x); a 3x3 RGB stem stays fp32 (27 products run as 128); an fp32 input
+    read by a 3x3 conv, a 1x1 conv and another op is quantized by one call, which both convs read."""
+    from tvm_roialign.pipeline_phases import prepare_pipeline
+
+    cases = _exact_cases(127)
+    options = dict(layout=None, winograd=0, precision="int8")
+
+    def prepared(case):
+        mod, x, _ = case
+        return prepare_pipeline(VNNI_TARGET, calibration=[[x]], **options)(mod)
+
+    stem = prepared(cases["rgb_stem"]).script()
+    assert "int8_conv2d" in stem and "int8_padded_input" in stem
+    rng = np.random.default_rng(1)
+    w3, x3 = _weights(rng, (32, 3, 3, 3), 0), _integers(rng, (1, 32, 32, 3), -60)
+    assert "int8_conv2d" not in prepared((_conv_module(x3.shape, w3, 2), x3, None)).script()
+    shared = prepared(cases["shared_input"])
+    calls = [str(c) for c in re.findall(r"R\.call_tir\((\w+),", shared["main"].script())]
+    assert sum("int8_quantize" in c for c in calls) == 1, calls
+    assert sum("int8_conv2d" in c for c in calls) == 2, calls

@@ -128,6 +128,17 @@ def conv_spec(call, row_tap_depth: int | None = None) -> Spec | None:
     return Spec(matrix, geometry, geometry.rows, out_shape)
 
 
+def unpadded_weight(spec: Spec) -> np.ndarray:
+    """A contraction's ``[K, N]`` weight without the zero rows that pad a narrow-tap conv's kernel
+    rows (:func:`conv_spec`): the layer's own weight, as a predicate of layers by weight knows it."""
+    geometry, matrix = spec.geometry, spec.matrix
+    if geometry is None or not geometry.row_taps:
+        return matrix
+    outputs = matrix.shape[1]
+    taps = geometry.kw * geometry.c
+    return matrix.reshape(geometry.kh, -1, outputs)[:, :taps].reshape(-1, outputs)
+
+
 def _fits_row_taps(attrs, run: int, depth: int | None) -> bool:
     if depth is None:
         return False

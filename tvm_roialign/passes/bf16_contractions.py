@@ -19,12 +19,11 @@ pipeline applies this pass only for a target that has them.
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import relax
 
 from ..topi.bf16_contraction import TILE_K, Epilogue, bf16_contraction, pack_weight_vnni
-from ._contraction_spec import TAP_CHANNELS, call_contraction, dims
+from ._contraction_spec import TAP_CHANNELS, call_contraction, dims, unpadded_weight
 from ._contraction_spec import contraction_spec as _contraction_spec
 from ._mutator import FunctionRewriter, rewrite_module
 from .bf16_plan import plan_chains
@@ -41,15 +40,6 @@ def _is_bits(expr) -> bool:
     return isinstance(ty, relax.TensorType) and str(ty.dtype) == "uint16"
 
 
-def _unpadded(matrix: np.ndarray, geometry) -> np.ndarray:
-    """A contraction's ``[K, N]`` weight without the padding of narrow-tap kernel rows."""
-    if geometry is None or not geometry.row_taps:
-        return matrix
-    outputs = matrix.shape[1]
-    taps = geometry.kw * geometry.c
-    return matrix.reshape(geometry.kh, TILE_K, outputs)[:, :taps].reshape(-1, outputs)
-
-
 class _BF16Rewriter(FunctionRewriter):
     keep_fp32 = None  # the pass's keep_fp32
 
@@ -57,7 +47,7 @@ class _BF16Rewriter(FunctionRewriter):
         spec = contraction_spec(value)
         if spec is None:
             return False
-        return self.keep_fp32 is None or not self.keep_fp32(_unpadded(spec[0], spec[1]))
+        return self.keep_fp32 is None or not self.keep_fp32(unpadded_weight(spec))
 
     def visit_function_(self, func):  # pylint: disable=arguments-renamed
         self._chains = plan_chains(func, self._converts)

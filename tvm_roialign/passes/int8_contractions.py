@@ -1,13 +1,22 @@
 """Convolutions and matmuls with constant weights as int8 contractions (``precision="int8"``):
 post-training static quantization.
 
-Each ungrouped NHWC ``conv2d`` (1x1, or larger over a multiple of :data:`TAP_CHANNELS` input
-channels: an RGB stem stays fp32) and each 2-D ``matmul`` of a constant weight, in float32, becomes
+Each ungrouped NHWC ``conv2d`` and each 2-D ``matmul`` of a constant weight, in float32, becomes
 a call of :func:`tvm_roialign.topi.int8_contraction.int8_contraction`: the weight quantized to int8
-per output channel (symmetric) and packed here, once; the input activation quantized to uint8 in the
-kernel with one scale and zero point per tensor, from the range calibration saw; the products summed
-in int32 and dequantized to fp32 in the kernel's write-back, so every other op (bias, residual adds,
-ReLU, pooling) stays as it was and fuses into that write-back.
+per output channel (symmetric) and packed here, once; the input activation quantized to uint8 with
+one scale and zero point per tensor, from the range calibration saw; the products summed in int32
+and dequantized to fp32 in the kernel's write-back, so every other op (bias, residual adds, ReLU,
+pooling) stays as it was and fuses into that write-back. A conv over fewer than a multiple of
+:data:`TAP_CHANNELS` input channels (an RGB stem) has narrow taps: each kernel row's run of inputs
+is padded to :data:`~tvm_roialign.topi.contraction_geometry.ROW_TAP_DEPTH` (the kernels' choice
+of what pays, :func:`~tvm_roialign.precision.qdq.int8_keeps`, counts that padding).
+
+Where the input is quantized: by a call of its own (:func:`_Int8Rewriter._prequantize`) where the
+contraction reads it alone, or where it is a conv of more than one tap (whose gather would quantize
+each input once per tap), shared by every contraction that quantizes the same tensor alike (a
+ResNet block's first conv and its downsampling 1x1); operator fusion then puts that call in the
+producer's write-back (a second, uint8 output where the fp32 one is read elsewhere, as by a
+residual add). Else in the contraction's gather.
 
 Calibration (:func:`observe_ranges`): a copy of the module in which each such contraction's input
 passes through an observer (a packed function keeping a sample of its values and its extremes) is
@@ -25,6 +34,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..topi.contraction_geometry import ROW_TAP_DEPTH
 from ..topi.int8_contraction import (
     ActivationQuant,
     dequant_constants,
@@ -33,7 +43,7 @@ from ..topi.int8_contraction import (
     quantize_activation,
     quantize_weight,
 )
-from ._contraction_spec import TAP_CHANNELS, call_contraction, contraction_spec, dims
+from ._contraction_spec import TAP_CHANNELS, call_contraction, contraction_spec, dims, unpadded_weight
 from ._mutator import FunctionRewriter, rewrite_module
 
 #: values of each observed tensor kept per calibration run (a strided subsample, and its extremes)
@@ -60,15 +70,18 @@ class _Int8Rewriter(FunctionRewriter):
         super().__init__(mod)
         self.index = 0
         self.single_use = single_use_vars(mod)
+        # (source, quantization) -> its uint8 copy, made once for every contraction reading it alike
+        self.quantized: dict = {}
 
     def visit_call_(self, call):  # pylint: disable=arguments-renamed
         source = call.args[0] if call.args else None
         call = self.visit_expr_post_order(call)
-        spec = contraction_spec(call)  # narrow taps (an RGB stem) stay fp32
+        # narrow taps (an RGB stem): each kernel row's run of inputs padded to ROW_TAP_DEPTH
+        spec = contraction_spec(call, row_tap_depth=ROW_TAP_DEPTH)
         if spec is None:
             return call
         index, self.index = self.index, self.index + 1
-        if self.ranges is not None and (self.ranges[index] is None or self._kept(call, spec[0])):
+        if self.ranges is not None and (self.ranges[index] is None or self._kept(call, spec)):
             return call  # kept in fp32
         self.changed = True
         if self.ranges is None:
@@ -78,17 +91,42 @@ class _Int8Rewriter(FunctionRewriter):
             )
             return relax.Call(call.op, [observed, *call.args[1:]], call.attrs, call.ty_args)
         act = ActivationQuant.from_range(*self.ranges[index])
-        return self._emit(call, spec, act, prequantize=source in self.single_use)
+        return self._emit(call, spec, act, prequantize=self._prequantize(source, call.args[0], spec, act))
 
-    def _kept(self, call, matrix) -> bool:
+    def _prequantize(self, source, x, spec, act: ActivationQuant) -> bool:
+        """Whether the contraction's input is quantized by a call of its own: where it reads it
+        alone (the producer then writes uint8 only), where another contraction already quantized it
+        alike (the same call), or where it is a conv with more than one tap (its gather would
+        quantize each input once per tap; the copy costs one pass over the input). A 1x1 conv or a
+        matmul sharing its fp32 input with another reader quantizes in its gather (one pass
+        either way)."""
+        geometry = spec[1]
+        if geometry is not None and geometry.row_taps:
+            return False  # its padded copy quantizes each input once
+        if source in self.single_use or (x, act) in self.quantized:
+            return True
+        return geometry is not None and geometry.kh * geometry.kw > 1 and isinstance(x, relax.Var)
+
+    def _kept(self, call, spec) -> bool:
         if self.keep_call is not None and self.keep_call(call):
             return True
-        return self.keep is not None and bool(self.keep(matrix))
+        if self.keep is None:
+            return False
+        return bool(self.keep(unpadded_weight(spec)))
 
     def _emit(self, call, spec, act: ActivationQuant, prequantize: bool):
         matrix, geometry, rows, out_shape = spec
         q, w_scale = quantize_weight(matrix, self.weight_limit)
-        return emit_int8_contraction(self.builder_, call.args[0], q, w_scale, act, rows, out_shape, geometry,
+        x = call.args[0]
+        if prequantize and geometry is not None and isinstance(x, relax.Var):
+            # a conv's input as it is (a matmul's may be reshaped first): one copy for every reader
+            key = (x, act)
+            if key not in self.quantized:
+                self.quantized[key] = self.builder_.emit(
+                    self.builder_.call_te(functools.partial(quantize_activation, act=act), x,
+                                          primfunc_name_hint="int8_quantize"))
+            x, prequantize = self.quantized[key], False
+        return emit_int8_contraction(self.builder_, x, q, w_scale, act, rows, out_shape, geometry,
                                      prequantize)
 
 

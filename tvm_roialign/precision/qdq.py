@@ -44,16 +44,20 @@ def int8_keeps(kind: str | None, winograd: int, reference_side: int):
 
     def keep(call):
         reduction = _reduction(call)
-        if reduction is not None and not int8_pays(kind, reduction):
+        if reduction is not None and not int8_pays(kind, *reduction):
             return True
         return tiles is not None and winograd_geometry(call, tiles, reference_side) is not None
 
     return keep
 
 
-def _reduction(call) -> int | None:
-    """The reduction length of a conv2d (taps x input channels) or matmul ``call``, when static."""
+def _reduction(call) -> tuple[int, int] | None:
+    """The reduction length of a conv2d (taps x input channels) or matmul ``call``, when static,
+    and the length the int8 kernels run it as (a narrow-tap conv's kernel rows each padded to
+    :data:`~tvm_roialign.topi.contraction_geometry.ROW_TAP_DEPTH`)."""
+    from ..passes._contraction_spec import TAP_CHANNELS
     from ..passes._mutator import tensor_shape
+    from ..topi.contraction_geometry import ROW_TAP_DEPTH
 
     if call.op.name == "relax.nn.conv2d":
         shape, layout = tensor_shape(call.args[1]), str(call.attrs.kernel_layout)
@@ -61,7 +65,12 @@ def _reduction(call) -> int | None:
     else:
         shape = tensor_shape(call.args[0])
         lengths = shape[-1:] if shape else [None]
-    return None if None in lengths else int(np.prod(lengths))
+    if None in lengths:
+        return None
+    reduction = int(np.prod(lengths))
+    if len(lengths) == 3 and lengths[0] * lengths[1] > 1 and lengths[2] % TAP_CHANNELS:
+        return reduction, lengths[0] * ROW_TAP_DEPTH
+    return reduction, reduction
 
 
 __all__ = ["int8_keeps", "qdq_passes"]

@@ -5,8 +5,10 @@
 * ``A [Mp, Kp]`` (stage ``int8_gather_a``): the fp32 activations quantized to uint8 with the
   per-tensor scale and zero point calibration chose (``q = clamp(round(x / s) + z, 0, 255)``),
   gathered as the rows of the GEMM (a matmul's rows as they are; a convolution's im2col rows, the
-  reduction over kernel rows, kernel columns and input channels), the points outside the image
-  (a convolution's zero padding) and the padding rows and columns the zero point ``z``;
+  reduction over kernel rows, kernel columns and input channels; for narrow taps, an RGB stem,
+  kernel rows each a run of ``ROW_TAP_DEPTH`` bytes of a quantized, padded copy of the input:
+  stage ``int8_padded_input``), the points outside the image (a convolution's zero padding) and
+  the padding rows and columns the zero point ``z``;
 * ``B [Np / 32, Kp / 4, 32, 4]``: the weights quantized to int8 per output channel (symmetric),
   packed at compile time (:func:`pack_weight_quads`): blocks of 32 columns, each in the quad
   layout the u8 x s8 dot products read (four consecutive reduction elements of a column side by
@@ -26,7 +28,15 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import te, tirx
 
-from .contraction_geometry import ConvGeometry, gather_conv, gemm_row, pack_columns, round_up
+from .contraction_geometry import (
+    ROW_TAP_DEPTH,
+    ConvGeometry,
+    gather_conv,
+    gemm_row,
+    nhwc_reader,
+    pack_columns,
+    round_up,
+)
 
 #: rows, reduction and columns are padded to multiples of these (the AMX micro-kernel's block)
 TILE_M, TILE_K, TILE_N = 32, 64, 32
@@ -35,6 +45,7 @@ GATHER_A = "int8_gather_a"
 CONTRACTION = "int8_contraction"
 OUTPUT = "int8_output"
 QUANTIZE = "int8_quantize"
+PADDED_INPUT = "int8_padded_input"
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,39 @@ def quantize_activation(x: te.Tensor, act: ActivationQuant) -> te.Tensor:
     return te.compute(x.shape, lambda *i: quantize(x(*i)), name=QUANTIZE)
 
 
+def _gather_row_taps(x: te.Tensor, g: ConvGeometry, in_hw, quantize, zero):
+    """``(m, k) -> uint8`` for narrow taps (:attr:`ConvGeometry.row_taps`, an RGB stem): the input
+    quantized once into a copy padded with the zero point (stage ``int8_padded_input``), its rows
+    ``[n, y, x * c + ch]`` wide enough that a kernel row's run of :data:`ROW_TAP_DEPTH` bytes lies
+    inside, so that each kernel row of an im2col row is one contiguous run of bytes (the weights'
+    rows beyond the ``kw * c`` real ones are zero, so the bytes they meet do not count)."""
+    height, width = in_hw
+    (ph, pw), c = g.padding, g.c
+    extra = -(-(ROW_TAP_DEPTH - g.kw * c) // c)
+    row = (width + 2 * pw + extra) * c
+    read = nhwc_reader(x, height, width)
+
+    def padded(b, y, xc):
+        iy, ix = y - ph, xc // c - pw
+        inside = tirx.all(iy >= 0, iy < height, ix >= 0, ix < width)
+        safe_y = tirx.max(tirx.min(iy, height - 1), 0)
+        safe_x = tirx.max(tirx.min(ix, width - 1), 0)
+        return tirx.if_then_else(inside, quantize(read(b, safe_y, safe_x, xc % c)), zero)
+
+    xp = te.compute((g.n, height + 2 * ph, row), padded, name=PADDED_INPUT)
+
+    def value(m, k):
+        b = m // (g.oh * g.ow)
+        oy = m // g.ow % g.oh
+        ox = m % g.ow
+        # the run's bytes beyond ``kw * c`` meet zero weights (and no zero-point correction): read
+        # as they are, inside the copy's extra columns, the vector unmasked
+        ky, j = k // ROW_TAP_DEPTH, k % ROW_TAP_DEPTH
+        return xp[b, oy * g.stride[0] + ky, ox * (g.stride[1] * c) + j]
+
+    return value
+
+
 def int8_contraction(x: te.Tensor, packed: te.Tensor, correction: te.Tensor, scale: te.Tensor,
                      rows, reduction: int, out_shape, act: ActivationQuant,
                      geometry: ConvGeometry | None = None) -> te.Tensor:
@@ -135,9 +179,11 @@ def int8_contraction(x: te.Tensor, packed: te.Tensor, correction: te.Tensor, sca
     zero = tirx.const(act.zero, "uint8")
     quantize = (lambda value: value) if str(x.dtype) == "uint8" else _quantizer(act)
 
-    source = gather_conv(x, geometry, (x.shape[1], x.shape[2]), quantize, zero) if geometry is not None else (
-        lambda m, k: quantize(x[m, k])
-    )
+    if geometry is None:
+        source = lambda m, k: quantize(x[m, k])
+    else:
+        read = _gather_row_taps if geometry.row_taps else gather_conv
+        source = read(x, geometry, (x.shape[1], x.shape[2]), quantize, zero)
 
     def gather(m, k):
         inside = tirx.all(m < rows, k < reduction)
@@ -160,6 +206,6 @@ def int8_contraction(x: te.Tensor, packed: te.Tensor, correction: te.Tensor, sca
     return te.compute(out_shape, output, name=OUTPUT)
 
 
-__all__ = ["CONTRACTION", "GATHER_A", "OUTPUT", "QUANTIZE", "TILE_K", "TILE_M", "TILE_N",
+__all__ = ["CONTRACTION", "GATHER_A", "OUTPUT", "PADDED_INPUT", "QUANTIZE", "TILE_K", "TILE_M", "TILE_N",
            "ActivationQuant", "dequant_constants", "int8_contraction", "pack_weight_quads",
            "quantize_activation", "quantize_weight", "widen"]

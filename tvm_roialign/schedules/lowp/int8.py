@@ -27,7 +27,8 @@ import math
 
 from tvm.tirx import IndexMap
 
-from ...topi.int8_contraction import CONTRACTION, GATHER_A, OUTPUT
+from ...topi.contraction_geometry import ROW_TAP_DEPTH
+from ...topi.int8_contraction import CONTRACTION, GATHER_A, OUTPUT, PADDED_INPUT
 from ..base import CPURule, find_block, inline_epilogue, loop_extent, static_int, try_step
 from ..elementwise import schedule_injective_block, schedule_rest
 from ..intrin.amx import AMX_TILES, BLOCK, INT8, amx_int8_intrin
@@ -69,13 +70,15 @@ def int8_leaves_winograd_convs(kind: str | None) -> bool:
 INT8_RATES = {"avx2": 2, "avxvnni": 4, "avx512vnni": 4, "usdot": 4, "sdot": 4, "amx": 16}
 
 
-def int8_pays(kind: str | None, reduction: int) -> bool:
-    """Whether the kernels ``kind`` beat fp32 on a contraction over ``reduction`` elements: the
-    kernels pad the reduction to a multiple of 64 (:data:`STEP`), and where the padded products
-    outnumber the real ones by more than the kernels' rate over fp32 (:data:`INT8_RATES`), fp32
-    is faster (a 1x1 conv over 16 channels: 4x the products, on AVX2 at 2x the rate; measured on a
-    Zen 3, mobilenet_v2 int8 5.46 ms with such layers in int8, 4.35 ms with them in fp32)."""
-    padded = -(-reduction // STEP) * STEP
+def int8_pays(kind: str | None, reduction: int, kernel_reduction: int | None = None) -> bool:
+    """Whether the kernels ``kind`` beat fp32 on a contraction over ``reduction`` elements that
+    they run as ``kernel_reduction`` (default ``reduction``; a narrow-tap conv's kernel rows are
+    padded further): the kernels pad it to a multiple of 64 (:data:`STEP`), and where the padded
+    products outnumber the real ones by more than the kernels' rate over fp32 (:data:`INT8_RATES`),
+    fp32 is faster (a 1x1 conv over 16 channels: 4x the products, on AVX2 at 2x the rate; measured
+    on a Zen 3, mobilenet_v2 int8 5.46 ms with such layers in int8, 4.35 ms with them in fp32;
+    mobilenet_v2's 3x3 RGB stem: 27 products a row run as 128)."""
+    padded = -(-(kernel_reduction or reduction) // STEP) * STEP
     return padded <= INT8_RATES.get(kind, 4) * reduction
 
 
@@ -126,13 +129,27 @@ def _shape(sch, block, index: int = 0) -> list[int | None]:
 
 
 def _gather_lanes(sch, gather, lanes: int) -> int:
-    """The gather's vector: ``lanes`` (fp32 input, quantized in it), or for a uint8 input (quantized
-    by its producer) up to 64 bytes within one kernel tap (a divisor of the input's channels)."""
+    """The gather's vector: ``lanes`` (fp32 input, quantized in it), for a narrow-tap conv's padded
+    copy one kernel row's run (:data:`ROW_TAP_DEPTH` bytes), or for a uint8 input (quantized by its
+    producer) up to 64 bytes within one kernel tap (a divisor of the input's channels)."""
+    if find_block(sch, PADDED_INPUT) is not None:
+        return ROW_TAP_DEPTH
     source = sch.get(gather).reads[0].source.ty
     channels = static_int(source.shape[-1])
     if str(source.dtype) != "uint8" or channels is None:
         return lanes
     return max(math.gcd(channels, 64), 1)
+
+
+def _schedule_padded_input(sch, padded) -> None:
+    """A narrow-tap conv's padded copy ``[n, y, x * c + ch]``: one parallel step per padded input
+    row, the row as pixels of ``c`` channels (the pixel and channel then index the input without a
+    division)."""
+    channels = static_int(sch.get(padded).reads[0].source.ty.shape[-1])
+    b, y, xc = sch.get_loops(padded)
+    sch.parallel(sch.fuse(b, y))
+    if channels and (loop_extent(sch, xc) or 0) % channels == 0:
+        sch.unroll(sch.split(xc, [None, channels])[1])
 
 
 def _schedule_gather(sch, gather, lanes: int, in_block: bool = False) -> None:
@@ -244,6 +261,9 @@ class Int8Contraction(CPURule):
             schedule_injective_block(sch, sch.decompose_reduction(acc, k_out), lanes)
             sch.tensorize(m_in, intrin(kc))
         _schedule_gather(sch, gather, lanes, per_row_block)
+        padded = find_block(sch, PADDED_INPUT)
+        if padded is not None:
+            _schedule_padded_input(sch, padded)
         schedule_rest(sch, lanes)
         return sch
 
