@@ -116,7 +116,7 @@ def cpu_pipeline(
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    from .passes import MergeEqualKernels, RequestAMXState, WinogradWeights
+    from .passes import MergeEqualKernels, RequestAMXState, ShareSymbolicStorage, WinogradWeights
 
     record = graph_options["winograd_record"] = WinogradWeights() if weights_at_load else None
     prepare = prepare_pipeline(target, **graph_options) if target is not None else None
@@ -142,12 +142,19 @@ def cpu_pipeline(
             phases.append(MergeEqualKernels())  # the rules' equal kernels compiled once
             # 6. weight packing at compile time, the Winograd weights at load
             phases += _weight_phases(pack_weights, record)
-            # 7. lowering
+            # 7. lowering; storages of symbolic size shared across sizes once planned
             phases += cpu_generic.dataflow_lower_passes(tgt)
-            phases += cpu_generic.finalize_passes(tgt)
+            phases += _after_memory_plan(cpu_generic.finalize_passes(tgt), ShareSymbolicStorage())
             return tvm.transform.Sequential(phases)(mod)
 
     return pipeline
+
+
+def _after_memory_plan(passes: list, extra) -> list:
+    """``passes`` (TVM's finalization) with ``extra`` right after ``StaticPlanBlockMemory``."""
+    names = [p.info.name for p in passes]
+    at = names.index("StaticPlanBlockMemory") + 1 if "StaticPlanBlockMemory" in names else 0
+    return [*passes[:at], extra, *passes[at:]]
 
 
 def _weight_phases(pack_weights: bool, record) -> list:

@@ -33,6 +33,9 @@
 * :class:`LiftWeightTransforms` (:mod:`.lift_weight_transforms`): the Winograd weights that a
   :class:`WinogradWeights` record knows computed when the library is loaded (``load_weights``),
   not stored;
+* :class:`ShareSymbolicStorage` (:mod:`.share_symbolic_storage`): after
+  ``StaticPlanBlockMemory``, storages of symbolic size whose lives do not overlap allocated once
+  (the size of the largest), as a static build's plan shares them;
 * :func:`desired_layouts` (:mod:`.desired_layouts`): the ConvertLayout dictionary for a whole model
   in NHWC (or NCHW).
 """
@@ -58,6 +61,7 @@ from .normalize_squeeze_axes import NormalizeSqueezeAxes
 from .pad_channels import PadChannels
 from .qdq_contractions import QDQContractions
 from .request_amx_state import RequestAMXState
+from .share_symbolic_storage import ShareSymbolicStorage
 from .takes_as_slices import TakesAsSlices
 from .winograd import WinogradConv2D
 from .wrap_takes import WrapTakes
@@ -83,6 +87,7 @@ __all__ = [
     "PadChannels",
     "QDQContractions",
     "RequestAMXState",
+    "ShareSymbolicStorage",
     "TakesAsSlices",
     "WinogradConv2D",
     "WinogradWeights",
