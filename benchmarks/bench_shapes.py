@@ -1,7 +1,7 @@
 """One build for every input size: a symbolic-shape TVM build against a static build per shape,
 PyTorch eager and ONNX Runtime, in one run.
 
-    python benchmarks/bench_shapes.py [--models resnet18,mobilenet_v2] [--repeat 5] [--threads N]
+    python benchmarks/bench_shapes.py [--models resnet18,mobilenet_v2,resnet50] [--repeat 5] [--threads N]
                                       [--shapes 1x3x224x224,1x3x320x480,...]
 
 Per model (torchvision, random weights, seed 0, batch norms calibrated on the sample photos: the
@@ -10,7 +10,9 @@ zoo's ``build_classifier``): the model is exported to ONNX with dynamic batch, h
 "w"}})``) and compiled once, as ``tvm-roialign compile`` does (NHWC, the host CPU as target); for
 each shape it is also exported and compiled with that static shape. At each shape the four
 runtimes are timed interleaved (the median of ``--repeat`` blocks of calls), and the
-symbolic build's output is compared with eager's.
+symbolic build's output is compared with eager's. PyTorch's OpenMP threads sleep between calls
+(``OMP_WAIT_POLICY=PASSIVE``, as in ``bench_models.py``, which found spinning threads taking the
+cores from the next runner's block).
 
 More models: add an entry to :data:`MODELS` (a name and a function returning the eval-mode
 ``torch.nn.Module`` and the input name; the input is ``[N, 3, H, W]`` float32), or call
@@ -21,6 +23,7 @@ Writes ``benchmarks/results/shapes.json`` and ``shapes.png`` and prints the tabl
 
 from __future__ import annotations
 
+import _omp_passive  # noqa: F401  # isort: skip  (first: before torch loads its OpenMP)
 import argparse
 import json
 import statistics
@@ -48,7 +51,7 @@ def _torchvision(name: str):
 
 
 #: name -> function returning the eval-mode model (input ``x``: ``[N, 3, H, W]`` float32)
-MODELS = {"resnet18": _torchvision("resnet18"), "mobilenet_v2": _torchvision("mobilenet_v2")}
+MODELS = {name: _torchvision(name) for name in ("resnet18", "mobilenet_v2", "resnet50")}
 
 
 def register_model(name: str, make) -> None:
