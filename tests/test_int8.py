@@ -437,3 +437,64 @@ def test_narrow_taps_and_shared_inputs_are_quantized_once():
     calls = [str(c) for c in re.findall(r"R\.call_tir\((\w+),", shared["main"].script())]
     assert sum("int8_quantize" in c for c in calls) == 1, calls
     assert sum("int8_conv2d" in c for c in calls) == 2, calls
+
+
+def test_an_input_quantized_in_one_block_is_quantized_again_in_another():
+    """The quantized copy of an input is shared only within its binding block: a conv reading the
+    same input in a later dataflow block (whose vars the first block's do not reach) quantizes it
+    there again; the build runs and equals the int64 reference."""
+    rng = np.random.default_rng(2)
+    w = _weights(rng, (16, 3, 3, 32), 0)
+    x = _integers(rng, (1, 9, 11, 32), -40)
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(list(x.shape), "float32"))
+    with bb.function("main", [xv]):
+        with bb.dataflow():
+            a = bb.emit_output(_conv(xv, w, 1))
+        with bb.dataflow():
+            b = bb.emit_output(relax.op.add(_conv(xv, w, 1), a))
+        bb.emit_func_output(b)
+    mod = bb.get()
+    executable = build(mod, VNNI_TARGET, layout=None, precision="int8", calibration=[[x]]).executable
+    _runnable_or_skip("vnni")
+    np.testing.assert_array_equal(run_first(executable, x).astype(np.int64), 2 * _conv_reference(x, w, 1))
+
+
+def _branch_module(weight: np.ndarray, shape) -> tvm.IRModule:
+    """``main(x, c)``: ``conv(x) + relu(x)`` summed over channels where ``c``, else ``conv(x) -
+    ...``; each branch a conv of ``x`` (3x3) of its own, the branches' blocks apart."""
+    out = relax.TensorType([shape[0], shape[1], shape[2], weight.shape[0]], "float32")
+    x = relax.Var("x", relax.TensorType(list(shape), "float32"))
+    c = relax.Var("c", relax.TensorType([], "bool"))
+    t, e, r = (relax.Var(n, out) for n in "ter")
+    then = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(t, _conv(x, weight, 1))])], t)
+    negated = relax.op.negative(_conv(x, weight, 1))
+    other = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(e, negated)])], e)
+    body = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(r, relax.If(c, then, other))])], r)
+    func = relax.Function([x, c], body, out).with_attr("global_symbol", "main")
+    return relax.transform.Normalize()(tvm.IRModule({"main": func}))
+
+
+def test_convs_in_branches_quantize_their_input_in_their_own_branch():
+    """A conv in each branch of an ``If``, both reading the function's input: each branch quantizes
+    it in its own scope (a copy made in one branch is not seen by the other); a branch the
+    calibration inputs never take stays fp32, with a warning, instead of failing the build (an
+    IndexError before). Both branches run: TVM's memory plan had the ``else`` branch carve its
+    quantized input out of a storage only the ``then`` branch allocates, a segfault when it ran
+    (``passes.DefineBranchStorages``)."""
+    rng = np.random.default_rng(3)
+    w = _weights(rng, (16, 3, 3, 32), 0)
+    x = _integers(rng, (1, 9, 11, 32), -40)
+    mod = _branch_module(w, x.shape)
+    reference = _conv_reference(x, w, 1)
+    both = [[x, np.array(True)], [x, np.array(False)]]
+    executable = build(mod, VNNI_TARGET, layout=None, precision="int8", calibration=both).executable
+    assert _asm(executable).count("vpdpbusd") > 0
+    with pytest.warns(UserWarning, match="1 of 2 contractions never ran on the calibration inputs"):
+        one = build(mod, VNNI_TARGET, layout=None, precision="int8", calibration=both[:1]).executable
+    _runnable_or_skip("vnni")
+    for c, sign in ((True, 1), (False, -1)):
+        args = [tvm.runtime.tensor(x), tvm.runtime.tensor(np.array(c))]
+        for exe in (executable, one):
+            actual = relax.VirtualMachine(exe, tvm.cpu())["main"](*args).numpy()
+            np.testing.assert_allclose(actual, sign * reference, rtol=1e-5, atol=1e-3)

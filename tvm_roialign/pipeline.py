@@ -114,9 +114,8 @@ def cpu_pipeline(
         ``precision``: a :class:`~tvm_roialign.precision.PrecisionPlan`, or ``"fp32"``, ``"bf16"``,
         ``"int8"`` (calibrated on ``calibration``) or ``"auto"``, resolved when the pass runs.
     """
-    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
-    from .passes import MergeEqualKernels, RequestAMXState, ShareSymbolicStorage, WinogradWeights
+    from .passes import MergeEqualKernels, RequestAMXState, WinogradWeights
 
     record = graph_options["winograd_record"] = WinogradWeights() if weights_at_load else None
     prepare = prepare_pipeline(target, **graph_options) if target is not None else None
@@ -142,19 +141,25 @@ def cpu_pipeline(
             phases.append(MergeEqualKernels())  # the rules' equal kernels compiled once
             # 6. weight packing at compile time, the Winograd weights at load
             phases += _weight_phases(pack_weights, record)
-            # 7. lowering; storages of symbolic size shared across sizes once planned
-            phases += cpu_generic.dataflow_lower_passes(tgt)
-            phases += _after_memory_plan(cpu_generic.finalize_passes(tgt), ShareSymbolicStorage())
+            # 7. lowering
+            phases += _lowering_phases(tgt)
             return tvm.transform.Sequential(phases)(mod)
 
     return pipeline
 
 
-def _after_memory_plan(passes: list, extra) -> list:
-    """``passes`` (TVM's finalization) with ``extra`` right after ``StaticPlanBlockMemory``."""
-    names = [p.info.name for p in passes]
+def _lowering_phases(target) -> list:
+    """TVM's CPU lowering, and right after its memory plan (``StaticPlanBlockMemory``) each branch's
+    storages allocated in the branch and storages of symbolic size shared across sizes."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+
+    from .passes import DefineBranchStorages, ShareSymbolicStorage
+
+    finalize = cpu_generic.finalize_passes(target)
+    names = [p.info.name for p in finalize]
     at = names.index("StaticPlanBlockMemory") + 1 if "StaticPlanBlockMemory" in names else 0
-    return [*passes[:at], extra, *passes[at:]]
+    return [*cpu_generic.dataflow_lower_passes(target), *finalize[:at], DefineBranchStorages(),
+            ShareSymbolicStorage(), *finalize[at:]]
 
 
 def _weight_phases(pack_weights: bool, record) -> list:

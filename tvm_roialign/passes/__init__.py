@@ -36,6 +36,9 @@
 * :class:`ShareSymbolicStorage` (:mod:`.share_symbolic_storage`): after
   ``StaticPlanBlockMemory``, storages of symbolic size whose lives do not overlap allocated once
   (the size of the largest), as a static build's plan shares them;
+* :class:`DefineBranchStorages` (:mod:`.define_branch_storages`): after ``StaticPlanBlockMemory``,
+  a branch of an ``If`` allocates the storages it uses (TVM's plan let it read one the other branch
+  allocates: a segfault when that branch ran);
 * :func:`desired_layouts` (:mod:`.desired_layouts`): the ConvertLayout dictionary for a whole model
   in NHWC (or NCHW).
 """
@@ -45,6 +48,7 @@ from .bf16_contractions import BF16Contractions
 from .bound_constant_takes import BoundConstantTakes
 from .convert_layout import ConvertLayout
 from .convert_layout_where_possible import ConvertLayoutWherePossible
+from .define_branch_storages import DefineBranchStorages
 from .desired_layouts import LAYOUT_OPS, desired_layouts
 from .fold_batch_norm import FoldBatchNorm
 from .fold_constant_if_foldable import FoldConstantIfFoldable
@@ -73,6 +77,7 @@ __all__ = [
     "BoundConstantTakes",
     "ConvertLayout",
     "ConvertLayoutWherePossible",
+    "DefineBranchStorages",
     "FoldBatchNorm",
     "FoldConstantIfFoldable",
     "FoldConstantNumPy",

@@ -28,6 +28,7 @@ numbered in the order the rewriter visits them, the same in the observed copy an
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -92,6 +93,22 @@ class _Int8Rewriter(FunctionRewriter):
             return relax.Call(call.op, [observed, *call.args[1:]], call.attrs, call.ty_args)
         act = ActivationQuant.from_range(*self.ranges[index])
         return self._emit(call, spec, act, prequantize=self._prequantize(source, call.args[0], spec, act))
+
+    def visit_binding_block_(self, block):  # pylint: disable=arguments-renamed
+        return self._in_scope(super().visit_binding_block_, block)
+
+    def visit_dataflow_block_(self, block):  # pylint: disable=arguments-renamed
+        return self._in_scope(super().visit_dataflow_block_, block)
+
+    def _in_scope(self, visit, block):
+        """``visit(block)`` with the quantized copies of the enclosing blocks (whose vars this block
+        sees) and its own, which no later block outside it sees (a dataflow block's vars, a branch's)."""
+        outer = self.quantized
+        self.quantized = dict(outer)
+        try:
+            return visit(block)
+        finally:
+            self.quantized = outer
 
     def _prequantize(self, source, x, spec, act: ActivationQuant) -> bool:
         """Whether the contraction's input is quantized by a call of its own: where it reads it
@@ -200,7 +217,29 @@ def observe_ranges(mod: tvm.IRModule, inputs: Sequence, run: Callable) -> list[t
     main = run(observed)
     for arrays in inputs:
         main(*arrays)
-    return [clipped_range(np.concatenate(seen[i])) for i in range(len(seen))]
+    count = _observers(observed)
+    unseen = [i for i in range(count) if i not in seen]
+    if unseen:
+        warnings.warn(
+            f"precision int8: {len(unseen)} of {count} contractions never ran on the calibration inputs "
+            "(a branch they did not take) and stay fp32", stacklevel=2)
+    return [clipped_range(np.concatenate(seen[i])) if i in seen else None for i in range(count)]
+
+
+def _observers(observed: tvm.IRModule) -> int:
+    """How many contractions :func:`observed_module` routed through :data:`OBSERVER`."""
+    count = 0
+
+    def visit(node):
+        nonlocal count
+        callee = node.args[0] if isinstance(node, relax.Call) and node.args else None
+        if isinstance(callee, relax.ExternFunc) and callee.global_symbol == OBSERVER:
+            count += 1
+
+    for _, func in observed.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return count
 
 
 def clipped_range(samples: np.ndarray) -> tuple[float, float]:
