@@ -91,3 +91,22 @@ def test_maskrcnn_int8_errors(cli_workdir, capsys):
     code, _, err = run_cli(
         ["maskrcnn", "--calibrate", str(cli_workdir), "--out", str(cli_workdir / "e.png")], capsys)
     one_line_error(err, "--calibrate", "int8")
+
+
+def test_a_failed_int8_check_on_random_weights_says_why(capsys):
+    """FAIL on the default random weights comes with the reason and what to give instead; on a
+    weights file, or a pass, no such note."""
+    from tvm_roialign.cli._maskrcnn_int8 import print_int8_summary
+
+    cmp = {"num_detections_tvm": 100, "num_detections_torch": 100, "score_threshold": 0.5, "box_iou": 0.9,
+           "matched_torch": 3, "confident_torch": 100, "matched_tvm": 3, "confident_tvm": 100,
+           "mean_mask_iou": 0.5, "max_score_diff": 0.02, "passed": False, "criteria": "int8"}
+    report = {"int8_kernels": "avx512vnni", "mode": "fast", "fp32_layers": ["box_predictor"],
+              "compile_s": 1.0, "tvm_s": 0.5, "torch_s": 2.0, "comparison": cmp,
+              "weights": "random (weights=None, weights_backbone=None, seed 3)"}
+    print_int8_summary(report, "out.png", "out.json")
+    out = capsys.readouterr().out
+    assert "-> FAIL" in out and "note: with random weights" in out and "--weights" in out
+    for changed in ({"weights": "trained.pth"}, {"comparison": {**cmp, "passed": True}}):
+        print_int8_summary({**report, **changed}, "out.png", "out.json")
+        assert "note:" not in capsys.readouterr().out

@@ -56,7 +56,8 @@ def add_arguments(p) -> None:
         action="store_true",
         help="exit 3 when TVM and PyTorch disagree (by the criteria of the build's mode: exact, "
         "or fast's (the default); a bf16 build by the bf16 criterion against the fp32 reference, "
-        "docs/precision.md)",
+        "docs/precision.md; an int8 build by the int8 criterion, docs/int8.md, which random weights "
+        "do not meet: give --weights of a trained model)",
     )
     p.add_argument(
         "--shapes",
