@@ -66,6 +66,23 @@ class ConstantFolder(FunctionRewriter):
         return var
 
 
+def map_relax_functions(mod: tvm.IRModule, rewrite) -> tvm.IRModule:
+    """``mod`` with each Relax function replaced by ``rewrite(function)``; the same module object
+    when ``rewrite`` returns every function itself."""
+    updates = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            new = rewrite(func)
+            if new is not func:
+                updates[gv] = new
+    if not updates:
+        return mod
+    mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
+    for gv, func in updates.items():
+        mod[gv] = func
+    return mod
+
+
 def rewrite_module(rewriter_cls, mod: tvm.IRModule, **attrs) -> tvm.IRModule:
     """Run ``rewriter_cls`` over ``mod``; the same module object when nothing matched.
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ._mutator import map_relax_functions
+
 _ALLOC_STORAGE = "relax.memory.alloc_storage"
 
 
@@ -72,24 +74,18 @@ class DefineBranchStorages:  # pylint: disable=too-few-public-methods
     """A branch's storages allocated in the branch (see the module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        updates = {}
-        for gv, func in mod.functions_items():
-            if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
-                continue
-            allocations = _storage_allocations(func)
-            if not allocations:
-                continue
-            added: list = []
-            body = _scope(func.body, frozenset(func.params), allocations, added)
-            if added:
-                updates[gv] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs,
-                                             func.span)
-        if not updates:
-            return mod
-        mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
-        for gv, func in updates.items():
-            mod[gv] = func
-        return mod
+        return map_relax_functions(mod, _define)
+
+
+def _define(func: relax.Function) -> relax.Function:
+    allocations = _storage_allocations(func) if isinstance(func.body, relax.SeqExpr) else {}
+    if not allocations:
+        return func
+    added: list = []
+    body = _scope(func.body, frozenset(func.params), allocations, added)
+    if not added:
+        return func
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
 
 
 __all__ = ["DefineBranchStorages"]

@@ -26,6 +26,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
+from ._mutator import map_relax_functions
+
 _ALLOC_STORAGE = "relax.memory.alloc_storage"
 _ALLOC_TENSOR = "relax.memory.alloc_tensor"
 
@@ -178,18 +180,6 @@ class ShareSymbolicStorage:  # pylint: disable=too-few-public-methods
     """Storages of symbolic size with disjoint lives allocated once (see the module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        updates = {}
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                new = _share(func)
-                if new is not func:
-                    updates[gv] = new
-        if not updates:
-            return mod
-        mod = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs, global_infos=mod.global_infos)
-        for gv, func in updates.items():
-            mod[gv] = func
-        return mod
-
+        return map_relax_functions(mod, _share)
 
 __all__ = ["ShareSymbolicStorage"]
