@@ -60,7 +60,7 @@ from tvm import relax
 
 from .codegen import compile_parallel
 from .host import request_amx, use_usable_cores
-from .pipeline_phases import cpu_schedule_pass, prepare_pipeline
+from .pipeline_phases import cpu_schedule_pass, lowering_phases, prepare_pipeline
 from .precision.policy import check_keep_fp32
 from .schedules import CPUDefault
 from .target import is_cross
@@ -142,24 +142,10 @@ def cpu_pipeline(
             # 6. weight packing at compile time, the Winograd weights at load
             phases += _weight_phases(pack_weights, record)
             # 7. lowering
-            phases += _lowering_phases(tgt)
+            phases += lowering_phases(tgt)
             return tvm.transform.Sequential(phases)(mod)
 
     return pipeline
-
-
-def _lowering_phases(target) -> list:
-    """TVM's CPU lowering, and right after its memory plan (``StaticPlanBlockMemory``) each branch's
-    storages allocated in the branch and storages of symbolic size shared across sizes."""
-    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
-
-    from .passes import DefineBranchStorages, ShareSymbolicStorage
-
-    finalize = cpu_generic.finalize_passes(target)
-    names = [p.info.name for p in finalize]
-    at = names.index("StaticPlanBlockMemory") + 1 if "StaticPlanBlockMemory" in names else 0
-    return [*cpu_generic.dataflow_lower_passes(target), *finalize[:at], DefineBranchStorages(),
-            ShareSymbolicStorage(), *finalize[at:]]
 
 
 def _weight_phases(pack_weights: bool, record) -> list:

@@ -102,8 +102,6 @@ def _int8_pass(target: tvm.target.Target, plan, calibration, keep_fp32=(), winog
     board built on x86, or an AMX target built on a CPU without AMX, whose library would die of
     SIGILL here). The weights' range and the convs left to Winograd (``winograd``, its tile) are
     those of the plan's kernels."""
-    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
-
     from .codegen import compile_parallel
     from .passes import Int8Contractions
     from .precision.calibration import calibration_entry, calibration_inputs
@@ -118,8 +116,7 @@ def _int8_pass(target: tvm.target.Target, plan, calibration, keep_fp32=(), winog
             phases = [
                 prepare_pipeline(observed, layout=None, winograd=0, precision=FP32),
                 cpu_schedule_pass(),
-                *cpu_generic.dataflow_lower_passes(observed),
-                *cpu_generic.finalize_passes(observed),
+                *lowering_phases(observed),
             ]
             executable = compile_parallel(mod, observed, tvm.transform.Sequential(phases))
         vm = relax.VirtualMachine(executable, tvm.cpu())
@@ -218,4 +215,19 @@ def _resolved(target: tvm.target.Target, precision: str, mod: tvm.IRModule):
     return plan
 
 
-__all__ = ["cpu_schedule_pass", "prepare_pipeline"]
+def lowering_phases(target) -> list:
+    """TVM's CPU lowering, and right after its memory plan (``StaticPlanBlockMemory``) each branch's
+    storages allocated in the branch and storages of symbolic size shared across sizes; the build's
+    and int8 calibration's."""
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
+
+    from .passes import DefineBranchStorages, ShareSymbolicStorage
+
+    finalize = cpu_generic.finalize_passes(target)
+    names = [p.info.name for p in finalize]
+    at = names.index("StaticPlanBlockMemory") + 1 if "StaticPlanBlockMemory" in names else 0
+    return [*cpu_generic.dataflow_lower_passes(target), *finalize[:at], DefineBranchStorages(),
+            ShareSymbolicStorage(), *finalize[at:]]
+
+
+__all__ = ["cpu_schedule_pass", "lowering_phases", "prepare_pipeline"]

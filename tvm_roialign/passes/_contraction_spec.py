@@ -106,6 +106,11 @@ def matmul_weight(call, value=None):
 TAP_CHANNELS = 16
 
 
+def narrow_taps(kh: int, kw: int, channels: int) -> bool:
+    """Whether a ``kh x kw`` conv over ``channels`` inputs has narrow taps (:data:`TAP_CHANNELS`)."""
+    return kh * kw > 1 and channels % TAP_CHANNELS != 0
+
+
 def conv_spec(call, row_tap_depth: int | None = None) -> Spec | None:
     """The :class:`Spec` of an ungrouped fp32 NHWC conv2d with a constant weight, else None. A
     conv with narrow taps (:data:`TAP_CHANNELS`) is taken only with ``row_tap_depth`` (each kernel
@@ -116,7 +121,7 @@ def conv_spec(call, row_tap_depth: int | None = None) -> Spec | None:
         return None
     hwio, out_shape = found
     kh, kw, channels, outputs = hwio.shape
-    row_taps = kh * kw > 1 and channels % TAP_CHANNELS != 0
+    row_taps = narrow_taps(kh, kw, channels)
     if row_taps and not _fits_row_taps(call.attrs, kw * channels, row_tap_depth):
         return None
     geometry = conv_geometry(call, hwio, out_shape, row_taps)

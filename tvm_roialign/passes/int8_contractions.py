@@ -135,13 +135,11 @@ class _Int8Rewriter(FunctionRewriter):
         matrix, geometry, rows, out_shape = spec
         q, w_scale = quantize_weight(matrix, self.weight_limit)
         x = call.args[0]
-        if prequantize and geometry is not None and isinstance(x, relax.Var):
+        if prequantize and geometry is not None:
             # a conv's input as it is (a matmul's may be reshaped first): one copy for every reader
             key = (x, act)
             if key not in self.quantized:
-                self.quantized[key] = self.builder_.emit(
-                    self.builder_.call_te(functools.partial(quantize_activation, act=act), x,
-                                          primfunc_name_hint="int8_quantize"))
+                self.quantized[key] = _emit_quantized(self.builder_, x, act)
             x, prequantize = self.quantized[key], False
         return emit_int8_contraction(self.builder_, x, q, w_scale, act, rows, out_shape, geometry,
                                      prequantize)
@@ -170,6 +168,12 @@ def single_use_vars(mod: tvm.IRModule) -> set:
     return {var for var, n in counts.items() if n == 1}
 
 
+def _emit_quantized(builder, x, act: ActivationQuant):
+    """``x`` quantized by ``act`` in a call of its own (:func:`quantize_activation`)."""
+    quantize = functools.partial(quantize_activation, act=act)
+    return builder.emit(builder.call_te(quantize, x, primfunc_name_hint="int8_quantize"))
+
+
 def emit_int8_contraction(builder, x, q, w_scale, act: ActivationQuant, rows, out_shape, geometry,
                           prequantize: bool = False):
     """The call of :func:`~tvm_roialign.topi.int8_contraction.int8_contraction` on ``x`` (a conv's
@@ -182,8 +186,7 @@ def emit_int8_contraction(builder, x, q, w_scale, act: ActivationQuant, rows, ou
     if geometry is None and len(dims(x)) != 2:
         x = builder.emit(relax.op.reshape(x, [rows, q.shape[0]]))
     if prequantize:
-        quantize = functools.partial(quantize_activation, act=act)
-        x = builder.emit(builder.call_te(quantize, x, primfunc_name_hint="int8_quantize"))
+        x = _emit_quantized(builder, x, act)
     correction, scale = dequant_constants(q, w_scale, act)
     constants = [relax.const(v) for v in (pack_weight_quads(q), correction, scale)]
     return call_contraction(builder, int8_contraction, "int8", x, *constants, rows=rows,

@@ -15,7 +15,8 @@ memory is the most likely still in cache).
 
 Taken: storages allocated in a function's top-level bindings, of one dtype, scope and device, whose
 size depends only on the function's parameters' symbolic sizes (defined on entry; a size computed
-from a tensor's values inside the function is left alone). A storage's life ends at the last binding
+from a tensor's values inside the function is left alone), or on none: a static size that the plan
+left apart is taken too. A storage's life ends at the last binding
 that mentions it or any value made from it (a view, a tuple holding it: conservatively, any binding
 whose value mentions one, except a kernel call writing into it); one that reaches the function's
 result is never shared.
@@ -84,14 +85,12 @@ def _storages(bindings, sizes: set, result) -> list[_Storage]:
             storages[binding.var] = _Storage(binding.var, index, value, sizes)
             owner[binding.var] = {storages[binding.var]}
             continue
-        if _is_call(value, _ALLOC_TENSOR):
-            inputs = _vars_of(relax.Tuple(list(value.args[1:])))
-        else:
-            inputs = _vars_of(value)
+        inputs = _vars_of(value)
+        if not _is_call(value, _ALLOC_TENSOR):
             for var in inputs & storages.keys():
                 storages[var].shared = False  # the storage itself read elsewhere
         used: set = set()
-        for var in inputs | (_vars_of(value.args[0]) if _is_call(value, _ALLOC_TENSOR) else set()):
+        for var in inputs:
             used |= owner.get(var, set())
         for storage in used:
             storage.end = index

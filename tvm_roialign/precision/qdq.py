@@ -55,7 +55,7 @@ def _reduction(call) -> tuple[int, int] | None:
     """The reduction length of a conv2d (taps x input channels) or matmul ``call``, when static,
     and the length the int8 kernels run it as (a narrow-tap conv's kernel rows each padded to
     :data:`~tvm_roialign.topi.contraction_geometry.ROW_TAP_DEPTH`)."""
-    from ..passes._contraction_spec import TAP_CHANNELS
+    from ..passes._contraction_spec import narrow_taps
     from ..passes._mutator import tensor_shape
     from ..topi.contraction_geometry import ROW_TAP_DEPTH
 
@@ -68,7 +68,7 @@ def _reduction(call) -> tuple[int, int] | None:
     if None in lengths:
         return None
     reduction = int(np.prod(lengths))
-    if len(lengths) == 3 and lengths[0] * lengths[1] > 1 and lengths[2] % TAP_CHANNELS:
+    if len(lengths) == 3 and narrow_taps(*lengths):
         return reduction, lengths[0] * ROW_TAP_DEPTH
     return reduction, reduction
 
