@@ -45,6 +45,11 @@ def median_ms(fn, repeat):
     return 1e3 * statistics.median(times)
 
 
+#: a pause before each timed call or block: the previous runner's idle threads (ONNX Runtime's
+#: spin after a run) stop spinning before the next runner is timed
+PAUSE_S = 0.05
+
+
 def interleaved_seconds(runners: dict, repeat: int) -> dict:
     """Median seconds of each runner (a name: a function of no arguments): the median of
     ``repeat`` rounds that call each once in turn (after one warm-up call each), so that a
@@ -54,6 +59,7 @@ def interleaved_seconds(runners: dict, repeat: int) -> dict:
     times = {name: [] for name in runners}
     for _ in range(repeat):
         for name, fn in runners.items():
+            time.sleep(PAUSE_S)
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)

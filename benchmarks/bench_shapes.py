@@ -36,7 +36,7 @@ import numpy as np
 from _common import interleaved_blocks
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SHAPES = ((1, 3, 224, 224), (1, 3, 320, 480), (1, 3, 237, 311), (2, 3, 224, 224))
+SHAPES = ((1, 3, 224, 224), (1, 3, 320, 480), (1, 3, 237, 311), (2, 3, 224, 224), (3, 3, 160, 160))
 
 
 def _torchvision(name: str):
