@@ -3,10 +3,9 @@
 The conv block is a :class:`~tvm_roialign.schedules.contraction.schedule.Contraction` (output channels are the
 columns; image, height and width the rows; kernel height, width and input channels the reduction), scheduled
 with :func:`~tvm_roialign.schedules.contraction.schedule.schedule_contraction`: a register tile of ``rows``
-consecutive output pixels by ``cols`` vectors of output channels (with a static height and width, whatever the
-batch, the pixels of an image are one row axis of ``H * W``
-(:mod:`~tvm_roialign.schedules.contraction.conv_rows`), so a tile runs on into the next image row; with a
-symbolic size, the pixels of one image row), constant weights packed at compile time into
+consecutive output pixels by ``cols`` vectors of output channels (the pixels of an image are one row axis
+of ``H * W``, static or symbolic (:mod:`~tvm_roialign.schedules.contraction.conv_rows`), so a tile runs on
+into the next image row), constant weights packed at compile time into
 ``[O / (cols * lanes), KH, KW, I, cols * lanes]``, the epilogue inlined into the tile's write-back.
 
 The zero-padding stage legalization puts in front of the conv (``pad_temp``) is computed as its own

@@ -1,4 +1,4 @@
-"""One row axis for the output pixels of a static NHWC conv: ``(h, w)`` -> ``h * W + w``.
+"""One row axis for the output pixels of an NHWC conv: ``(h, w)`` -> ``h * W + w``.
 
 The register tile of :mod:`~tvm_roialign.schedules.contraction.schedule` takes ``rows`` consecutive points of
 the innermost row axis. With the image's width as that axis, a narrow feature map wastes the tile: 14 or 7
@@ -12,10 +12,15 @@ is computed once per tap, outside the channel loop the multiply-adds run in.
 :func:`flatten_rows` rewrites the conv block's iteration (``transform_block_layout``) and the
 layout of the buffer it writes (``transform_layout``: ``[N, H, W, C]`` -> ``[N, H * W, C]``, which
 every consumer then reads as ``[n, h * W + w, c]``), so that the block is again a
-:class:`~tvm_roialign.schedules.contraction.analysis.Contraction`, with two row axes. Only where the extents
-are static and the conv writes an intermediate buffer of the function (a parameter keeps its shape). The batch
-may be symbolic: Mask R-CNN's mask head runs its 14x14 convs on one map per detection (its 3x3
-256 -> 256 conv measured in docs/benchmarks.md, "Schedules and host settings").
+:class:`~tvm_roialign.schedules.contraction.analysis.Contraction`, with two row axes. Only where the conv
+writes an intermediate buffer of the function (a parameter keeps its shape) and its channel and kernel
+extents are static. The batch may be symbolic (Mask R-CNN's mask head runs its 14x14 convs on one map
+per detection: its 3x3 256 -> 256 conv measured in docs/benchmarks.md, "Schedules and host
+settings"), and so may the height and width: a symbolic row axis of ``H * W`` pixels, whose last tile
+is clamped once per image instead of once per image row (a symbolic resnet50 at 1x3x320x480: 1.09x
+its static build tiled per image row, 0.98x merged; its layer3 1x1 convs 12.8 -> ~10 ms); the
+input row's ``m // W`` then divides by a variable, once per tile row and tap, outside the channel
+loop.
 """
 
 from __future__ import annotations
@@ -28,23 +33,23 @@ from ..base import inline_one_intermediate, static_int, try_step
 
 def flatten_rows(sch: Schedule, block) -> bool:
     """Merge the height and width axes of NHWC conv ``block`` (see module); False when it cannot
-    (a symbolic height, width or channel extent, the output a parameter, a step refused), the
-    schedule then unchanged. The batch may be symbolic."""
+    (a symbolic channel or kernel extent, the output a parameter, a step refused), the schedule
+    then unchanged. The batch, height and width may be symbolic."""
     stmt = sch.get(block)
     out = stmt.writes[0].source
     func = sch.mod["main"]
     if any(out.same_as(buf) for buf in func.params):
         return False
     iters = list(stmt.iter_vars)
-    shape = [static_int(d) for d in out.ty.shape] if hasattr(out.ty, "shape") else []
-    if len(shape) != 4 or None in shape[1:] or len(iters) != 7:
+    shape = list(out.ty.shape) if hasattr(out.ty, "shape") else []
+    if len(shape) != 4 or len(iters) != 7 or static_int(shape[3]) is None:
         return False
-    if any(static_int(it.dom.extent) is None for it in iters[1:]):
+    if any(static_int(it.dom.extent) is None for it in iters[3:]):
         return False
     width = shape[2]
-    if static_int(iters[2].dom.extent) != width:
+    if not _same_extent(iters[2].dom.extent, width) or not _same_extent(iters[1].dom.extent, shape[1]):
         return False
-    if shape[1] == 1:
+    if static_int(shape[1]) == 1:
         # one row of pixels already (a squeeze-excitation's FC on the pooled 1 x 1 map): nothing
         # to merge, and merging unit axes leaves a block the contraction analysis cannot read
         return False
@@ -75,7 +80,7 @@ def _flatten_consumer(sch: Schedule, block, rows: list[int], columns: int) -> No
         _same_extent(it.dom.extent, e) for it, e in zip(extents, [*rows, columns])
     ):
         return
-    width = static_int(rows[2])
+    width = rows[2]
     try_step(
         sch.transform_block_layout, consumers[0], lambda n, h, w, c: (n, h * width + w, c)
     )
