@@ -49,6 +49,20 @@ def test_conv_matches_float64(case, layout, rng):
     close_to(out, expected)
 
 
+def _check_residual_conv(mod, x, weight, bias, stride, rng):
+    """``residual_conv_module``'s result on NHWC ``x`` (and a random residual) against float64:
+    ``relu(conv(x) + bias + r)``, the conv padded by half the kernel."""
+    conv_out = torch.nn.functional.conv2d(
+        torch.from_numpy(x.transpose(0, 3, 1, 2)).double(),
+        torch.from_numpy(weight.transpose(3, 2, 0, 1).copy()).double(),
+        torch.from_numpy(bias).double(),
+        stride,
+        weight.shape[0] // 2,
+    ).numpy().transpose(0, 2, 3, 1)
+    r = rng.standard_normal(conv_out.shape).astype("float32")
+    close_to(build_and_run(mod, x, r), np.maximum(conv_out + r, 0))
+
+
 @pytest.mark.parametrize(
     "x_shape, kernel, stride",
     [((1, 7, 7, 32), 1, 1), ((2, 14, 14, 16), 3, 1), ((1, 14, 14, 16), 1, 2)],
@@ -66,16 +80,7 @@ def test_narrow_maps_tile_merged_rows_with_the_epilogue_fused(x_shape, kernel, s
     script = scheduled.mod["main"].script()
     blocks = re.findall(r'T\.sblock\("(\w+)"', script)
     assert not any(b.startswith(("T_add", "compute")) for b in blocks), blocks
-    x = rng.standard_normal(x_shape).astype("float32")
-    conv_out = torch.nn.functional.conv2d(
-        torch.from_numpy(x.transpose(0, 3, 1, 2)).double(),
-        torch.from_numpy(weight.transpose(3, 2, 0, 1).copy()).double(),
-        torch.from_numpy(bias).double(),
-        stride,
-        kernel // 2,
-    ).numpy().transpose(0, 2, 3, 1)
-    r = rng.standard_normal(conv_out.shape).astype("float32")
-    close_to(build_and_run(mod, x, r), np.maximum(conv_out + r, 0))
+    _check_residual_conv(mod, rng.standard_normal(x_shape).astype("float32"), weight, bias, stride, rng)
 
 
 def test_symbolic_batch_of_narrow_maps_tiles_merged_rows(rng):
@@ -94,15 +99,7 @@ def test_symbolic_batch_of_narrow_maps_tiles_merged_rows(rng):
     assert not any(b.startswith(("T_add", "compute")) for b in blocks), blocks  # epilogue fused
     for batch in (3, 1):
         x = rng.standard_normal((batch, 14, 14, 16)).astype("float32")
-        conv_out = torch.nn.functional.conv2d(
-            torch.from_numpy(x.transpose(0, 3, 1, 2)).double(),
-            torch.from_numpy(weight.transpose(3, 2, 0, 1).copy()).double(),
-            torch.from_numpy(bias).double(),
-            1,
-            1,
-        ).numpy().transpose(0, 2, 3, 1)
-        r = rng.standard_normal(conv_out.shape).astype("float32")
-        close_to(build_and_run(mod, x, r), np.maximum(conv_out + r, 0))
+        _check_residual_conv(mod, x, weight, bias, 1, rng)
 
 
 @pytest.mark.parametrize("kernel, stride", [(1, 1), (3, 1), (3, 2)])
@@ -126,15 +123,7 @@ def test_symbolic_maps_tile_merged_rows(kernel, stride, rng):
     assert not any(b.startswith(("T_add", "compute")) for b in blocks), blocks  # epilogue fused
     for shape in ((1, 9, 13), (2, 16, 7), (1, 5, 1)):
         x = rng.standard_normal((*shape, 16)).astype("float32")
-        conv_out = torch.nn.functional.conv2d(
-            torch.from_numpy(x.transpose(0, 3, 1, 2)).double(),
-            torch.from_numpy(weight.transpose(3, 2, 0, 1).copy()).double(),
-            torch.from_numpy(bias).double(),
-            stride,
-            kernel // 2,
-        ).numpy().transpose(0, 2, 3, 1)
-        r = rng.standard_normal(conv_out.shape).astype("float32")
-        close_to(build_and_run(mod, x, r), np.maximum(conv_out + r, 0))
+        _check_residual_conv(mod, x, weight, bias, stride, rng)
 
 
 @pytest.mark.parametrize(
