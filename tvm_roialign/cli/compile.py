@@ -129,7 +129,8 @@ def add_model_arguments(p) -> None:
         "--input-shapes",
         default=None,
         metavar='"NAME:[D0,D1,...] ..."',
-        help='static shapes of ONNX inputs, as tvmc: "x:[1,3,224,224] rois:[6,4]"',
+        help='static shapes of ONNX inputs, as tvmc: "x:[1,3,224,224] rois:[6,4]" (without it, the '
+        "model's dynamic axes stay symbolic: one library for every size)",
     )
     p.add_argument(
         "--input-shape",
