@@ -204,7 +204,7 @@ def symbolic_inputs_note(path: Path, mod) -> str | None:
     return (
         f"note: {path.name} has inputs with symbolic dimensions: {listed}; the library runs at "
         f"every size, but kernels the rules cannot tile at a symbolic size (the 'symbolic shapes' "
-        f'line) run slower than at one static size: --input-shapes "{example}"'
+        f'line after the build) run slower than at one static size: --input-shapes "{example}"'
     )
 
 
