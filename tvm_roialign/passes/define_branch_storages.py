@@ -13,7 +13,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from ._mutator import map_relax_functions
+from ._mutator import is_op_call, map_relax_functions
 
 _ALLOC_STORAGE = "relax.memory.alloc_storage"
 
@@ -29,8 +29,7 @@ def _storage_allocations(func: relax.Function) -> dict:
                 if isinstance(value, relax.If):
                     walk(value.true_branch)
                     walk(value.false_branch)
-                elif (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-                      and value.op.name == _ALLOC_STORAGE):
+                elif is_op_call(value, _ALLOC_STORAGE):
                     found[binding.var] = value
 
     if isinstance(func.body, relax.SeqExpr):

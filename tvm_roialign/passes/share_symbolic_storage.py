@@ -27,25 +27,14 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
-from ._mutator import map_relax_functions
+from ._mutator import is_op_call, map_relax_functions
 
 _ALLOC_STORAGE = "relax.memory.alloc_storage"
 _ALLOC_TENSOR = "relax.memory.alloc_tensor"
 
 
-def _is_call(expr, name: str) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == name
-
-
 def _vars_of(expr) -> set:
-    found: set = set()
-
-    def visit(node):
-        if isinstance(node, relax.Var):
-            found.add(node)
-
-    relax.analysis.post_order_visit(expr, visit)
-    return found
+    return set(relax.analysis.free_vars(expr))
 
 
 def _param_sizes(func: relax.Function) -> set:
@@ -81,12 +70,12 @@ def _storages(bindings, sizes: set, result) -> list[_Storage]:
     owner: dict = {}  # a var -> the storages its value is made from
     for index, binding in enumerate(bindings):
         value = binding.value
-        if _is_call(value, _ALLOC_STORAGE):
+        if is_op_call(value, _ALLOC_STORAGE):
             storages[binding.var] = _Storage(binding.var, index, value, sizes)
             owner[binding.var] = {storages[binding.var]}
             continue
         inputs = _vars_of(value)
-        if not _is_call(value, _ALLOC_TENSOR):
+        if not is_op_call(value, _ALLOC_TENSOR):
             for var in inputs & storages.keys():
                 storages[var].shared = False  # the storage itself read elsewhere
         used: set = set()
@@ -164,7 +153,7 @@ def _share(func: relax.Function) -> relax.Function:
             if binding.var in first:
                 value = relax.Call(value.op, [relax.ShapeExpr([first[binding.var]]), *value.args[1:]],
                                    value.attrs, value.ty_args)
-            elif _is_call(value, _ALLOC_TENSOR) and value.args[0] in replace:
+            elif is_op_call(value, _ALLOC_TENSOR) and value.args[0] in replace:
                 value = relax.Call(value.op, [replace[value.args[0]], *value.args[1:]], value.attrs,
                                    value.ty_args)
             bindings.append(relax.VarBinding(binding.var, value) if value is not binding.value else binding)

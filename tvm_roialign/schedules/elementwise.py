@@ -125,12 +125,15 @@ def _has_condition(stmt) -> bool:
     return any(name.endswith("if_then_else") for name in found)
 
 
-def schedule_producers(sch: Schedule, block, lanes: int) -> None:
-    """Inline plain-copy producers of ``block``; give conditional ones (padding) their own pass."""
+def schedule_producers(sch: Schedule, block, lanes: int, inline_padding: bool = False) -> None:
+    """Inline plain-copy producers of ``block``; give conditional ones (padding) their own pass,
+    or with ``inline_padding`` inline them too where they can be (``block`` then reads the zero
+    padding through the bounds test in its loads); what cannot be inlined gets its own pass."""
     for producer in sch.get_producers(block):
         if is_layout_preproc(sch, producer):
             continue
-        if not _has_condition(sch.get(producer)) and try_step(sch.compute_inline, producer):
+        inlinable = inline_padding or not _has_condition(sch.get(producer))
+        if inlinable and try_step(sch.compute_inline, producer):
             continue
         schedule_injective_block(sch, producer, lanes)
 

@@ -154,10 +154,7 @@ def _schedule_symbolic(sch, block, lanes: int) -> None:
     vectorize_writeback(sch, local, lanes)
     # the zero padding read through its bounds test, not written as a padded copy of the whole
     # input and read back (the static schedule pads each task's rows in cache instead)
-    for producer in sch.get_producers(block):
-        if not is_layout_preproc(sch, producer):
-            try_step(sch.compute_inline, producer)
-    schedule_producers(sch, block, lanes)
+    schedule_producers(sch, block, lanes, inline_padding=True)
 
 
 def _data_strides(sch, block) -> tuple[int, int]:
